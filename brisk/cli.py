@@ -1,0 +1,32 @@
+"""The ``brisk`` command: one subcommand group per layer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from brisk.theory import cli as theory_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="brisk", description="BRISK-DLM: verified parallel decoding for diffusion LMs"
+    )
+    layers = parser.add_subparsers(dest="layer", required=True, metavar="LAYER")
+    theory_cli.register(layers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; bad input ends as one line on stderr and exit code 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except ValueError as err:
+        print(f"brisk: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Renewal-reward theory of verified parallel decoding (paper §2.2, §3.2, appendix C.1)."""
+
+from __future__ import annotations
+
+from brisk.theory.profile import AcceptanceProfile, ProfileTracker, TPFInterval
+from brisk.theory.simulate import SimulationResult, simulate
+from brisk.theory.throughput import break_even_overhead, tokens_per_second, wall_clock_speedup
+from brisk.theory.tpf import (
+    CostModel,
+    accept_length_pmf,
+    expected_accept_length,
+    fpt,
+    isd_tpf_uniform,
+    speculative_tpf_uniform,
+    survival,
+    tpf,
+)
+from brisk.theory.weights import decay_weights, dpace_weights, progress_weights, uniform_weights
+
+__all__ = [
+    "AcceptanceProfile",
+    "CostModel",
+    "ProfileTracker",
+    "SimulationResult",
+    "TPFInterval",
+    "accept_length_pmf",
+    "break_even_overhead",
+    "decay_weights",
+    "dpace_weights",
+    "expected_accept_length",
+    "fpt",
+    "isd_tpf_uniform",
+    "progress_weights",
+    "simulate",
+    "speculative_tpf_uniform",
+    "survival",
+    "tokens_per_second",
+    "tpf",
+    "uniform_weights",
+    "wall_clock_speedup",
+]

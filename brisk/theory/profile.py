@@ -1,0 +1,254 @@
+"""Acceptance profiles estimated from verification outcomes, with their uncertainty.
+
+Position i (1-based in the paper, index i − 1 here) is *reached* when verification gets to it,
+i.e. when every earlier proposal of the block was accepted; its acceptance rate is
+a_i = accepted_i / reached_i (appendix C.1: one minus the rejection rate among blocks that
+reach it). Positions after the first rejection are not reached and say nothing about a_i.
+A position no block reached has an undefined rate: NaN, and the full interval [0, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from scipy import stats
+
+from brisk.theory._arrays import FloatArray
+from brisk.theory.tpf import CostModel, _check_M, tpf
+
+__all__ = ["AcceptanceProfile", "ProfileTracker", "TPFInterval"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+def _check_level(level: float) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level: must lie strictly between 0 and 1, got {level!r}")
+
+
+def _integer_array(x: Any, name: str) -> IntArray:
+    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if arr.dtype.kind == "b":
+        return arr.astype(np.int64)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64, copy=False)
+    if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        return arr.astype(np.int64)
+    raise ValueError(f"{name}: expected integer counts or lengths, got dtype {arr.dtype}")
+
+
+@dataclass(frozen=True)
+class TPFInterval:
+    """Point estimate of TPF at the MLE rates and a posterior credible interval."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    draws: int
+
+    def __str__(self) -> str:
+        pct = round(100 * self.level)
+        return f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}] ({pct}% interval)"
+
+
+@dataclass(frozen=True, eq=False)
+class AcceptanceProfile:
+    """Counts ``reached[i]`` and ``accepted[i]`` (int64, M positions).
+
+    >>> p = AcceptanceProfile.from_accept_lengths([0, 2, 3, 3], M=3)
+    >>> p.reached.tolist(), p.accepted.tolist()
+    ([4, 3, 3], [3, 3, 2])
+    >>> p.rates().round(3).tolist()
+    [0.75, 1.0, 0.667]
+    """
+
+    reached: IntArray
+    accepted: IntArray
+    M: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        reached = _integer_array(self.reached, "reached")
+        accepted = _integer_array(self.accepted, "accepted")
+        if reached.ndim != 1 or reached.size == 0:
+            raise ValueError(f"reached: expected shape [M] with M ≥ 1, got {reached.shape}")
+        if accepted.shape != reached.shape:
+            raise ValueError(f"accepted: expected shape {reached.shape}, got {accepted.shape}")
+        if (accepted < 0).any():
+            raise ValueError(f"accepted: counts must be ≥ 0, got {accepted.tolist()}")
+        if (accepted > reached).any():
+            i = int(np.argmax(accepted > reached))
+            raise ValueError(
+                f"accepted: position {i + 1} accepted {accepted[i]} of only {reached[i]} reached"
+            )
+        for arr in (reached, accepted):
+            arr.setflags(write=False)
+        object.__setattr__(self, "reached", reached)
+        object.__setattr__(self, "accepted", accepted)
+        object.__setattr__(self, "M", reached.size)
+
+    @classmethod
+    def empty(cls, M: int) -> AcceptanceProfile:
+        """No observations at M positions."""
+        _check_M(M)
+        zeros = np.zeros(M, dtype=np.int64)
+        return cls(zeros, zeros.copy())
+
+    @classmethod
+    def from_accept_lengths(cls, lengths: Any, M: int) -> AcceptanceProfile:
+        """Counts from accepted-prefix lengths L ∈ [0, M] (any shape).
+
+        Position i is reached iff L ≥ i − 1 and accepted iff L ≥ i; L = M means every
+        position was reached and accepted.
+        """
+        _check_M(M)
+        L = _integer_array(lengths, "lengths").ravel()
+        if L.size and (L.min() < 0 or L.max() > M):
+            bad = int(np.argmax((L < 0) | (L > M)))
+            raise ValueError(f"lengths: entry {bad} is {L[bad]}, outside [0, M = {M}]")
+        at_least = np.cumsum(np.bincount(L, minlength=M + 1)[::-1])[::-1]  # #{L ≥ k}, k=0..M
+        return cls(at_least[:M].copy(), at_least[1:].copy())
+
+    @classmethod
+    def from_matches(cls, matches: Any) -> AcceptanceProfile:
+        """Counts from a greedy-match matrix ``[..., M]`` under the first-rejection rule.
+
+        Entry (b, i) says whether proposal i of block b matches the verifier; only the
+        leading run of matches is accepted, everything after the first mismatch is unreached.
+        """
+        m = _integer_array(matches, "matches")
+        if m.ndim == 0 or m.shape[-1] == 0:
+            raise ValueError(f"matches: expected shape [..., M] with M ≥ 1, got {m.shape}")
+        if ((m != 0) & (m != 1)).any():
+            raise ValueError("matches: expected booleans (0/1)")
+        lengths = np.cumprod(m, axis=-1).sum(axis=-1)
+        return cls.from_accept_lengths(lengths, m.shape[-1])
+
+    def __add__(self, other: AcceptanceProfile) -> AcceptanceProfile:
+        if not isinstance(other, AcceptanceProfile):
+            return NotImplemented
+        if other.M != self.M:
+            raise ValueError(f"other: cannot merge a profile of M = {other.M} into M = {self.M}")
+        return AcceptanceProfile(self.reached + other.reached, self.accepted + other.accepted)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AcceptanceProfile):
+            return NotImplemented
+        return bool(
+            np.array_equal(self.reached, other.reached)
+            and np.array_equal(self.accepted, other.accepted)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks observed (every block reaches position 1)."""
+        return int(self.reached[0])
+
+    def rates(self) -> FloatArray:
+        """MLE a_i = accepted_i / reached_i; NaN where position i was never reached."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.reached > 0, self.accepted / np.maximum(self.reached, 1), np.nan)
+
+    def posterior_mean(self) -> FloatArray:
+        """Jeffreys posterior mean (accepted + ½) / (reached + 1): defined everywhere."""
+        return (self.accepted + 0.5) / (self.reached + 1.0)
+
+    def interval(self, level: float = 0.95) -> tuple[FloatArray, FloatArray]:
+        """Equal-tailed Jeffreys interval per position: Beta(accepted + ½, rejected + ½).
+
+        As usual for Jeffreys intervals the lower end is 0 when nothing was accepted and the
+        upper end is 1 when everything was; an unreached position gets [0, 1].
+        """
+        _check_level(level)
+        x, n = self.accepted, self.reached
+        tail = (1 - level) / 2
+        low = np.where(x == 0, 0.0, stats.beta.ppf(tail, x + 0.5, n - x + 0.5))
+        high = np.where(x == n, 1.0, stats.beta.ppf(1 - tail, x + 0.5, n - x + 0.5))
+        return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+
+    def tpf(self, cost: CostModel | None = None) -> float:
+        """TPF at the MLE rates (``cost=None``: ISD at stride M + 1).
+
+        An unreached position matters only if the estimated survival before it is positive;
+        then TPF is undefined (NaN). Positions behind an estimated a = 0 are irrelevant.
+        """
+        if self.n_blocks == 0:
+            return float("nan")
+        rates = self.rates()
+        survival_before = np.concatenate([[1.0], np.cumprod(np.nan_to_num(rates))[:-1]])
+        if np.any(np.isnan(rates) & (survival_before > 0)):
+            return float("nan")
+        return float(tpf(np.nan_to_num(rates), cost))
+
+    def tpf_interval(
+        self,
+        cost: CostModel | None = None,
+        level: float = 0.95,
+        draws: int = 10_000,
+        seed: int = 0,
+    ) -> TPFInterval:
+        """Credible interval for TPF by sampling a_i ~ Beta(accepted_i + ½, rejected_i + ½).
+
+        Positions are independent a posteriori (each count comes from its own Bernoulli
+        trials), so the draws are pushed through eq. 2 and the equal-tailed quantiles taken.
+        """
+        _check_level(level)
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+            raise ValueError(f"draws: need a positive integer, got {draws!r}")
+        rng = np.random.default_rng(seed)
+        x, n = self.accepted, self.reached
+        a = rng.beta(x + 0.5, n - x + 0.5, size=(draws, self.M))
+        samples = tpf(a, cost)
+        low, high = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+        return TPFInterval(self.tpf(cost), float(low), float(high), level, draws)
+
+
+class ProfileTracker:
+    """Exponentially weighted acceptance counts for training loops.
+
+    Each :meth:`update` decays the running counts by ``decay`` and adds the batch's counts,
+    so the state is an exponential moving average of per-batch counts scaled to an effective
+    window of about 1 / (1 − decay) batches: rates follow the recent profile while
+    :meth:`profile` keeps a sample size that makes its intervals honest.
+
+    >>> tracker = ProfileTracker(M=2, decay=0.5)
+    >>> tracker.update(AcceptanceProfile.from_accept_lengths([0, 2], M=2))
+    >>> tracker.update(AcceptanceProfile.from_accept_lengths([2, 2], M=2))
+    >>> tracker.rates().round(3).tolist()
+    [0.833, 1.0]
+    """
+
+    def __init__(self, M: int, decay: float = 0.99) -> None:
+        _check_M(M)
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay: must lie in [0, 1), got {decay!r}")
+        self.M = M
+        self.decay = decay
+        self.updates = 0
+        self._reached = np.zeros(M)
+        self._accepted = np.zeros(M)
+
+    def update(self, batch: AcceptanceProfile) -> None:
+        """Fold in one batch's counts."""
+        if batch.M != self.M:
+            raise ValueError(f"batch: profile has M = {batch.M}, tracker has M = {self.M}")
+        self._reached = self.decay * self._reached + batch.reached
+        self._accepted = self.decay * self._accepted + batch.accepted
+        self.updates += 1
+
+    def rates(self) -> FloatArray:
+        """Exponentially weighted a_i; NaN where no recent block reached position i."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self._reached > 0, self._accepted / self._reached, np.nan)
+
+    def profile(self) -> AcceptanceProfile:
+        """The weighted counts rounded to integers (rounding keeps accepted ≤ reached)."""
+        return AcceptanceProfile(
+            np.rint(self._reached).astype(np.int64), np.rint(self._accepted).astype(np.int64)
+        )

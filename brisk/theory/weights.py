@@ -1,0 +1,168 @@
+"""Marginal verified-progress weights (paper §3.2 eq. 3) and the baselines they replace.
+
+BRISK weighs the proposal loss of position i by how much a step in its log-odds
+z_i = log(a_i / (1 − a_i)) lowers forwards per token:
+
+    w_i^raw = −∂FPT/∂z_i = −∂FPT/∂a_i · a_i (1 − a_i),
+    w̄_i     = M w_i^raw / (Σ_j w_j^raw + ε).
+
+Closed form used by ``method="analytic"``. Write the renewal-reward numerator and denominator
+by Abel summation over the survival A_k, with Δg_k = g_k − g_{k−1} and Δc_k = c_k − c_{k−1}:
+
+    G = g_0 + Σ_{k=1}^{M} A_k Δg_k,    C = c_0 + Σ_{k=1}^{M} A_k Δc_k,    FPT = C / G.
+
+Since ∂A_k/∂z_i = A_k (1 − a_i) for k ≥ i (and 0 for k < i), with suffix sums
+S^g_i = Σ_{k≥i} A_k Δg_k and S^c_i = Σ_{k≥i} A_k Δc_k,
+
+    w_i^raw = (1 − a_i) (C S^g_i − G S^c_i) / G².
+
+No division by a_i or by 1 − a_i occurs, so a_i ∈ {0, 1} is legal (its weight is 0: the
+log-odds there are infinite and a finite step in z moves nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, overload
+
+import numpy as np
+import torch
+
+from brisk.theory._arrays import (
+    ArrayInput,
+    FloatArray,
+    as_tensor,
+    check_positions,
+    check_probabilities,
+    to_kind,
+)
+from brisk.theory.tpf import CostModel, _check_M, _survival, _tpf, read_profile, resolve_cost
+
+__all__ = ["decay_weights", "dpace_weights", "progress_weights", "uniform_weights"]
+
+Method = Literal["analytic", "autodiff"]
+
+
+def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
+    return torch.flip(torch.cumsum(torch.flip(x, dims=(-1,)), dim=-1), dims=(-1,))
+
+
+def _raw_analytic(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
+    g, c = cost.tensors(a)
+    A = _survival(a)[..., 1:]
+    terms_g = A * (g[1:] - g[:-1])
+    terms_c = A * (c[1:] - c[:-1])
+    G = g[0] + terms_g.sum(-1, keepdim=True)
+    C = c[0] + terms_c.sum(-1, keepdim=True)
+    return (1 - a) * (C * _suffix_sum(terms_g) - G * _suffix_sum(terms_c)) / G**2
+
+
+def _raw_autodiff(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
+    x = a.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        forwards_per_token = 1 / _tpf(x, cost)
+        (grad,) = torch.autograd.grad(forwards_per_token.sum(), x)
+    return -grad * x.detach() * (1 - x.detach())
+
+
+def _normalize(w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w.shape[-1] * w / (w.sum(-1, keepdim=True) + eps)
+
+
+@overload
+def progress_weights(
+    a: torch.Tensor,
+    cost: CostModel | None = None,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-8,
+    method: Method = "analytic",
+) -> torch.Tensor: ...
+@overload
+def progress_weights(
+    a: ArrayInput,
+    cost: CostModel | None = None,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-8,
+    method: Method = "analytic",
+) -> FloatArray: ...
+def progress_weights(
+    a: ArrayInput | torch.Tensor,
+    cost: CostModel | None = None,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-8,
+    method: Method = "analytic",
+) -> FloatArray | torch.Tensor:
+    """BRISK weights w̄ (or w^raw with ``normalize=False``) for profiles a: ``[..., M]``.
+
+    ``cost=None`` means ISD at stride M + 1. ``method="autodiff"`` differentiates FPT with
+    torch.autograd instead of the closed form; both agree to float64 rounding. The result
+    carries no gradient: the weights are fixed coefficients in the loss.
+
+    >>> progress_weights([0.5, 0.9, 0.9]).round(3)  # the weak first position dominates
+    array([2.44 , 0.344, 0.215])
+    """
+    t, kind = read_profile(a)
+    cost = resolve_cost(cost, t.shape[-1])
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: must be finite and ≥ 0, got {eps!r}")
+    if method == "analytic":
+        raw = _raw_analytic(t.detach(), cost)
+    elif method == "autodiff":
+        raw = _raw_autodiff(t, cost)
+    else:
+        raise ValueError(f"method: expected 'analytic' or 'autodiff', got {method!r}")
+    return to_kind(_normalize(raw, eps) if normalize else raw, kind)  # type: ignore[no-any-return]
+
+
+def uniform_weights(M: int) -> FloatArray:
+    """Uniform baseline: w̄_i = 1 for i = 1..M. ``[M]``."""
+    _check_M(M)
+    return np.ones(M)
+
+
+def decay_weights(M: int, gamma: float = 7.0, *, normalize: bool = True) -> FloatArray:
+    """DFlash's fixed positional decay w_k = exp(−(k − 1)/γ), k = 1..M. ``[M]``.
+
+    DFlash uses γ = 7 for blocks of 16. ``normalize=True`` rescales to mean one so the
+    baselines share BRISK's loss scale.
+    """
+    _check_M(M)
+    if not (math.isfinite(gamma) and gamma > 0):
+        raise ValueError(f"gamma: must be finite and > 0, got {gamma!r}")
+    w = np.exp(-np.arange(M) / gamma)
+    return M * w / w.sum() if normalize else w
+
+
+@overload
+def dpace_weights(
+    token_probs: torch.Tensor, alpha: float = 0.5, *, normalize: bool = True, eps: float = 1e-8
+) -> torch.Tensor: ...
+@overload
+def dpace_weights(
+    token_probs: ArrayInput, alpha: float = 0.5, *, normalize: bool = True, eps: float = 1e-8
+) -> FloatArray: ...
+def dpace_weights(
+    token_probs: ArrayInput | torch.Tensor,
+    alpha: float = 0.5,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-8,
+) -> FloatArray | torch.Tensor:
+    """D-PACE weights from the drafter's probability of each target token. ``[..., M]``.
+
+    With q_j = exp(−CE_j) at proposal position j (the anchor is not a position here),
+    q̃_j = (1 − α) q_j + α, prefix_m = ∏_{i≤m} q̃_i and w_j = Σ_{m≥j} prefix_m. Normalized
+    per row to mean one (the per-sequence normalization D-PACE adopted upstream). Computed
+    without gradient.
+    """
+    t, kind = as_tensor(token_probs, "token_probs")
+    check_positions(t, "token_probs")
+    check_probabilities(t, "token_probs")
+    if not (math.isfinite(alpha) and 0 <= alpha <= 1):
+        raise ValueError(f"alpha: must lie in [0, 1], got {alpha!r}")
+    smoothed = (1 - alpha) * t.detach() + alpha
+    w = _suffix_sum(torch.cumprod(smoothed, dim=-1))
+    return to_kind(_normalize(w, eps) if normalize else w, kind)  # type: ignore[no-any-return]
