@@ -62,11 +62,11 @@ def plot_weights(
             "BRISK": progress_weights(a_arr, cost),
             "D-PACE": dpace_weights(a_arr, alpha),
             f"decay γ={gamma:g}": decay_weights(M, gamma),
-            "uniform": uniform_weights(M),
         }
         width = 0.8 / len(series)
         for j, (label, w) in enumerate(series.items()):
-            ax.bar(positions + (j - 1.5) * width, w, width, label=label)
+            ax.bar(positions + (j - 1) * width, w, width, label=label)
+        ax.plot(positions, uniform_weights(M), color="0.4", ls="--", lw=1, label="uniform")
         twin = ax.twinx()
         twin.plot(positions, a_arr, "k.-", label="a_i")
         twin.set_ylim(0, 1.05)
@@ -75,5 +75,6 @@ def plot_weights(
         ax.set_xlabel("proposal position i")
         ax.set_ylabel("mean-one weight")
         ax.set_title(name)
-    axes[0][0].legend(frameon=False, fontsize="small")
+        twin.legend(loc="lower left", frameon=False, fontsize="small")
+    axes[0][-1].legend(loc="upper left", frameon=False, fontsize="small")
     return fig

@@ -51,8 +51,8 @@ __all__ = [
 class CostModel:
     """Tokens committed ``gains[k]`` = g_k and forwards spent ``costs[k]`` = c_k when L = k.
 
-    Both have M + 1 entries (k = 0..M). Gains are finite and non-negative, costs finite and
-    positive.
+    Both have M + 1 entries (k = 0..M), finite and positive: every verify cycle commits some
+    progress (a correction or bonus token at least), so TPF and FPT are finite.
 
     >>> CostModel.isd(3)
     CostModel(gains=(2.0, 3.0, 4.0, 4.0), costs=(2.0, 2.0, 2.0, 1.0))
@@ -74,12 +74,10 @@ class CostModel:
             for k, v in enumerate(values):
                 if not math.isfinite(v):
                     raise ValueError(f"{name}: entry k = {k} is not finite ({v!r})")
-        for k, g in enumerate(gains):
-            if g < 0:
-                raise ValueError(f"gains: entry k = {k} is negative ({g!r})")
-        for k, c in enumerate(costs):
-            if c <= 0:
-                raise ValueError(f"costs: entry k = {k} must be positive, got {c!r}")
+        for name, values in (("gains", gains), ("costs", costs)):
+            for k, v in enumerate(values):
+                if v <= 0:
+                    raise ValueError(f"{name}: entry k = {k} must be positive, got {v!r}")
         object.__setattr__(self, "gains", gains)
         object.__setattr__(self, "costs", costs)
 

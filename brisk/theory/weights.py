@@ -36,7 +36,7 @@ from brisk.theory._arrays import (
     check_probabilities,
     to_kind,
 )
-from brisk.theory.tpf import CostModel, _check_M, _survival, _tpf, read_profile, resolve_cost
+from brisk.theory.tpf import CostModel, _check_M, _tpf, read_profile, resolve_cost
 
 __all__ = ["decay_weights", "dpace_weights", "progress_weights", "uniform_weights"]
 
@@ -47,14 +47,30 @@ def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
     return torch.flip(torch.cumsum(torch.flip(x, dims=(-1,)), dim=-1), dims=(-1,))
 
 
-def _raw_analytic(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
+def _analytic(a: torch.Tensor, cost: CostModel, normalize: bool, eps: float) -> torch.Tensor:
+    """Closed-form weights for a: ``[..., M]`` (module docstring).
+
+    Works position-major on ``[M, B]``: every step is one contiguous vector operation over the
+    batch, done in place, which runs several times faster than scans along a short last axis.
+    """
     g, c = cost.tensors(a)
-    A = _survival(a)[..., 1:]
-    terms_g = A * (g[1:] - g[:-1])
-    terms_c = A * (c[1:] - c[:-1])
-    G = g[0] + terms_g.sum(-1, keepdim=True)
-    C = c[0] + terms_c.sum(-1, keepdim=True)
-    return (1 - a) * (C * _suffix_sum(terms_g) - G * _suffix_sum(terms_c)) / G**2
+    M = a.shape[-1]
+    x = a.reshape(-1, M).T  # [M, B] view
+    A = torch.empty((M, x.shape[1]), dtype=a.dtype, device=a.device)  # A_1..A_M
+    A[0] = x[0]
+    for k in range(1, M):
+        torch.mul(A[k - 1], x[k], out=A[k])
+    s_g = A * (g[1:] - g[:-1])[:, None]  # A_k Δg_k, then suffix sums S^g_k
+    s_c = A.mul_((c[1:] - c[:-1])[:, None])  # A_k Δc_k, then suffix sums S^c_k
+    for k in range(M - 2, -1, -1):
+        s_g[k] += s_g[k + 1]
+        s_c[k] += s_c[k + 1]
+    G = g[0] + s_g[0]  # [B]
+    C = c[0] + s_c[0]  # [B]
+    w = s_g.mul_(C).sub_(s_c.mul_(G)).div_(G.square_()).mul_(1 - x)  # w^raw, [M, B]
+    if normalize:
+        w.mul_(M / (w.sum(0) + eps))
+    return w.T.reshape(a.shape)
 
 
 def _raw_autodiff(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
@@ -109,12 +125,13 @@ def progress_weights(
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps: must be finite and ≥ 0, got {eps!r}")
     if method == "analytic":
-        raw = _raw_analytic(t.detach(), cost)
+        w = _analytic(t.detach(), cost, normalize, eps)
     elif method == "autodiff":
         raw = _raw_autodiff(t, cost)
+        w = _normalize(raw, eps) if normalize else raw
     else:
         raise ValueError(f"method: expected 'analytic' or 'autodiff', got {method!r}")
-    return to_kind(_normalize(raw, eps) if normalize else raw, kind)  # type: ignore[no-any-return]
+    return to_kind(w, kind)  # type: ignore[no-any-return]
 
 
 def uniform_weights(M: int) -> FloatArray:
