@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from brisk.mechanism import cli as mechanism_cli
 from brisk.theory import cli as theory_cli
 
 
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     layers = parser.add_subparsers(dest="layer", required=True, metavar="LAYER")
     theory_cli.register(layers)
+    mechanism_cli.register(layers)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""Block logs and the paper's mechanism diagnostics (§4.2, appendix B, Tables 5 and 7).
+
+Write logs with :class:`BlockLogWriter`, check them with :func:`validate`, and get every
+statistic with :func:`analyze` (or ``brisk mechanism report LOG... --out DIR``).
+"""
+
+from __future__ import annotations
+
+from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
+from brisk.mechanism.io import (
+    BlockBatch,
+    BlockLogWriter,
+    block_table,
+    count_blocks,
+    log_files,
+    log_shape,
+    read_blocks,
+    validate,
+)
+from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
+from brisk.mechanism.repetition import Repetition, repeats, repetition
+from brisk.mechanism.replay import BlockState, SameStateReplay, same_state_accept, same_state_replay
+from brisk.mechanism.report import MechanismSummary, analyze, summarize, write_report
+from brisk.mechanism.schema import FORMAT_VERSION, BlockLogError, LogShape, block_schema
+from brisk.mechanism.stats import Bootstrap, Mean, Rate, RateArray
+from brisk.mechanism.synthetic import synthetic_blocks
+from brisk.mechanism.tally import RequestTally, block_features, tally_blocks
+
+__all__ = [
+    "FORMAT_VERSION",
+    "BlockBatch",
+    "BlockLikelihood",
+    "BlockLogError",
+    "BlockLogWriter",
+    "BlockState",
+    "Bootstrap",
+    "CandidateCoverage",
+    "LogShape",
+    "Mean",
+    "MechanismSummary",
+    "Rate",
+    "RateArray",
+    "Repetition",
+    "RequestTally",
+    "SameStateReplay",
+    "analyze",
+    "block_features",
+    "block_likelihood",
+    "block_schema",
+    "block_table",
+    "candidate_coverage",
+    "count_blocks",
+    "log_files",
+    "log_shape",
+    "read_blocks",
+    "repeats",
+    "repetition",
+    "same_state_accept",
+    "same_state_replay",
+    "summarize",
+    "synthetic_blocks",
+    "tally_blocks",
+    "validate",
+    "write_report",
+]

@@ -1,0 +1,91 @@
+"""Row-level checks of a block batch, vectorized; the first violation becomes a BlockLogError.
+
+The writer runs them before anything reaches disk and the reader runs them on every batch, so a
+report never silently averages over a malformed row. Per column, the reported row is the first
+bad one; columns are checked in schema order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from brisk.mechanism.schema import BlockLogError, LogShape
+
+__all__ = ["check_columns", "reached_mask"]
+
+
+def reached_mask(accept_len: npt.NDArray[np.integer], M: int) -> npt.NDArray[np.bool_]:
+    """[B, M] mask of verified positions: position i (1-based) is reached iff i ≤ L + 1."""
+    return np.arange(M) <= np.asarray(accept_len)[:, None]
+
+
+def check_columns(
+    cols: Mapping[str, npt.NDArray[Any]], shape: LogShape, file: str, row0: int = 0
+) -> None:
+    """Raise :class:`BlockLogError` at the first row that breaks the contract.
+
+    ``cols`` holds [B], [B, M] or [B, M, K] arrays as returned by the reader (any subset of
+    the columns; checks that need a missing column are skipped, except that value checks
+    which depend on reachability need ``accept_len``).
+    """
+    M, K = shape.M, shape.K
+
+    def fail(column: str, bad: npt.NDArray[np.bool_], problem: str) -> None:
+        flat = bad.reshape(bad.shape[0], -1) if bad.ndim > 1 else bad[:, None]
+        rows = np.flatnonzero(flat.any(axis=1))
+        if rows.size == 0:
+            return
+        r = int(rows[0])
+        detail = ""
+        if bad.ndim >= 2:
+            idx = np.unravel_index(int(np.argmax(flat[r])), bad.shape[1:])
+            detail = f" (position {int(idx[0]) + 1}" + (
+                f", candidate rank {int(idx[1])})" if len(idx) > 1 else ")"
+            )
+        raise BlockLogError(file, column, row0 + r, problem + detail)
+
+    accept_len = cols.get("accept_len")
+    reached = None
+    if accept_len is not None:
+        fail("accept_len", (accept_len < 0) | (accept_len > M), f"accept_len outside [0, M = {M}]")
+        reached = reached_mask(accept_len, M)
+    if (v := cols.get("block_index")) is not None:
+        fail("block_index", v < 0, "negative block index")
+    if (v := cols.get("anchor")) is not None:
+        fail("anchor", v < 0, "negative token id")
+    if (v := cols.get("cand_ids")) is not None:
+        fail("cand_ids", v < 0, "negative token id")
+        ordered = np.sort(v, axis=-1)
+        dup = np.zeros(v.shape, dtype=bool)
+        dup[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
+        fail(
+            "cand_ids", np.asarray(dup.any(axis=-1)), "candidate ids not unique within the position"
+        )
+    if (v := cols.get("q")) is not None:
+        fail("q", ~((v >= 0) & (v <= 1)), "q outside [0, 1] (or NaN)")
+    if (v := cols.get("base_choice")) is not None:
+        fail("base_choice", (v < 0) | (v >= K), f"choice index outside [0, K = {K})")
+    if (v := cols.get("head_choice")) is not None:
+        fail("head_choice", (v < -1) | (v >= K), f"choice index outside [−1, K = {K})")
+    for name, per_candidate in (("p", True), ("verifier_top1_prob", False), ("u", False)):
+        v = cols.get(name)
+        if v is None:
+            continue
+        nan = np.isnan(v)
+        fail(name, ~nan & ~((v >= 0) & (v <= 1)), f"{name} outside [0, 1]")
+        if reached is not None:
+            at = reached[:, :, None] if per_candidate else reached
+            fail(name, nan & at, "NaN at a reached position")
+    if (v := cols.get("verifier_top1")) is not None:
+        fail("verifier_top1", v < -1, "token id below −1")
+        if reached is not None:
+            fail("verifier_top1", (v < 0) & reached, "missing (−1) at a reached position")
+    for name in ("base_logp", "head_logp"):
+        v = cols.get(name)
+        if v is not None:
+            # NaN stands for a null (not scored); anything else must be a log-probability
+            fail(name, ~np.isnan(v) & ~(np.isfinite(v) & (v <= 0)), "must be finite and ≤ 0")

@@ -1,0 +1,343 @@
+"""Writing, streaming and validating block logs.
+
+A *log* is either one Parquet file or a directory of part files ``part-NNNNNN.parquet``. The
+writer produces directories: each flush writes one complete row group to a temporary hidden
+file, fsyncs it and renames it into place, so a crash or ``kill -9`` of the writing process
+loses only rows not yet flushed, and every part a reader sees is a whole, valid file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from brisk.mechanism.checks import check_columns
+from brisk.mechanism.schema import (
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    BlockLogError,
+    LogShape,
+    block_schema,
+    shape_from_schema,
+)
+
+__all__ = [
+    "BlockBatch",
+    "BlockLogWriter",
+    "block_table",
+    "count_blocks",
+    "log_files",
+    "log_shape",
+    "read_blocks",
+    "validate",
+]
+
+DEFAULT_BATCH_ROWS = 65_536
+_PER_CANDIDATE = frozenset({"cand_ids", "q", "p"})
+_PER_POSITION = frozenset(
+    {"verifier_top1", "verifier_top1_prob", "u", "base_choice", "head_choice"}
+)
+
+
+@dataclass(frozen=True)
+class BlockBatch:
+    """Numpy arrays for rows ``row0 .. row0 + n − 1`` of ``file``.
+
+    Per-candidate columns have shape [n, M, K], per-position columns [n, M], the rest [n].
+    Optional whole-block log-probabilities read as NaN where null or absent from the file.
+    """
+
+    file: str
+    row0: int
+    shape: LogShape
+    columns: Mapping[str, npt.NDArray[Any]]
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        return self.columns[name]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+
+def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Expand logs (files or part directories) into Parquet files, in a canonical order."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(path.glob("part-*.parquet")))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such block log")
+    if not files:
+        raise ValueError(f"no Parquet files in {', '.join(str(Path(p)) for p in paths)}")
+    return files
+
+
+def _open(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise BlockLogError(
+            str(file), "(file)", None, f"not a readable Parquet file: {err}"
+        ) from None
+
+
+def log_shape(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> LogShape:
+    """M and K shared by every file of the logs (checked against each file's metadata)."""
+    shapes = {f: shape_from_schema(_open(f).schema_arrow, str(f)) for f in log_files(paths)}
+    first_file, first = next(iter(shapes.items()))
+    for f, shape in shapes.items():
+        if shape != first:
+            raise BlockLogError(
+                str(f),
+                "(schema metadata)",
+                None,
+                f"M = {shape.M}, K = {shape.K}, but {first_file} has M = {first.M}, K = {first.K}",
+            )
+    return first
+
+
+def count_blocks(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> int:
+    """Rows in the logs, from Parquet footers only (nothing is decoded)."""
+    return sum(_open(f).metadata.num_rows for f in log_files(paths))
+
+
+def read_blocks(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    columns: Sequence[str] | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    *,
+    check: bool = True,
+) -> Iterator[BlockBatch]:
+    """Stream the logs as :class:`BlockBatch` es of at most ``batch_rows`` rows.
+
+    Memory is bounded by one batch (and one row group of the file being read), never by
+    the file. With ``check`` every batch passes :func:`~brisk.mechanism.checks.check_columns`
+    (``accept_len`` is then read as well, since reachability decides what NaN means).
+    """
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows: need a positive integer, got {batch_rows!r}")
+    shape = log_shape(paths)
+    wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
+    unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
+    if unknown:
+        raise ValueError(f"columns: unknown {sorted(unknown)}")
+    for file in log_files(paths):
+        pf = _open(file)
+        present = set(pf.schema_arrow.names)
+        read = [c for c in wanted if c in present]
+        if check and "accept_len" not in read:
+            read.append("accept_len")
+        row0 = 0
+        for rb in pf.iter_batches(batch_size=batch_rows, columns=read, use_threads=True):
+            cols = _to_numpy(rb, shape)
+            n = rb.num_rows
+            for name in wanted:
+                if name not in cols:  # optional log-probabilities absent from this file
+                    cols[name] = np.full(n, np.nan)
+            if check:
+                check_columns(cols, shape, str(file), row0)
+            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted})
+            row0 += n
+
+
+def _to_numpy(rb: pa.RecordBatch, shape: LogShape) -> dict[str, npt.NDArray[Any]]:
+    out: dict[str, npt.NDArray[Any]] = {}
+    n = rb.num_rows
+    for name, col in zip(rb.schema.names, rb.columns, strict=True):
+        if name in _PER_CANDIDATE:
+            out[name] = col.flatten().to_numpy().reshape(n, shape.M, shape.K)
+        elif name in _PER_POSITION:
+            out[name] = col.flatten().to_numpy().reshape(n, shape.M)
+        elif name in OPTIONAL_COLUMNS:
+            out[name] = col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        else:
+            out[name] = col.to_numpy()
+    return out
+
+
+def validate(path: str | os.PathLike[str], M: int | None = None, K: int | None = None) -> int:
+    """Check one log end to end; return its number of blocks.
+
+    Raises :class:`BlockLogError` naming the file, column and row for: a missing column, a wrong
+    type, M, K or format version, q or p outside [0, 1], NaN at a reached position, candidate
+    ids repeated within a position, a choice index outside its range, accept_len outside
+    [0, M], or an empty log.
+    """
+    shape = log_shape(path)
+    for name, want, got in (("M", M, shape.M), ("K", K, shape.K)):
+        if want is not None and want != got:
+            file = str(log_files(path)[0])
+            raise BlockLogError(file, "(schema metadata)", None, f"{name} = {got}, expected {want}")
+    rows = 0
+    for batch in read_blocks(path):
+        rows += len(batch)
+    if rows == 0:
+        raise BlockLogError(str(log_files(path)[0]), "(any)", 0, "the log has no blocks")
+    return rows
+
+
+def block_table(
+    columns: Mapping[str, Any], M: int, K: int, *, check: bool = True, file: str = "<rows>"
+) -> pa.Table:
+    """An Arrow table of the schema from arrays ([n], [n, M] / [n, M·K] or [n, M, K]).
+
+    ``base_logp`` and ``head_logp`` are optional (NaN means not scored and is stored as null).
+    With ``check`` the rows are validated first and nothing malformed gets through.
+    """
+    shape = LogShape(M, K)
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise BlockLogError(file, missing[0], None, "missing")
+    schema = block_schema(M, K)
+    n = len(np.asarray(columns["request_id"]))
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for field in schema:
+        name = field.name
+        if name not in columns:
+            cols[name] = np.full(n, np.nan)
+            continue
+        raw = np.asarray(columns[name])
+        width = shape.M * shape.K if name in _PER_CANDIDATE else shape.M
+        target = field.type.value_type if pa.types.is_fixed_size_list(field.type) else field.type
+        dtype = target.to_pandas_dtype()
+        if name in _PER_CANDIDATE or name in _PER_POSITION:
+            if raw.size != n * width:
+                raise BlockLogError(file, name, None, f"expected {n} × {width} values")
+            arr = raw.reshape((n, M, K) if name in _PER_CANDIDATE else (n, M))
+        else:
+            if raw.shape != (n,):
+                raise BlockLogError(file, name, None, f"expected shape ({n},), got {raw.shape}")
+            arr = raw
+        if np.issubdtype(np.dtype(dtype), np.integer) and arr.dtype.kind == "f":
+            raise BlockLogError(file, name, None, f"expected integers, got {arr.dtype}")
+        cols[name] = arr.astype(dtype, copy=False)
+    if check:
+        check_columns(cols, shape, file)
+    arrays: list[pa.Array] = []
+    for field in schema:
+        arr = cols[field.name]
+        if pa.types.is_fixed_size_list(field.type):
+            flat = pa.array(arr.reshape(-1), type=field.type.value_type)
+            arrays.append(pa.FixedSizeListArray.from_arrays(flat, type=field.type))
+        else:
+            nulls = np.isnan(arr) if field.name in OPTIONAL_COLUMNS else None
+            arrays.append(pa.array(arr, type=field.type, mask=nulls))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class BlockLogWriter:
+    """Buffer blocks and write them as crash-safe Parquet parts under a directory ``path``.
+
+    >>> import tempfile
+    >>> from brisk.mechanism.synthetic import synthetic_blocks
+    >>> with tempfile.TemporaryDirectory() as tmp, BlockLogWriter(f"{tmp}/log", 7, 16) as w:
+    ...     for batch in synthetic_blocks(1000, seed=1):
+    ...         w.write(batch)
+    ...     w.rows_written
+    1000
+
+    ``write`` validates rows before buffering them (a bad row raises :class:`BlockLogError` and
+    nothing of that call is kept); a row group of ``rows_per_group`` rows is flushed as soon as
+    it is full, and the rest on :meth:`flush` or on leaving the ``with`` block (also when it
+    is left by an exception: the rows were valid). ``rows_flushed`` counts rows safely on disk.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        M: int,
+        K: int,
+        rows_per_group: int = DEFAULT_BATCH_ROWS,
+        compression: str = "snappy",
+    ) -> None:
+        self.path = Path(path)
+        self.shape = LogShape(M, K)
+        if rows_per_group < 1:
+            raise ValueError(f"rows_per_group: need a positive integer, got {rows_per_group!r}")
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise FileExistsError(f"{self.path}: exists and is not an empty directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.rows_per_group = rows_per_group
+        self.compression = compression
+        self.rows_written = 0
+        self.rows_flushed = 0
+        self.parts = 0
+        self._buffer: list[pa.Table] = []
+        self._buffered = 0
+        self._closed = False
+
+    def __enter__(self) -> BlockLogWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def write(self, columns: Mapping[str, Any]) -> None:
+        """Append blocks given as column arrays (see :func:`block_table`)."""
+        if self._closed:
+            raise ValueError("write: the writer is closed")
+        name = f"{self.path} (rows from {self.rows_written})"
+        table = block_table(columns, self.shape.M, self.shape.K, file=name)
+        self._buffer.append(table)
+        self._buffered += table.num_rows
+        self.rows_written += table.num_rows
+        while self._buffered >= self.rows_per_group:
+            self._flush(self.rows_per_group)
+
+    def write_block(self, **fields: Any) -> None:
+        """Append one block given as keyword arguments (scalars and [M] / [M, K] arrays)."""
+        self.write({k: np.asarray(v)[None] for k, v in fields.items()})
+
+    def flush(self) -> None:
+        """Write every buffered row as one more part."""
+        if self._buffered:
+            self._flush(self._buffered)
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def _flush(self, rows: int) -> None:
+        table = pa.concat_tables(self._buffer).combine_chunks()
+        part, rest = table.slice(0, rows), table.slice(rows)
+        final = self.path / f"part-{self.parts:06d}.parquet"
+        tmp = self.path / f".{final.name}.tmp"
+        # dictionary pages only slow the reader down on probability and id lists
+        pq.write_table(
+            part, tmp, row_group_size=rows, compression=self.compression, use_dictionary=False
+        )
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)  # atomic: readers see the whole part or none of it
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self.parts += 1
+        self.rows_flushed += rows
+        self._buffer = [rest] if rest.num_rows else []
+        self._buffered = rest.num_rows

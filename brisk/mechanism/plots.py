@@ -1,0 +1,227 @@
+"""Figures of the mechanism report (matplotlib is imported on first use).
+
+Every rate is drawn as its equal-request estimate with the bootstrap interval as an error bar;
+empty populations (no first breakers at a position, say) are left out rather than drawn as 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from brisk.mechanism.stats import RateArray
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from brisk.mechanism.report import MechanismSummary
+
+__all__ = [
+    "plot_acceptance_profile",
+    "plot_coverage",
+    "plot_positions",
+    "plot_repetition",
+    "save_plots",
+]
+
+
+def _rate_line(ax: Axes, x: np.ndarray, r: RateArray, color: str, label: str | None = None) -> None:
+    ok = np.isfinite(r.equal_request)
+    y = 100 * r.equal_request[ok]
+    err = None
+    if np.isfinite(r.low[ok]).all():
+        err = np.abs(np.vstack([y - 100 * r.low[ok], 100 * r.high[ok] - y]))
+    ax.errorbar(x[ok], y, yerr=err, color=color, marker="o", capsize=3, lw=1.8, label=label)
+
+
+def plot_positions(s: MechanismSummary) -> Figure:
+    """Paper Fig. 6 and its regression companion: per-position intervention, rescue, regression."""
+    import matplotlib.pyplot as plt
+
+    rep = s.replay
+    x = np.arange(1, s.shape.M + 1)
+    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.4), layout="constrained")
+    panels = [
+        (rep.intervention_by_position, "C0", "(a) head intervention", "% of first breakers"),
+        (rep.rescue_by_position, "C2", "(b) same-draw rescue", "per 100 first breakers"),
+        (
+            rep.regression_by_position,
+            "C3",
+            "(c) introduced rejection",
+            "per 100 accepted positions",
+        ),
+    ]
+    for ax, (rates, color, title, ylabel) in zip(axes, panels, strict=True):
+        _rate_line(ax, x, rates, color)
+        ax.set_title(title)
+        ax.set_xlabel("proposal position i")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(x)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    counts = rep.first_breakers_by_position
+    for xi, c in zip(x, counts, strict=True):
+        axes[0].annotate(
+            f"{c:,}",
+            (xi, 0),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            fontsize=7,
+            color="0.45",
+        )
+    axes[0].text(
+        0.02,
+        0.97,
+        "grey: first breakers at i",
+        transform=axes[0].transAxes,
+        va="top",
+        fontsize=7,
+        color="0.45",
+    )
+    fig.suptitle(
+        f"First-breaker repair by position ({s.n_requests:,} requests, equal-request "
+        f"means, {round(100 * s.level)}% bootstrap CI)",
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_repetition(s: MechanismSummary) -> Figure:
+    """Appendix B.2: repeat prevalence (verified positions vs first breakers) and per block."""
+    import matplotlib.pyplot as plt
+
+    r = s.repetition
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.5, 3.4), layout="constrained")
+    names = ["adjacent", "non-adjacent"]
+    groups = [
+        (r.adjacent_verified, r.adjacent_first_breakers),
+        (r.nonadjacent_verified, r.nonadjacent_first_breakers),
+    ]
+    width = 0.36
+    for j, (label, color) in enumerate((("verified positions", "C0"), ("first breakers", "C3"))):
+        vals = [g[j] for g in groups]
+        y = np.array([100 * v.equal_request for v in vals])
+        err = np.abs(np.array([[100 * v.low for v in vals], [100 * v.high for v in vals]]) - y)
+        ax.bar(
+            np.arange(2) + (j - 0.5) * width,
+            y,
+            width,
+            yerr=err,
+            capsize=3,
+            color=color,
+            label=label,
+        )
+    ax.set_xticks(np.arange(2), names)
+    ax.set_ylabel("% of positions (equal-request)")
+    ax.set_title("Repeat prevalence")
+    ax.legend(frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    means = [
+        (r.adjacent_per_block_base, r.adjacent_per_block_head),
+        (r.nonadjacent_per_block_base, r.nonadjacent_per_block_head),
+    ]
+    for j, (label, color) in enumerate((("base block", "C7"), ("head block", "C2"))):
+        y = np.array([m[j].equal_request for m in means])
+        err = np.abs(np.array([[m[j].low for m in means], [m[j].high for m in means]]) - y)
+        bx.bar(
+            np.arange(2) + (j - 0.5) * width,
+            y,
+            width,
+            yerr=err,
+            capsize=3,
+            color=color,
+            label=label,
+        )
+    bx.set_xticks(np.arange(2), names)
+    bx.set_ylabel("repeated tokens per block")
+    bx.set_title(f"Repeats per block ({r.paired_blocks:,} paired blocks)")
+    bx.legend(frameon=False)
+    bx.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_coverage(s: MechanismSummary) -> Figure:
+    """Table 5's columns for every K': verifier top-1 coverage and its probability mass."""
+    import matplotlib.pyplot as plt
+
+    c = s.coverage
+    x = np.arange(1, s.shape.K + 1)
+    fig, ax = plt.subplots(figsize=(5.2, 3.6), layout="constrained")
+    for rates, color, label in (
+        (c.coverage, "C0", "top-1 coverage"),
+        (c.mass, "C1", "top-1 mass"),
+        (c.set_mass, "C7", "verifier mass on C"),
+    ):
+        y = 100 * rates.equal_request
+        ax.plot(x, y, color=color, marker=".", label=label)
+        if np.isfinite(rates.low).all():
+            ax.fill_between(x, 100 * rates.low, 100 * rates.high, color=color, alpha=0.2, lw=0)
+    for k in s.ks:
+        ax.axvline(k, color="0.7", ls=":", lw=1)
+        ax.annotate(
+            f"{100 * c.coverage.equal_request[k - 1]:.1f}",
+            (k, 100 * c.coverage.equal_request[k - 1]),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color="C0",
+        )
+    ax.set_xlabel("candidate set size K'")
+    ax.set_ylabel("% at first breakers")
+    ax.set_title(f"Candidate availability ({c.first_breakers:,} first breakers)")
+    ax.set_xticks(x if s.shape.K <= 16 else np.linspace(1, s.shape.K, 9).astype(int))
+    ax.legend(frameon=False, loc="lower right")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_acceptance_profile(s: MechanismSummary) -> Figure:
+    """a_i with Jeffreys intervals, and the ISD TPF with its posterior interval."""
+    import matplotlib.pyplot as plt
+
+    a = s.profile.rates()
+    lo, hi = s.profile.interval(s.level)
+    x = np.arange(1, s.shape.M + 1)
+    fig, ax = plt.subplots(figsize=(5.2, 3.6), layout="constrained")
+    ok = np.isfinite(a)
+    ax.errorbar(
+        x[ok],
+        a[ok],
+        yerr=np.abs(np.vstack([a[ok] - lo[ok], hi[ok] - a[ok]])),
+        marker="o",
+        capsize=3,
+        color="C0",
+    )
+    ax.set_ylim(min(0.5, float(np.nanmin(lo))) - 0.02 if ok.any() else 0, 1.01)
+    ax.set_xticks(x)
+    ax.set_xlabel("proposal position i")
+    ax.set_ylabel("acceptance a_i (reached blocks)")
+    t = s.tpf
+    ax.set_title(
+        f"Acceptance profile — TPF (ISD) {t.estimate:.2f} [{t.low:.2f}, {t.high:.2f}]", fontsize=10
+    )
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def save_plots(s: MechanismSummary, out: Path) -> list[Path]:
+    """Write the four PNGs; return their paths."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, make in (
+        ("positions", plot_positions),
+        ("repetition", plot_repetition),
+        ("coverage", plot_coverage),
+        ("acceptance_profile", plot_acceptance_profile),
+    ):
+        fig = make(s)
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=130)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,326 @@
+"""The mechanism report: every diagnostic of a set of logs, as a table, JSON, Markdown and plots.
+
+:func:`analyze` runs one streaming pass (:func:`~brisk.mechanism.tally.tally_blocks`) and then
+computes every statistic from the per-request sums with one shared request-clustered bootstrap
+(:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's Table 7, adding the
+pooled rate and the number of requests behind each equal-request average.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
+from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files
+from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
+from brisk.mechanism.repetition import Repetition, repetition
+from brisk.mechanism.replay import SameStateReplay, same_state_replay
+from brisk.mechanism.schema import LogShape
+from brisk.mechanism.stats import Bootstrap, Mean, Rate
+from brisk.mechanism.tally import RequestTally, tally_blocks
+from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
+
+__all__ = ["MechanismSummary", "TableRow", "analyze", "summarize", "table_rows", "write_report"]
+
+
+@dataclass(frozen=True)
+class MechanismSummary:
+    """Everything the report shows. ``ks`` are the K' values singled out in the table."""
+
+    files: tuple[str, ...]
+    shape: LogShape
+    n_blocks: int
+    n_requests: int
+    ks: tuple[int, ...]
+    draws: int
+    seed: int
+    level: float
+    replay: SameStateReplay
+    coverage: CandidateCoverage
+    likelihood: BlockLikelihood
+    repetition: Repetition
+    profile: AcceptanceProfile
+    tpf: TPFInterval
+
+    def as_dict(self) -> dict[str, Any]:
+        lo, hi = self.profile.interval(self.level)
+        return {
+            "files": list(self.files),
+            "M": self.shape.M,
+            "K": self.shape.K,
+            "blocks": self.n_blocks,
+            "requests": self.n_requests,
+            "bootstrap": {"draws": self.draws, "seed": self.seed, "level": self.level},
+            "ks": list(self.ks),
+            "replay": self.replay.as_dict(),
+            "coverage": self.coverage.as_dict(),
+            "likelihood": self.likelihood.as_dict(),
+            "repetition": self.repetition.as_dict(),
+            "acceptance_profile": {
+                "reached": self.profile.reached.tolist(),
+                "accepted": self.profile.accepted.tolist(),
+                "rates": _finite(self.profile.rates().tolist()),
+                "low": lo.tolist(),
+                "high": hi.tolist(),
+                "tpf_isd": {
+                    "estimate": _finite([self.tpf.estimate])[0],
+                    "low": self.tpf.low,
+                    "high": self.tpf.high,
+                },
+            },
+        }
+
+
+def _finite(xs: list[float]) -> list[float | None]:
+    return [x if math.isfinite(x) else None for x in xs]
+
+
+def summarize(
+    tally: RequestTally,
+    ks: Sequence[int] = (4, 8, 16),
+    draws: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    files: Sequence[str] = (),
+) -> MechanismSummary:
+    """All statistics of a tally; ``ks`` must lie in 1..K."""
+    K = tally.shape.K
+    bad = [k for k in ks if not 1 <= k <= K]
+    if bad or not ks:
+        raise ValueError(f"--k: need values in 1..K = {K}, got {list(ks)}")
+    boot = Bootstrap(tally.request_ids, draws=draws, seed=seed, level=level)
+    sums = dict(tally.sums)
+    profile = tally.profile()
+    return MechanismSummary(
+        files=tuple(files),
+        shape=tally.shape,
+        n_blocks=tally.n_blocks,
+        n_requests=tally.n_requests,
+        ks=tuple(sorted(set(ks))),
+        draws=draws,
+        seed=seed,
+        level=level,
+        replay=same_state_replay(sums, boot),
+        coverage=candidate_coverage(sums, boot),
+        likelihood=block_likelihood(sums, boot),
+        repetition=repetition(sums, boot),
+        profile=profile,
+        tpf=profile.tpf_interval(CostModel.isd(tally.shape.M), level=level, seed=seed),
+    )
+
+
+def analyze(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    ks: Sequence[int] = (4, 8, 16),
+    draws: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: Callable[[int], None] | None = None,
+) -> MechanismSummary:
+    """Validate, tally and summarize logs (files or part directories) in one streaming pass."""
+    files = tuple(str(f) for f in log_files(paths))
+    tally = tally_blocks(files, batch_rows=batch_rows, progress=progress)
+    return summarize(tally, ks, draws, seed, level, files)
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One line of the report table (strings, already formatted)."""
+
+    section: str
+    quantity: str
+    unit: str
+    value: str
+    pooled: str
+    requests: str
+
+
+def _pct(r: Rate, scale: float = 100.0, digits: int = 2) -> tuple[str, str, str]:
+    def f(x: float) -> str:
+        return "—" if not math.isfinite(x) else f"{scale * x:.{digits}f}"
+
+    interval = f" [{f(r.low)}, {f(r.high)}]" if math.isfinite(r.low) else ""
+    used = f"{r.requests}" + (f" ({r.excluded} excl.)" if r.excluded else "")
+    return f(r.equal_request) + interval, f(r.pooled), used
+
+
+def _mean(m: Mean, signed: bool = False, digits: int = 3) -> tuple[str, str, str]:
+    def f(x: float) -> str:
+        return (
+            "—" if not math.isfinite(x) else (f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}")
+        )
+
+    interval = f" [{f(m.low)}, {f(m.high)}]" if math.isfinite(m.low) else ""
+    used = f"{m.requests}" + (f" ({m.excluded} excl.)" if m.excluded else "")
+    return f(m.equal_request) + interval, f(m.pooled), used
+
+
+def table_rows(s: MechanismSummary) -> list[TableRow]:
+    """The report table: Table 7's rows, then repetition (B.2) and the acceptance profile."""
+    M, rows = s.shape.M, []
+    sec = "Candidate availability and same-state repair (%)"
+    for k in s.ks:
+        rows.append(
+            TableRow(
+                sec,
+                f"Verifier top-1 in base-q Top-{k}",
+                "First breakers",
+                *_pct(s.coverage.coverage[k - 1]),
+            )
+        )
+    for k in s.ks:
+        rows.append(
+            TableRow(
+                sec,
+                f"Verifier top-1 mass in Top-{k}",
+                "First breakers, p*-weighted",
+                *_pct(s.coverage.mass[k - 1]),
+            )
+        )
+    rep = s.replay
+    rows += [
+        TableRow(
+            sec, "Corrector changes selected token", "First breakers", *_pct(rep.intervention)
+        ),
+        TableRow(sec, "Corrector rescues rejection", "Per 100 first breakers", *_pct(rep.rescue)),
+        TableRow(
+            sec,
+            "Corrector introduces rejection",
+            "Per 100 accepted positions",
+            *_pct(rep.regression),
+        ),
+    ]
+    sec, lk = "Whole-block verifier preference", s.likelihood
+    rows += [
+        TableRow(sec, "Mean ΔL", f"Nats per {M}-token block", *_mean(lk.mean_delta, signed=True)),
+        TableRow(
+            sec, "Refined block has higher likelihood", "% of paired blocks", *_pct(lk.positive)
+        ),
+        TableRow(sec, "Equal recorded likelihood", "% of paired blocks", *_pct(lk.tied)),
+        TableRow(sec, "Base block has higher likelihood", "% of paired blocks", *_pct(lk.negative)),
+    ]
+    sec, r = "Local repetition (%)", s.repetition
+    rows += [
+        TableRow(sec, "Adjacent repeat", "Verified positions", *_pct(r.adjacent_verified)),
+        TableRow(sec, "Adjacent repeat", "First breakers", *_pct(r.adjacent_first_breakers)),
+        TableRow(sec, "Non-adjacent repeat", "Verified positions", *_pct(r.nonadjacent_verified)),
+        TableRow(sec, "Non-adjacent repeat", "First breakers", *_pct(r.nonadjacent_first_breakers)),
+        TableRow(
+            sec,
+            "Head rescues adjacent-repeat breaker",
+            "Per 100 such breakers",
+            *_pct(r.adjacent_head_rescue),
+        ),
+        TableRow(
+            sec,
+            "Head rescues non-adjacent-repeat breaker",
+            "Per 100 such breakers",
+            *_pct(r.nonadjacent_head_rescue),
+        ),
+        TableRow(
+            sec,
+            "Adjacent repeats, base block",
+            "Tokens per block",
+            *_mean(r.adjacent_per_block_base),
+        ),
+        TableRow(
+            sec,
+            "Adjacent repeats, head block",
+            "Tokens per block",
+            *_mean(r.adjacent_per_block_head),
+        ),
+        TableRow(
+            sec,
+            "Non-adjacent repeats, base block",
+            "Tokens per block",
+            *_mean(r.nonadjacent_per_block_base),
+        ),
+        TableRow(
+            sec,
+            "Non-adjacent repeats, head block",
+            "Tokens per block",
+            *_mean(r.nonadjacent_per_block_head),
+        ),
+    ]
+    sec, t = "Acceptance profile (pooled over blocks)", s.tpf
+    rows += [
+        TableRow(
+            sec,
+            f"TPF, ISD at N = {M + 1}",
+            "Tokens per forward",
+            f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
+            "",
+            f"{s.n_requests}",
+        ),
+        TableRow(
+            sec,
+            "Accepted-prefix length E[L]",
+            "Tokens per block",
+            f"{_mean_accept_len(s.profile):.3f}",
+            "",
+            f"{s.n_requests}",
+        ),
+    ]
+    return rows
+
+
+def _mean_accept_len(profile: AcceptanceProfile) -> float:
+    """E[L] = Σ_i accepted_i / blocks (each accepted position adds one to L)."""
+    return float(profile.accepted.sum() / profile.n_blocks) if profile.n_blocks else math.nan
+
+
+def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
+    """summary.md: what was read, the table, and the plots."""
+    pct = round(100 * s.level)
+    lines = [
+        "# Mechanism report",
+        "",
+        f"{s.n_blocks:,} blocks from {s.n_requests:,} requests (M = {s.shape.M}, "
+        f"K = {s.shape.K}) in {len(s.files)} file(s). Equal-request averages with "
+        f"{pct}% request-clustered bootstrap intervals ({s.draws} draws, seed {s.seed}); "
+        "pooled rates beside them; requests with a zero denominator are excluded from a "
+        "rate's mean and counted as excl.",
+        "",
+    ]
+    if s.replay.base_disagreements:
+        lines += [
+            f"**Note:** at {s.replay.base_disagreements:,} reached positions the same-state rule "
+            "on the base token contradicts accept_len (was the log verified greedily?).",
+            "",
+        ]
+    section = None
+    for row in table_rows(s):
+        if row.section != section:
+            section = row.section
+            lines += [
+                "",
+                f"## {section}",
+                "",
+                f"| Quantity | Population / unit | Equal-request [{pct}% CI] | Pooled | Requests |",
+                "|---|---|---|---|---|",
+            ]
+        lines.append(
+            f"| {row.quantity} | {row.unit} | {row.value} | {row.pooled} | {row.requests} |"
+        )
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(s: MechanismSummary, out: str | os.PathLike[str]) -> list[Path]:
+    """Write summary.json, summary.md and the PNG plots into ``out``; return the paths."""
+    from brisk.mechanism.plots import save_plots
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = save_plots(s, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(s.as_dict(), indent=1, allow_nan=False))
+    (out_dir / "summary.md").write_text(markdown(s, [str(p) for p in pngs]))
+    return [out_dir / "summary.json", out_dir / "summary.md", *pngs]

@@ -1,0 +1,188 @@
+"""Seeded synthetic block logs that look like a real server's (for tests, notebook, benchmark).
+
+Requests differ in length (log-normal block counts) and in acceptance level (a per-request
+logit offset); the position profile declines along the block. Each position's Top-K draws
+q from a random softmax, the verifier either agrees with the base choice or prefers another
+candidate (sometimes one outside C_i), and the factual accepted-prefix length comes from the
+same-state rule applied to the base choices, so J(base) always agrees with ``accept_len``.
+Adjacent and non-adjacent repetitions are injected into the base tokens and make rejection
+likelier; the shadow head usually follows the verifier's top-1 when the base token is
+rejected (rescues), avoids adjacent repeats, and now and then swaps an accepted token for a
+worse one (regressions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["synthetic_blocks"]
+
+_ID_SPAN = 1 << 14  # token ids of position i live in [i·span, (i+1)·span): unique by design
+
+
+def synthetic_blocks(
+    n_blocks: int,
+    M: int = 7,
+    K: int = 16,
+    *,
+    n_requests: int | None = None,
+    seed: int = 0,
+    batch_rows: int = 65_536,
+    logp: bool = True,
+) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """Yield column dicts (as :meth:`BlockLogWriter.write` takes them) for ``n_blocks`` blocks.
+
+    ``n_requests`` defaults to about one request per 100 blocks. Blocks come request by
+    request in block order; request ids are large scattered integers (as hashed ids would be).
+    The stream is a pure function of the arguments except ``batch_rows``, which only changes
+    how it is cut.
+    """
+    if n_blocks < 1 or M < 1 or K < 2:
+        raise ValueError(f"need n_blocks ≥ 1, M ≥ 1, K ≥ 2; got {n_blocks}, {M}, {K}")
+    rng = np.random.default_rng(seed)
+    R = min(n_blocks, n_requests if n_requests is not None else max(1, n_blocks // 100))
+    weights = rng.lognormal(0.0, 1.0, R)
+    counts = 1 + rng.multinomial(n_blocks - R, weights / weights.sum())
+    ids = np.sort(rng.choice(np.int64(1) << 62, size=R, replace=False))
+    ids = rng.permutation(ids)
+    level = rng.normal(0.0, 0.8, R)  # per-request acceptance offset (logit scale)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    request_of_row = np.repeat(np.arange(R), counts)
+    for start in range(0, n_blocks, batch_rows):
+        rows = request_of_row[start : start + batch_rows]
+        brng = np.random.default_rng([seed, start])
+        yield _batch(
+            brng, M, K, ids[rows], start + np.arange(rows.size) - starts[rows], level[rows], logp
+        )
+
+
+def _batch(
+    rng: np.random.Generator,
+    M: int,
+    K: int,
+    request_id: npt.NDArray[np.int64],
+    block_index: npt.NDArray[np.int64],
+    level: npt.NDArray[np.float64],
+    logp: bool,
+) -> dict[str, npt.NDArray[Any]]:
+    n = request_id.size
+    pos = np.arange(M)
+    rows = np.arange(n)[:, None]
+    # q: a random softmax over the Top-K, descending, holding most of the vocabulary's mass
+    gaps = rng.exponential(1.0, (n, M, K)) * rng.uniform(0.4, 1.6, (n, M, 1))
+    gaps[..., 0] = 0.0
+    logits = -np.cumsum(gaps, axis=-1)
+    q = np.exp(logits)
+    q *= rng.beta(30, 1.5, (n, M, 1)) / q.sum(axis=-1, keepdims=True)
+    # token ids: unique within a position because each position owns an id range
+    steps = rng.integers(1, _ID_SPAN // K, (n, M, K)).cumsum(axis=-1)
+    cand = (pos[:, None] * _ID_SPAN + (steps * 40_503) % _ID_SPAN).astype(np.int32)
+    anchor = (M * _ID_SPAN + rng.integers(0, 1000, n)).astype(np.int32)
+    base = np.where(rng.random((n, M)) < 0.9, 0, rng.integers(1, 4, (n, M))).astype(np.int16)
+    # inject repetitions into the base tokens, position by position (x_0 = anchor)
+    tokens = np.empty((n, M), dtype=np.int32)
+    adjacent = np.zeros((n, M), dtype=bool)
+    repeat = np.zeros((n, M), dtype=bool)
+    for i in range(M):
+        prev = anchor if i == 0 else tokens[:, i - 1]
+        adj = rng.random(n) < 0.06
+        non = ~adj & (rng.random(n) < 0.05) & (i >= 2)
+        earlier = tokens[rows[:, 0], rng.integers(0, max(i - 1, 1), n)] if i >= 2 else prev
+        cand[adj, i, base[adj, i]] = prev[adj]
+        cand[non, i, base[non, i]] = earlier[non]
+        tokens[:, i] = cand[rows[:, 0], i, base[:, i]]
+        adjacent[:, i], repeat[:, i] = adj, adj | non
+    # verifier: agrees with the base token with a request- and position-dependent probability
+    z = level[:, None] + 2.3 - 0.28 * pos - 1.2 * adjacent - 0.35 * (repeat & ~adjacent)
+    agree = rng.random((n, M)) < 1.0 / (1.0 + np.exp(-z))
+    p = q * np.exp(rng.normal(0.0, 0.3, (n, M, K)))
+    # the verifier's favourite when disagreeing: usually a near neighbour in q's ranking
+    alt = (base + np.minimum(rng.geometric(0.45, (n, M)), K - 1)) % K
+    outside = ~agree & (rng.random((n, M)) < 0.05)
+    p_base = np.take_along_axis(p, base[..., None], -1)[..., 0]
+    p_max = p.max(axis=-1)
+    np.put_along_axis(
+        p,
+        base[..., None].astype(np.int64),
+        np.where(
+            agree, p_max * rng.uniform(1.2, 2.0, (n, M)), p_base * rng.uniform(0.0, 0.6, (n, M))
+        )[..., None],
+        -1,
+    )
+    boost = np.where(~agree & ~outside, p_max * rng.uniform(1.5, 4.0, (n, M)), 0.0)
+    alt_p = np.take_along_axis(p, alt[..., None].astype(np.int64), -1)[..., 0]
+    np.put_along_axis(p, alt[..., None].astype(np.int64), np.maximum(alt_p, boost)[..., None], -1)
+    top_out = rng.uniform(0.5, 0.9, (n, M))  # above anything left inside C_i
+    mass = np.where(outside, (1.0 - top_out) * 0.95, rng.uniform(0.85, 0.99, (n, M)))
+    p *= (mass / p.sum(axis=-1))[..., None]
+    arg = p.argmax(axis=-1)
+    top1 = np.where(
+        outside,
+        (M + 1) * _ID_SPAN + rng.integers(0, 1000, (n, M)),
+        np.take_along_axis(cand, arg[..., None], -1)[..., 0],
+    ).astype(np.int32)
+    top1_prob = np.where(outside, top_out, p.max(axis=-1))
+    q, p = q.astype(np.float32), p.astype(np.float32)
+    # the factual outcome: same-state rule on the base tokens, stop at the first rejection
+    u = rng.random((n, M))
+    J_base = _same_state(q, p, u, base)
+    accept_len = np.cumprod(J_base, axis=-1).sum(axis=-1).astype(np.int16)
+    # shadow head: follow the verifier when it disagrees, dodge adjacent repeats, rarely slip
+    favourite = np.where(outside, (base + 1) % K, arg).astype(np.int16)
+    follow = ~agree & (rng.random((n, M)) < 0.30 + 0.04 * pos)
+    follow |= adjacent & (rng.random((n, M)) < 0.75)
+    slip = agree & (rng.random((n, M)) < 0.03)
+    head = np.where(follow, favourite, base)
+    head = np.where(slip, (base + 1 + rng.integers(0, K - 1, (n, M))) % K, head).astype(np.int16)
+    ran = rng.random(n) >= 0.03
+    head[~ran] = -1
+    logps: dict[str, npt.NDArray[Any]] = {}
+    if logp:
+        ref = np.maximum(p.astype(np.float64), 1e-30)  # verifier scores every position
+        lp_base = np.log(np.take_along_axis(ref, base[..., None].astype(np.int64), -1)[..., 0])
+        lp_head = np.log(np.take_along_axis(ref, np.maximum(head, 0)[..., None], -1)[..., 0])
+        base_logp = lp_base.sum(axis=-1) - rng.exponential(0.5, n)
+        delta = np.where(head != base, lp_head - lp_base + rng.normal(0, 0.2, (n, M)), 0.0)
+        # head == base everywhere gives an exactly tied pair, as a real replay would
+        head_logp = base_logp + delta.sum(axis=-1)
+        scored = ran & (rng.random(n) >= 0.01)
+        logps["base_logp"] = np.where(scored, base_logp, np.nan)
+        logps["head_logp"] = np.where(scored, np.minimum(head_logp, 0.0), np.nan)
+    # not computed past the first breaker
+    unreached = pos > accept_len[:, None]
+    p[unreached] = np.nan
+    top1[unreached] = -1
+    top1_prob = np.where(unreached, np.nan, top1_prob).astype(np.float32)
+    cols: dict[str, npt.NDArray[Any]] = {
+        "request_id": request_id.astype(np.int64),
+        "block_index": block_index.astype(np.int64),
+        "anchor": anchor,
+        "cand_ids": cand,
+        "q": q,
+        "p": p,
+        "verifier_top1": top1,
+        "verifier_top1_prob": top1_prob,
+        "u": u,
+        "base_choice": base,
+        "head_choice": head,
+        "accept_len": accept_len,
+    }
+    return cols | logps
+
+
+def _same_state(
+    q: npt.NDArray[np.float32],
+    p: npt.NDArray[np.float32],
+    u: npt.NDArray[np.float64],
+    choice: npt.NDArray[np.int16],
+) -> npt.NDArray[np.bool_]:
+    from brisk.mechanism.replay import same_state_accept
+
+    idx = choice[..., None].astype(np.int64)
+    qc = np.take_along_axis(q, idx, -1)[..., 0]
+    pc = np.take_along_axis(p, idx, -1)[..., 0]
+    return same_state_accept(pc, qc, u)

@@ -1,0 +1,120 @@
+"""One streaming pass over block logs: per-request sums of every diagnostic's event counts.
+
+Each batch is validated, turned into per-block integer features ([n, c] arrays from
+:mod:`~brisk.mechanism.replay`, :mod:`~brisk.mechanism.coverage`,
+:mod:`~brisk.mechanism.likelihood` and :mod:`~brisk.mechanism.repetition`), and summed per
+request; the per-batch partial sums are merged at the end. Memory therefore grows with the
+number of requests, not blocks. All sums are int64 (probabilities and ΔL in fixed point), so a
+tally is exactly the same however the blocks are ordered or split across files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from brisk.mechanism.coverage import coverage_features
+from brisk.mechanism.io import DEFAULT_BATCH_ROWS, BlockBatch, log_files, read_blocks
+from brisk.mechanism.likelihood import likelihood_features
+from brisk.mechanism.repetition import repetition_features
+from brisk.mechanism.replay import BlockState, replay_features
+from brisk.mechanism.schema import BlockLogError, LogShape
+from brisk.theory import AcceptanceProfile
+
+__all__ = ["RequestTally", "block_features", "tally_blocks"]
+
+IntArray = npt.NDArray[np.int64]
+Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def block_features(batch: BlockBatch) -> dict[str, IntArray]:
+    """Every per-block feature of one batch as int64 arrays [n, c]."""
+    state = BlockState.of(batch)
+    feats: dict[str, npt.NDArray[Any]] = {"blocks": np.ones((len(batch), 1), dtype=np.int64)}
+    feats |= replay_features(state)
+    feats |= coverage_features(batch, state)
+    feats |= likelihood_features(batch)
+    feats |= repetition_features(batch, state)
+    L = state.accept_len
+    feats["accept_len"] = (L[:, None] == np.arange(state.M + 1)).astype(np.int64)
+    return {k: v.reshape(len(batch), -1).astype(np.int64, copy=False) for k, v in feats.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class RequestTally:
+    """Per-request sums ``sums[name]`` of shape [R, c], rows in sorted ``request_ids`` order.
+
+    ``sums["accept_len"][r, k]`` counts request r's blocks with L = k.
+    """
+
+    shape: LogShape
+    request_ids: IntArray
+    sums: Mapping[str, IntArray]
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.sums["blocks"].sum())
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.request_ids.size)
+
+    def profile(self) -> AcceptanceProfile:
+        """Pooled acceptance profile: position i reached iff L ≥ i − 1, accepted iff L ≥ i."""
+        at_least = np.cumsum(self.sums["accept_len"].sum(axis=0)[::-1])[::-1]
+        return AcceptanceProfile(at_least[:-1].copy(), at_least[1:].copy())
+
+    def equals(self, other: RequestTally) -> bool:
+        """Exact equality of ids and every sum (tallies are integers)."""
+        return (
+            self.shape == other.shape
+            and np.array_equal(self.request_ids, other.request_ids)
+            and self.sums.keys() == other.sums.keys()
+            and all(np.array_equal(v, other.sums[k]) for k, v in self.sums.items())
+        )
+
+
+def _group_sum(
+    ids: IntArray, feats: Mapping[str, IntArray]
+) -> tuple[IntArray, dict[str, IntArray]]:
+    """Sum rows of each [n, c] array by id; returns sorted unique ids and [R, c] sums."""
+    if ids.size > 1 and not np.all(ids[1:] >= ids[:-1]):
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        feats = {k: v[order] for k, v in feats.items()}
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+    return ids[starts], {k: np.add.reduceat(v, starts, axis=0) for k, v in feats.items()}
+
+
+def tally_blocks(
+    paths: Paths,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: Callable[[int], None] | None = None,
+) -> RequestTally:
+    """Validate and tally the logs in one streaming pass.
+
+    ``progress`` is called with the number of rows of each batch once it is done. Raises
+    :class:`~brisk.mechanism.schema.BlockLogError` on the first malformed row or for an empty log.
+    """
+    partial_ids: list[IntArray] = []
+    partial: dict[str, list[IntArray]] = {}
+    shape: LogShape | None = None
+    for batch in read_blocks(paths, batch_rows=batch_rows):
+        shape = batch.shape
+        ids, sums = _group_sum(batch["request_id"].astype(np.int64), block_features(batch))
+        partial_ids.append(ids)
+        for k, v in sums.items():
+            partial.setdefault(k, []).append(v)
+        if progress is not None:
+            progress(len(batch))
+    if shape is None:
+        raise BlockLogError(str(log_files(paths)[0]), "(any)", 0, "the log has no blocks")
+    ids, sums = _group_sum(
+        np.concatenate(partial_ids), {k: np.concatenate(v) for k, v in partial.items()}
+    )
+    return RequestTally(shape, ids, sums)
