@@ -1,0 +1,290 @@
+"""The prefix-conditioned corrector head (paper §3.3, appendix C.2).
+
+The backbone proposes all M positions in parallel; the corrector reranks each position's Top-K
+candidates of the base proposal q sequentially, conditioning on the tokens it already chose in
+the block. It reuses the backbone's MASK-slot hidden states, the anchor hidden state, the frozen
+input embedding E and LM head E_out — no extra backbone forward. The math of one block lives in
+:mod:`brisk.runtime.kernels.corrector_step.naive`; this module owns the parameters, the parallel
+projections, teacher-forced training and inference-time selection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from brisk.runtime.backbone import Backbone
+from brisk.runtime.kernels.corrector_step import N_FEATURES, StepWeights, corrector_select
+
+__all__ = ["Corrector", "CorrectorConfig", "CorrectorSelection"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT = "brisk-corrector"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CorrectorConfig:
+    """Sizes of the head. Defaults are the paper's (appendix C.2 table) at Qwen3-8B sizes."""
+
+    hidden_size: int = 4096  # backbone hidden size H
+    vocab_size: int = 151936  # backbone vocabulary V
+    M: int = 7  # proposal positions (stride N = M + 1)
+    K: int = 16  # candidates per position
+    state_dim: int = 128  # minimal-GRU state
+    hidden_proj_dim: int = 64  # projection of the MASK hidden state
+    token_proj_dim: int = 64  # projection of the previous token's embedding
+    pos_dim: int = 16  # position embedding
+    feature_dim: int = 16  # projection of the 5 confidence features
+    rank: int = 64  # rank of the candidate residual
+    init_identity: bool = True  # zero W_s so an untrained head keeps the base ranking
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{f.name}: must be a positive integer, got {value!r}")
+        if self.vocab_size < self.K:
+            raise ValueError(f"K: {self.K} candidates exceed the vocabulary ({self.vocab_size})")
+
+    @property
+    def input_dim(self) -> int:
+        """Width of the recurrent input [P_m m ‖ P_e E(x) ‖ pos ‖ P_φ φ] (160 in the paper)."""
+        return self.hidden_proj_dim + self.token_proj_dim + self.pos_dim + self.feature_dim
+
+    @classmethod
+    def paper(
+        cls, hidden_size: int = 4096, vocab_size: int = 151936, M: int = 7
+    ) -> CorrectorConfig:
+        """The paper's head: K = 16, state 128, projections 64/64/16/16, rank 64."""
+        return cls(hidden_size=hidden_size, vocab_size=vocab_size, M=M)
+
+    @classmethod
+    def for_backbone(cls, backbone: Backbone, M: int, **overrides: Any) -> CorrectorConfig:
+        """The paper's head sized for ``backbone``."""
+        return cls(
+            hidden_size=backbone.hidden_size, vocab_size=backbone.vocab_size, M=M, **overrides
+        )
+
+    @classmethod
+    def small(cls, hidden_size: int, vocab_size: int, M: int, K: int = 8) -> CorrectorConfig:
+        """A narrow head for tests and the tiny world."""
+        return cls(
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            M=M,
+            K=K,
+            state_dim=32,
+            hidden_proj_dim=16,
+            token_proj_dim=16,
+            pos_dim=8,
+            feature_dim=8,
+            rank=16,
+        )
+
+
+@dataclass(frozen=True)
+class CorrectorSelection:
+    """One block chosen by the head. Shapes ``[B, M]`` and ``[B, M, K]``."""
+
+    tokens: Tensor  # x_j
+    ranks: Tensor  # index of x_j in C_j
+    cand_ids: Tensor  # C_j, by base logit descending
+    cand_logits: Tensor  # base logits ℓ_j(c_k)
+    probs: Tensor  # softmax(ℓ̃_j / T) over C_j: the proposal law π_j when sampling
+    refined: Tensor  # ℓ̃_j
+
+
+class Corrector(nn.Module):
+    """Minimal-GRU reranker over Top-K candidates with a gated rank-R residual (eq. 5)."""
+
+    def __init__(self, config: CorrectorConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        H, S = c.hidden_size, c.state_dim
+        self.hidden_proj = nn.Linear(H, c.hidden_proj_dim, bias=False)  # P_m
+        self.token_proj = nn.Linear(H, c.token_proj_dim, bias=False)  # P_e
+        self.pos_emb = nn.Embedding(c.M, c.pos_dim)
+        self.feat_proj = nn.Linear(N_FEATURES, c.feature_dim)  # P_φ
+        self.init_state = nn.Linear(2 * H, S, bias=False)  # Init_ψ(h_c, E(x_0))
+        self.w_z = nn.Linear(c.input_dim, S, bias=False)
+        self.w_h = nn.Linear(c.input_dim, S, bias=False)
+        self.w_s = nn.Linear(S, c.rank, bias=False)
+        self.w_c = nn.Linear(H, c.rank, bias=False)
+        self.gate = nn.Linear(S + N_FEATURES, 1)  # w_g, b_g
+        self.alpha = nn.Parameter(torch.zeros(()))
+        if c.init_identity:
+            nn.init.zeros_(self.w_s.weight)
+
+    def step_weights(self) -> StepWeights:
+        return StepWeights(
+            pos_emb=self.pos_emb.weight,
+            feat_w=self.feat_proj.weight,
+            feat_b=self.feat_proj.bias,
+            w_z=self.w_z.weight,
+            w_h=self.w_h.weight,
+            w_s=self.w_s.weight,
+            gate_w=self.gate.weight[0],
+            gate_b=self.gate.bias[0],
+            alpha=self.alpha,
+        )
+
+    def _check(self, backbone: Backbone, mask_hidden: Tensor) -> None:
+        c = self.config
+        if backbone.hidden_size != c.hidden_size or backbone.vocab_size != c.vocab_size:
+            raise ValueError(
+                f"backbone: hidden {backbone.hidden_size} / vocab {backbone.vocab_size} do not "
+                f"match the corrector's {c.hidden_size} / {c.vocab_size}"
+            )
+        if mask_hidden.shape[1:] != (c.M, c.hidden_size):
+            raise ValueError(
+                f"mask_hidden: expected [B, {c.M}, {c.hidden_size}], got {tuple(mask_hidden.shape)}"
+            )
+
+    def _project(
+        self, backbone: Backbone, anchor_hidden: Tensor, anchor_ids: Tensor, cand_ids: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Everything that does not depend on earlier selections, in parallel."""
+        dtype = self.w_c.weight.dtype
+        anchor_emb = backbone.embed(anchor_ids).detach().to(dtype)  # [B, H]
+        s0 = torch.tanh(self.init_state(torch.cat([anchor_hidden.to(dtype), anchor_emb], dim=-1)))
+        anchor_e = self.token_proj(anchor_emb)  # [B, De]
+        cand_e = self.token_proj(backbone.embed(cand_ids).detach().to(dtype))  # [B, M, K, De]
+        cand_c = self.w_c(backbone.lm_head_rows(cand_ids).detach().to(dtype))  # [B, M, K, R]
+        return s0, anchor_e, cand_e, cand_c
+
+    def forward(
+        self,
+        backbone: Backbone,
+        anchor_hidden: Tensor,
+        anchor_ids: Tensor,
+        mask_hidden: Tensor,
+        cand_logits: Tensor,
+        cand_ids: Tensor,
+        tokens: Tensor,
+    ) -> Tensor:
+        """Teacher-forced refined logits ``[B, M, K]`` along a recorded trajectory.
+
+        ``tokens [B, M]`` is the recorded block x_1..x_M (the base proposal's own choices);
+        position j is fed x_{j−1} (x_0 = ``anchor_ids``) whatever the head would have picked.
+        """
+        self._check(backbone, mask_hidden)
+        dtype = self.w_c.weight.dtype
+        s0, anchor_e, cand_e, cand_c = self._project(backbone, anchor_hidden, anchor_ids, cand_ids)
+        forced_e = self.token_proj(backbone.embed(tokens).detach().to(dtype))  # [B, M, De]
+        out = corrector_select(
+            s0,
+            self.hidden_proj(mask_hidden.to(dtype)),
+            anchor_e,
+            cand_e,
+            cand_c,
+            cand_logits.to(dtype),
+            cand_ids,
+            anchor_ids,
+            self.step_weights(),
+            temperature=0.0,
+            u=None,
+            forced_prev=(tokens, forced_e),
+        )
+        return out.refined
+
+    @torch.no_grad()
+    def select(
+        self,
+        backbone: Backbone,
+        anchor_hidden: Tensor,
+        anchor_ids: Tensor,
+        mask_hidden: Tensor,
+        base_logits: Tensor,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> CorrectorSelection:
+        """Choose a block from the base logits ``[B, M, V]`` of the MASK slots.
+
+        ``temperature`` 0 takes the argmax of the refined logits; T > 0 samples from
+        π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be given.
+        """
+        self._check(backbone, mask_hidden)
+        dtype = self.w_c.weight.dtype
+        cand_logits, cand_ids = base_logits.to(dtype).topk(self.config.K, dim=-1)  # descending
+        s0, anchor_e, cand_e, cand_c = self._project(backbone, anchor_hidden, anchor_ids, cand_ids)
+        B, M = cand_ids.shape[:2]
+        u = None
+        if temperature > 0:
+            u = torch.rand(
+                B, M, generator=generator, device=generator.device if generator else None
+            )
+            u = u.to(cand_logits.device)
+        out = corrector_select(
+            s0,
+            self.hidden_proj(mask_hidden.to(dtype)),
+            anchor_e,
+            cand_e,
+            cand_c,
+            cand_logits,
+            cand_ids,
+            anchor_ids,
+            self.step_weights(),
+            temperature=temperature,
+            u=u,
+        )
+        tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
+        return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write ``model.safetensors`` and ``config.json``; each file is replaced atomically."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        _atomic(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
+        meta = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self.config)}
+        _atomic(path / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        backbone: Backbone | None = None,
+        device: torch.device | str | None = None,
+    ) -> Corrector:
+        """Load a saved head; with ``backbone`` given, its hidden size and vocab must match."""
+        path = Path(path)
+        config_file = path / CONFIG_NAME
+        if not config_file.is_file():
+            raise ValueError(f"path: {config_file} not found (not a saved corrector)")
+        meta = json.loads(config_file.read_text())
+        if meta.pop("format", None) != FORMAT or meta.pop("version", None) != FORMAT_VERSION:
+            raise ValueError(f"path: {config_file} is not a {FORMAT} v{FORMAT_VERSION} config")
+        known = {f.name for f in fields(CorrectorConfig)}
+        unknown = sorted(set(meta) - known)
+        if unknown:
+            raise ValueError(f"path: {config_file} has unknown fields {unknown}")
+        config = CorrectorConfig(**meta)
+        if backbone is not None and (
+            backbone.hidden_size != config.hidden_size or backbone.vocab_size != config.vocab_size
+        ):
+            raise ValueError(
+                f"backbone: corrector at {path} was trained for hidden {config.hidden_size} / "
+                f"vocab {config.vocab_size}, backbone has {backbone.hidden_size} / "
+                f"{backbone.vocab_size}"
+            )
+        model = cls(config)
+        model.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+        return model.to(device) if device is not None else model
+
+
+def _atomic(target: Path, write: Any) -> None:
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, target)
