@@ -46,6 +46,19 @@ def _kind(*kinds: Kind) -> Kind:
     return "torch" if "torch" in kinds else "numpy"
 
 
+def _broadcastable(**named: torch.Tensor) -> None:
+    """Shapes must broadcast together; the error names the first argument that does not."""
+    shape: tuple[int, ...] = ()
+    for name, t in named.items():
+        try:
+            shape = tuple(torch.broadcast_shapes(shape, t.shape))
+        except RuntimeError:
+            others = ", ".join(n for n in named if n != name)
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not broadcast with {others} {shape}"
+            ) from None
+
+
 def tokens_per_second(
     tpf: Number, forward_s: Number, overhead_s: Number = 0.0, concurrency: Number = 1
 ) -> Any:
@@ -54,6 +67,7 @@ def tokens_per_second(
     f, k2 = _read(forward_s, "forward_s", positive=True)
     o, k3 = _read(overhead_s, "overhead_s", positive=False)
     n, k4 = _read(concurrency, "concurrency", positive=True)
+    _broadcastable(tpf=t, forward_s=f, overhead_s=o, concurrency=n)
     return to_kind(n * t / (f + o), _kind(k1, k2, k3, k4))
 
 
@@ -70,6 +84,7 @@ def wall_clock_speedup(
     f, k3 = _read(forward_s, "forward_s", positive=True)
     o, k4 = _read(overhead_s, "overhead_s", positive=False)
     ob, k5 = _read(base_overhead_s, "base_overhead_s", positive=False)
+    _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, overhead_s=o, base_overhead_s=ob)
     return to_kind((n / b) * (f + ob) / (f + o), _kind(k1, k2, k3, k4, k5))
 
 
@@ -85,4 +100,5 @@ def break_even_overhead(
     n, k2 = _read(tpf_new, "tpf_new", positive=True)
     f, k3 = _read(forward_s, "forward_s", positive=True)
     ob, k4 = _read(base_overhead_s, "base_overhead_s", positive=False)
+    _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, base_overhead_s=ob)
     return to_kind((f + ob) * (n / b - 1), _kind(k1, k2, k3, k4))

@@ -73,6 +73,7 @@ CASES: list[Any] = [
     pytest.param(lambda: tokens_per_second(0.0, 0.02), "tpf", id="tps-tpf"),
     pytest.param(lambda: tokens_per_second(2.0, -0.02), "forward_s", id="tps-forward"),
     pytest.param(lambda: tokens_per_second(2.0, 0.02, overhead_s=nan), "overhead_s", id="tps-nan"),
+    pytest.param(lambda: tokens_per_second([2.0] * 3, [0.1] * 2), "forward_s", id="tps-shape"),
 ]
 
 
