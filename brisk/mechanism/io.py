@@ -61,6 +61,18 @@ class BlockBatch:
     shape: LogShape
     columns: Mapping[str, npt.NDArray[Any]]
 
+    @classmethod
+    def from_columns(
+        cls, columns: Mapping[str, Any], M: int, K: int, file: str = "<memory>"
+    ) -> BlockBatch:
+        """A checked in-memory batch from arrays, as :func:`block_table` takes them."""
+        table = block_table(columns, M, K, file=file)
+        shape = LogShape(M, K)
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for rb in table.combine_chunks().to_batches(max_chunksize=table.num_rows + 1):
+            cols = _to_numpy(rb, shape)
+        return cls(file, 0, shape, cols)
+
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.columns[name]
 

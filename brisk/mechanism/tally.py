@@ -26,7 +26,7 @@ from brisk.mechanism.replay import BlockState, replay_features
 from brisk.mechanism.schema import BlockLogError, LogShape
 from brisk.theory import AcceptanceProfile
 
-__all__ = ["RequestTally", "block_features", "tally_blocks"]
+__all__ = ["RequestTally", "block_features", "tally_batches", "tally_blocks"]
 
 IntArray = npt.NDArray[np.int64]
 Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
@@ -101,10 +101,20 @@ def tally_blocks(
     ``progress`` is called with the number of rows of each batch once it is done. Raises
     :class:`~brisk.mechanism.schema.BlockLogError` on the first malformed row or for an empty log.
     """
+    tally = tally_batches(read_blocks(paths, batch_rows=batch_rows), progress)
+    if tally is None:
+        raise BlockLogError(str(log_files(paths)[0]), "(any)", 0, "the log has no blocks")
+    return tally
+
+
+def tally_batches(
+    batches: Iterable[BlockBatch], progress: Callable[[int], None] | None = None
+) -> RequestTally | None:
+    """Tally already-read (and checked) batches; ``None`` when there are no rows."""
     partial_ids: list[IntArray] = []
     partial: dict[str, list[IntArray]] = {}
     shape: LogShape | None = None
-    for batch in read_blocks(paths, batch_rows=batch_rows):
+    for batch in batches:
         shape = batch.shape
         ids, sums = _group_sum(batch["request_id"].astype(np.int64), block_features(batch))
         partial_ids.append(ids)
@@ -112,8 +122,8 @@ def tally_blocks(
             partial.setdefault(k, []).append(v)
         if progress is not None:
             progress(len(batch))
-    if shape is None:
-        raise BlockLogError(str(log_files(paths)[0]), "(any)", 0, "the log has no blocks")
+    if shape is None or not partial_ids:
+        return None
     ids, sums = _group_sum(
         np.concatenate(partial_ids), {k: np.concatenate(v) for k, v in partial.items()}
     )

@@ -1,0 +1,182 @@
+"""A straightforward per-row, pure-Python twin of the vectorized tally (slow; for checking).
+
+Every block is walked position by position with Python scalars, following the definitions in
+the module docstrings of :mod:`~brisk.mechanism.replay`, :mod:`~brisk.mechanism.coverage`,
+:mod:`~brisk.mechanism.likelihood` and :mod:`~brisk.mechanism.repetition`. Tests and the
+benchmark require :func:`reference_tally` to equal :func:`~brisk.mechanism.tally.tally_blocks`
+exactly, and :func:`reference_rates` to equal the summary's headline numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from brisk.mechanism.coverage import PROB_SCALE
+from brisk.mechanism.io import BlockBatch, read_blocks
+from brisk.mechanism.likelihood import LOGP_SCALE
+from brisk.mechanism.schema import LogShape
+from brisk.mechanism.tally import RequestTally
+
+__all__ = ["reference_rates", "reference_tally"]
+
+
+def _accept(p: float, q: float, u: float) -> bool:
+    alpha = min(1.0, p / q) if q > 0 else (1.0 if p > 0 else 0.0)
+    return u < alpha
+
+
+def _repeats(anchor: int, x: list[int]) -> tuple[list[bool], list[bool]]:
+    adj = [x[i] == (anchor if i == 0 else x[i - 1]) for i in range(len(x))]
+    non = [not adj[i] and x[i] in x[: max(i - 1, 0)] for i in range(len(x))]
+    return adj, non
+
+
+def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
+    L = row["accept_len"]
+    base, head = row["base_choice"], row["head_choice"]
+    cand, q, p, u = row["cand_ids"], row["q"], row["p"], row["u"]
+    f: dict[str, list[int]] = {}
+
+    def put(name: str, i: int, value: int, width: int = 1) -> None:
+        f.setdefault(name, [0] * width)[i] += value
+
+    put("blocks", 0, 1)
+    put("accept_len", L, 1, M + 1)
+    x_base = [cand[i][base[i]] for i in range(M)]
+    x_head = [cand[i][head[i]] if head[i] >= 0 else -1 for i in range(M)]
+    adj, non = _repeats(row["anchor"], x_base)
+    h_adj, h_non = _repeats(row["anchor"], x_head)
+    for name in ("fb", "fb_head", "rescue", "interv_fb", "acc_head", "regress", "interv_acc"):
+        put(name, 0, 0, M)
+    for name in ("base_disagree", "verified", "adj_verified", "non_verified", "adj_fb", "non_fb"):
+        put(name, 0, 0)
+    for name in ("adj_fb_head", "non_fb_head", "adj_fb_rescue", "non_fb_rescue"):
+        put(name, 0, 0)
+    for i in range(min(L + 1, M)):
+        jb = _accept(p[i][base[i]], q[i][base[i]], u[i])
+        ran = head[i] >= 0
+        jh = ran and _accept(p[i][head[i]], q[i][head[i]], u[i])
+        put("verified", 0, 1)
+        put("adj_verified", 0, int(adj[i]))
+        put("non_verified", 0, int(non[i]))
+        if jb != (i < L):
+            put("base_disagree", 0, 1)
+        if i < L and ran:
+            put("acc_head", i, 1)
+            put("regress", i, int(jb and not jh))
+            put("interv_acc", i, int(head[i] != base[i]))
+        if i == L:
+            put("fb", i, 1)
+            put("adj_fb", 0, int(adj[i]))
+            put("non_fb", 0, int(non[i]))
+            if ran:
+                rescued = int(not jb and jh)
+                put("fb_head", i, 1)
+                put("rescue", i, rescued)
+                put("interv_fb", i, int(head[i] != base[i]))
+                put("adj_fb_head", 0, int(adj[i]))
+                put("non_fb_head", 0, int(non[i]))
+                put("adj_fb_rescue", 0, rescued * adj[i])
+                put("non_fb_rescue", 0, rescued * non[i])
+    # coverage at the first breaker
+    f["cov_rank"], f["mass_rank"] = [0] * (K + 1), [0] * (K + 1)
+    f["top1_mass"], f["set_mass"] = [0], [0] * K
+    if L < M:
+        top1 = row["verifier_top1"][L]
+        rank = cand[L].index(top1) if top1 in cand[L] else K
+        w = round(row["verifier_top1_prob"][L] * PROB_SCALE)
+        f["cov_rank"][rank] = 1
+        f["mass_rank"][rank] = w
+        f["top1_mass"][0] = w
+        running = 0
+        for k in range(K):
+            running += round(p[L][k] * PROB_SCALE)
+            f["set_mass"][k] = min(running, PROB_SCALE)
+    # whole-block likelihood
+    b, h = row["base_logp"], row["head_logp"]
+    paired = not (math.isnan(b) or math.isnan(h))
+    delta = h - b if paired else 0.0
+    f["pairs"] = [int(paired)]
+    f["dl"] = [round(delta * LOGP_SCALE) if paired else 0]
+    f["dl_pos"], f["dl_tie"], f["dl_neg"] = (
+        [int(delta > 0)],
+        [int(paired and delta == 0)],
+        [int(delta < 0)],
+    )
+    whole = all(c >= 0 for c in head)
+    f["head_blocks"] = [int(whole)]
+    f["base_adj"], f["base_non"] = [sum(adj) * whole], [sum(non) * whole]
+    f["head_adj"], f["head_non"] = [sum(h_adj) * whole], [sum(h_non) * whole]
+    return f
+
+
+def reference_tally(
+    source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Iterable[BlockBatch],
+    limit: int | None = None,
+) -> RequestTally:
+    """Per-request sums computed row by row (the first ``limit`` rows, if given).
+
+    ``source`` is a log (paths) or batches already read.
+    """
+    per_request: dict[int, dict[str, list[int]]] = {}
+    shape: LogShape | None = None
+    seen = 0
+    items = [source] if isinstance(source, str | os.PathLike) else list(source)
+    batches: Iterable[BlockBatch]
+    if items and all(isinstance(b, BlockBatch) for b in items):
+        batches = [b for b in items if isinstance(b, BlockBatch)]
+    else:
+        batches = read_blocks([b for b in items if not isinstance(b, BlockBatch)])
+    for batch in batches:
+        shape = batch.shape
+        M, K = shape.M, shape.K
+        cols = {name: arr.tolist() for name, arr in batch.columns.items()}
+        for r in range(len(batch)):
+            if limit is not None and seen >= limit:
+                break
+            seen += 1
+            row = {name: values[r] for name, values in cols.items()}
+            feats = _block(row, M, K)
+            acc = per_request.setdefault(row["request_id"], {})
+            for name, values in feats.items():
+                old = acc.setdefault(name, [0] * len(values))
+                for j, v in enumerate(values):
+                    old[j] += v
+    if shape is None:
+        raise ValueError("reference_tally: no blocks")
+    ids = sorted(per_request)
+    names = per_request[ids[0]].keys()
+    sums = {n: np.array([per_request[i][n] for i in ids], dtype=np.int64) for n in names}
+    return RequestTally(shape, np.array(ids, dtype=np.int64), sums)
+
+
+def reference_rates(tally: RequestTally) -> dict[str, tuple[float, float]]:
+    """(equal-request, pooled) headline rates, by plain Python loops over requests."""
+    s = {k: v.tolist() for k, v in tally.sums.items()}
+    R = tally.n_requests
+
+    def rate(num: list[int], den: list[int]) -> tuple[float, float]:
+        per = [n / d for n, d in zip(num, den, strict=True) if d > 0]
+        equal = sum(per) / len(per) if per else math.nan
+        return equal, (sum(num) / sum(den) if sum(den) else math.nan)
+
+    def total(name: str, cols: slice = slice(None)) -> list[int]:
+        return [sum(s[name][r][cols]) for r in range(R)]
+
+    K = tally.shape.K
+    return {
+        "rescue": rate(total("rescue"), total("fb_head")),
+        "regression": rate(total("regress"), total("acc_head")),
+        "intervention": rate(total("interv_fb"), total("fb_head")),
+        "coverage@K": rate(total("cov_rank", slice(0, K)), total("cov_rank")),
+        "mass@K": rate(total("mass_rank", slice(0, K)), total("top1_mass")),
+        "positive": rate(total("dl_pos"), total("pairs")),
+        "tied": rate(total("dl_tie"), total("pairs")),
+        "negative": rate(total("dl_neg"), total("pairs")),
+        "adjacent_first_breakers": rate(total("adj_fb"), total("fb")),
+    }
