@@ -92,7 +92,7 @@ def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
         elif path.exists():
             files.append(path)
         else:
-            raise FileNotFoundError(f"{path}: no such block log")
+            raise ValueError(f"{path}: no such block log")
     if not files:
         raise ValueError(f"no Parquet files in {', '.join(str(Path(p)) for p in paths)}")
     return files
@@ -281,7 +281,7 @@ class BlockLogWriter:
         if rows_per_group < 1:
             raise ValueError(f"rows_per_group: need a positive integer, got {rows_per_group!r}")
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
-            raise FileExistsError(f"{self.path}: exists and is not an empty directory")
+            raise ValueError(f"{self.path}: exists and is not an empty directory")
         self.path.mkdir(parents=True, exist_ok=True)
         self.rows_per_group = rows_per_group
         self.compression = compression

@@ -107,7 +107,7 @@ def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
 
     >>> s = block_schema(7, 16)
     >>> s.field("q").type
-    FixedSizeListType(fixed_size_list<item: float>[112])
+    FixedSizeListType(fixed_size_list<element: float not null>[112])
     >>> s.metadata[b"brisk.M"], s.metadata[b"brisk.K"]
     (b'7', b'16')
     """
@@ -115,7 +115,9 @@ def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
     fields = []
     for name, dtype, kind in _COLUMNS:
         width = shape.width(kind)
-        typ = dtype if width is None else pa.list_(pa.field("item", dtype, nullable=False), width)
+        typ = (
+            dtype if width is None else pa.list_(pa.field("element", dtype, nullable=False), width)
+        )
         fields.append(pa.field(name, typ, nullable=False))
     if logp:
         fields.extend(pa.field(name, dtype, nullable=True) for name, dtype in _OPTIONAL)

@@ -38,8 +38,8 @@ def synthetic_blocks(
 
     ``n_requests`` defaults to about one request per 100 blocks. Blocks come request by
     request in block order; request ids are large scattered integers (as hashed ids would be).
-    The stream is a pure function of the arguments except ``batch_rows``, which only changes
-    how it is cut.
+    The stream is a pure function of all the arguments (``batch_rows`` included: each batch
+    draws from its own generator seeded by (seed, first row)).
     """
     if n_blocks < 1 or M < 1 or K < 2:
         raise ValueError(f"need n_blocks ≥ 1, M ≥ 1, K ≥ 2; got {n_blocks}, {M}, {K}")

@@ -1,0 +1,93 @@
+"""Equal-request averaging, the clustered bootstrap, and the report's edges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from brisk.cli import main
+from brisk.mechanism import BlockLogWriter, Bootstrap, analyze, synthetic_blocks
+from brisk.mechanism.report import markdown
+
+
+def test_equal_request_excludes_zero_denominators_and_pools_beside() -> None:
+    boot = Bootstrap(np.array([1, 2, 3, 4]), draws=500, seed=1)
+    r = boot.rates([[1], [0], [9], [0]], [[2], [0], [10], [4]])[0]
+    assert r.equal_request == pytest.approx((0.5 + 0.9 + 0.0) / 3, abs=0)
+    assert r.pooled == 10 / 16
+    assert (r.requests, r.excluded, r.numerator, r.denominator) == (3, 1, 10, 16)
+    assert 0 <= r.low <= r.equal_request <= r.high <= 1
+    (m,) = boot.means([3.0, 0.0, -1.0, 2.0], [3, 0, 1, 4])
+    assert (m.equal_request, m.pooled, m.excluded) == ((1 - 1 + 0.5) / 3, 4 / 8, 1)
+
+
+def test_bootstrap_is_seeded_and_resamples_whole_requests() -> None:
+    ids = np.arange(50)
+    a = Bootstrap(ids, draws=200, seed=7)
+    w = a.weights(0, 200)
+    assert np.all(w.sum(axis=1) == 50)
+    np.testing.assert_array_equal(w, Bootstrap(ids, draws=200, seed=7).weights(0, 200))
+    assert not np.array_equal(w, Bootstrap(ids, draws=200, seed=8).weights(0, 200))
+    # the interval of a rate whose requests all agree has zero width
+    r = a.rates(np.full((50, 1), 3), np.full((50, 1), 4))[0]
+    assert r.low == r.high == 0.75
+    with pytest.raises(ValueError, match="sorted unique"):
+        Bootstrap(np.array([3, 1]))
+    with pytest.raises(ValueError, match="num"):
+        a.rates(np.full((50, 1), 5), np.full((50, 1), 4))
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("synth") / "log"
+    with BlockLogWriter(path, 7, 16) as writer:
+        for batch in synthetic_blocks(5000, seed=9):
+            writer.write(batch)
+    return path
+
+
+def test_synthetic_log_looks_like_a_server(log: Path) -> None:
+    s = analyze(log, draws=100)
+    assert s.n_requests == 50
+    assert s.replay.base_disagreements == 0  # accept_len follows the same-state rule
+    a = s.profile.rates()
+    assert np.all(np.diff(a) < 0.02)  # the profile declines along the block
+    assert 0.2 < s.replay.rescue.equal_request < 0.7
+    assert 0.0 < s.replay.regression.equal_request < 0.05
+    cov = s.coverage.coverage.equal_request
+    assert np.all(np.diff(cov) >= 0)
+    assert 0.6 < cov[3] < cov[7] < cov[15] < 1
+    rep = s.repetition
+    assert rep.adjacent_first_breakers.equal_request > rep.adjacent_verified.equal_request
+    assert rep.adjacent_per_block_head.equal_request < rep.adjacent_per_block_base.equal_request
+    assert s.likelihood.mean_delta.equal_request > 0
+    assert s.tpf.low <= s.tpf.estimate <= s.tpf.high
+    assert "excl." in markdown(s)  # some requests have no non-adjacent-repeat breakers
+
+
+def test_progress_and_seed(log: Path) -> None:
+    seen: list[int] = []
+    a = analyze(log, draws=50, seed=3, batch_rows=1000, progress=seen.append)
+    assert seen == [1000] * 5
+    b = analyze(log, draws=50, seed=3)
+    assert a.as_dict() == b.as_dict()
+    c = analyze(log, draws=50, seed=4)
+    assert c.replay.rescue.low != a.replay.rescue.low
+    assert c.replay.rescue.equal_request == a.replay.rescue.equal_request
+
+
+def test_cli_rejects_bad_k_and_bootstrap(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["mechanism", "report", str(log), "--out", str(tmp_path), "--k", "4,17"]) == 2
+    assert "--k: need values in 1..K = 16" in capsys.readouterr().err
+    assert main(["mechanism", "report", str(log), "--out", str(tmp_path), "--bootstrap", "-1"]) == 2
+    assert "--bootstrap" in capsys.readouterr().err
+
+
+def test_cli_synth_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mechanism", "synth", str(tmp_path / "s"), "--blocks", "300", "--K", "8"]) == 0
+    assert main(["mechanism", "validate", str(tmp_path / "s")]) == 0
+    assert "ok, 300 blocks" in capsys.readouterr().out
