@@ -171,11 +171,11 @@ def test_expected_shape_and_empty_and_garbage(tmp_path: Path, cols: dict[str, An
         validate(empty)
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet at all")
-    with pytest.raises(BlockLogError, match="junk.parquet: column '\\(file\\)'.*not a readable"):
+    with pytest.raises(BlockLogError, match=r"junk.parquet: column '\(file\)'.*not a readable"):
         validate(junk)
     other = next(synthetic_blocks(5, 6, K, seed=1))
     mixed = _write(tmp_path / "m6.parquet", block_table(other, 6, K))
-    with pytest.raises(BlockLogError, match="m6.parquet.*M = 6, K = 16, but .*good.parquet has M"):
+    with pytest.raises(BlockLogError, match=r"m6.parquet.*M = 6, K = 16, but .*good.parquet has M"):
         list(read_blocks([good, mixed]))
 
 
