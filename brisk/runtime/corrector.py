@@ -206,22 +206,22 @@ class Corrector(nn.Module):
         base_logits: Tensor,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
+        u: Tensor | None = None,
     ) -> CorrectorSelection:
         """Choose a block from the base logits ``[B, M, V]`` of the MASK slots.
 
         ``temperature`` 0 takes the argmax of the refined logits; T > 0 samples from
-        π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be given.
+        π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be given. The draw uses
+        the uniforms ``u [B, M]`` when given, else ``generator``.
         """
         self._check(backbone, mask_hidden)
         dtype = self.w_c.weight.dtype
         cand_logits, cand_ids = base_logits.to(dtype).topk(self.config.K, dim=-1)  # descending
         s0, anchor_e, cand_e, cand_c = self._project(backbone, anchor_hidden, anchor_ids, cand_ids)
         B, M = cand_ids.shape[:2]
-        u = None
-        if temperature > 0:
-            u = torch.rand(
-                B, M, generator=generator, device=generator.device if generator else None
-            )
+        if temperature > 0 and u is None:
+            u = torch.rand(B, M, generator=generator)
+        if u is not None:
             u = u.to(cand_logits.device)
         out = corrector_select(
             s0,

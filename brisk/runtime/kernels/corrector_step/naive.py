@@ -128,7 +128,7 @@ def corrector_select(
             assert u is not None
             cdf = torch.cumsum(p, dim=1)
             # first rank whose CDF exceeds u: zero-probability candidates are never drawn
-            u_j = u[:, j : j + 1].to(cdf.dtype)
+            u_j = u[:, j : j + 1].to(cdf.dtype).contiguous()
             rank = torch.searchsorted(cdf, u_j, right=True).squeeze(1).clamp(max=K - 1)
         else:
             p = torch.softmax(logits, dim=1)
