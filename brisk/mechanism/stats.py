@@ -29,6 +29,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _CHUNK = 64  # draws per matrix product: bounds the [draws, R] weight matrix
+_CACHE_ENTRIES = 16_000_000  # keep all weights (float32, ≤ 64 MB) when they fit
 
 
 @dataclass(frozen=True)
@@ -134,13 +135,20 @@ class Bootstrap:
         if not 0 < level < 1:
             raise ValueError(f"level: must lie strictly between 0 and 1, got {level!r}")
         self.R, self.draws, self.seed, self.level = ids.size, draws, seed, level
+        self._cache: dict[int, npt.NDArray[np.float32]] = {}
 
     def weights(self, start: int, stop: int) -> FloatArray:
         """Resampling multiplicities [stop − start, R] of draws start..stop − 1."""
+        cached = self._cache.get(start)
+        if cached is not None and cached.shape[0] == stop - start:
+            return cached.astype(np.float64)
         out = np.empty((stop - start, self.R))
         for row, b in enumerate(range(start, stop)):
             pick = np.random.default_rng([self.seed, b]).integers(0, self.R, self.R)
             out[row] = np.bincount(pick, minlength=self.R)
+        if self.draws * self.R <= _CACHE_ENTRIES:
+            # every statistic reuses the draws; counts ≤ R are exact in float32
+            self._cache[start] = out.astype(np.float32)
         return out
 
     def rates(self, num: npt.ArrayLike, den: npt.ArrayLike) -> RateArray:

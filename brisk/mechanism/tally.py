@@ -32,8 +32,8 @@ IntArray = npt.NDArray[np.int64]
 Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
-def block_features(batch: BlockBatch) -> dict[str, IntArray]:
-    """Every per-block feature of one batch as int64 arrays [n, c]."""
+def block_features(batch: BlockBatch) -> dict[str, npt.NDArray[Any]]:
+    """Every per-block feature of one batch as integer or bool arrays [n, c]."""
     state = BlockState.of(batch)
     feats: dict[str, npt.NDArray[Any]] = {"blocks": np.ones((len(batch), 1), dtype=np.int64)}
     feats |= replay_features(state)
@@ -42,7 +42,8 @@ def block_features(batch: BlockBatch) -> dict[str, IntArray]:
     feats |= repetition_features(batch, state)
     L = state.accept_len
     feats["accept_len"] = (L[:, None] == np.arange(state.M + 1)).astype(np.int64)
-    return {k: v.reshape(len(batch), -1).astype(np.int64, copy=False) for k, v in feats.items()}
+    # bool indicators stay bool here: the per-request reduction sums them as int64
+    return {k: v.reshape(len(batch), -1) for k, v in feats.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +81,7 @@ class RequestTally:
 
 
 def _group_sum(
-    ids: IntArray, feats: Mapping[str, IntArray]
+    ids: IntArray, feats: Mapping[str, npt.NDArray[Any]]
 ) -> tuple[IntArray, dict[str, IntArray]]:
     """Sum rows of each [n, c] array by id; returns sorted unique ids and [R, c] sums."""
     if ids.size > 1 and not np.all(ids[1:] >= ids[:-1]):
@@ -88,7 +89,9 @@ def _group_sum(
         ids = ids[order]
         feats = {k: v[order] for k, v in feats.items()}
     starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
-    return ids[starts], {k: np.add.reduceat(v, starts, axis=0) for k, v in feats.items()}
+    return ids[starts], {
+        k: np.add.reduceat(v, starts, axis=0, dtype=np.int64) for k, v in feats.items()
+    }
 
 
 def tally_blocks(
