@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -133,15 +134,36 @@ def read_blocks(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     *,
     check: bool = True,
+    prefetch: bool = True,
 ) -> Iterator[BlockBatch]:
     """Stream the logs as :class:`BlockBatch` es of at most ``batch_rows`` rows.
 
-    Memory is bounded by one batch (and one row group of the file being read), never by
+    Memory is bounded by two batches (and a row group of the file being read), never by
     the file. With ``check`` every batch passes :func:`~brisk.mechanism.checks.check_columns`
-    (``accept_len`` is then read as well, since reachability decides what NaN means).
+    (``accept_len`` is then read as well, since reachability decides what NaN means). With
+    ``prefetch`` the next batch is read in a background thread.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows: need a positive integer, got {batch_rows!r}")
+    batches = _read(paths, columns, batch_rows, check)
+    if not prefetch:
+        yield from batches
+        return
+    # decode and check batch b + 1 in a worker thread while the caller works on batch b
+    # (pyarrow and numpy release the GIL): two batches in memory at most
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(next, batches, None)
+        while (batch := pending.result()) is not None:
+            pending = pool.submit(next, batches, None)
+            yield batch
+
+
+def _read(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    columns: Sequence[str] | None,
+    batch_rows: int,
+    check: bool,
+) -> Iterator[BlockBatch]:
     shape = log_shape(paths)
     wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
     unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
