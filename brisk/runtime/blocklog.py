@@ -4,7 +4,9 @@ Each row records the state the replay diagnostics need: the Top-K candidates C_i
 proposal and q over them, the verifier p over them under the block's own prefix (NaN after the
 first breaker, whose prefix was never factual), the verifier's top-1, the acceptance draws u_i,
 the base's and the head's choices (the head in shadow mode when decoding head-off) and L.
-In greedy decoding u_i is still drawn, for the replay's same-state rule only.
+In greedy decoding u_i is still drawn, for the replay's same-state rule only. With
+``ISDOptions.score_blocks`` the whole-block log-likelihoods of the base and head blocks from
+the round's prefix (eq. 9) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class BlockLogger:
         p: Tensor,
         result: VerifyResult,
         u: Tensor | None,
+        base_logp: Tensor | None = None,
+        head_logp: Tensor | None = None,
     ) -> None:
         """Write the verify round of ``rows`` (p: ``[n, M+1, V]`` at the decoding temperature)."""
         M = self.M
@@ -87,4 +91,7 @@ class BlockLogger:
             "head_choice": torch.stack([d.head_choice[i] for d, i, _ in entries]).cpu().numpy(),
             "accept_len": L.cpu().numpy(),
         }
+        for name, value in (("base_logp", base_logp), ("head_logp", head_logp)):
+            if value is not None:  # NaN is stored as null: not scored
+                columns[name] = value.double().cpu().numpy()
         self.writer.write(columns)

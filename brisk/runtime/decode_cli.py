@@ -28,6 +28,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="request r uses seed + r")
     parser.add_argument("--log-blocks", type=Path, default=None, help="block-log directory")
+    parser.add_argument(
+        "--score-blocks",
+        action="store_true",
+        help="diagnostics: also log base/head whole-block log-likelihoods (one extra forward "
+        "per verify round, not counted)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write completions (JSON Lines)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(run=run_decode)
@@ -117,6 +123,7 @@ def run_decode(args: argparse.Namespace) -> int:
         eos_token_id=tokenizer.eos_token_id,
         shadow=args.shadow,
         top_k=args.top_k,
+        score_blocks=args.score_blocks,
     )
     prompts = [_encode(tokenizer, r["prompt"]) for r in requests]
     seeds = [args.seed + i for i in range(len(prompts))]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,6 +51,10 @@ class ISDOptions:
     eos_token_id: int | None = None
     shadow: bool = False  # run the corrector beside the base for the logs, but decode head-off
     top_k: int = 16  # K: candidates per position when no corrector sets it (drafts and logs)
+    # Diagnostics only: score the base and head blocks of every verify round under the verifier
+    # for the logs' base_logp / head_logp (eq. 9). Costs one extra forward per round, which is
+    # not counted in the statistics.
+    score_blocks: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.stride, int) or self.stride < 2:
@@ -74,6 +79,8 @@ class Draft:
     q: Tensor  # [n, M, K] q over the candidates (full-vocab normalized)
     base_choice: Tensor  # [n, M] rank of the base's choice in C_i (−1: not a candidate)
     head_choice: Tensor  # [n, M] rank of the head's choice (−1: head not run)
+    head_drafted: bool = False  # the head chose ``tokens`` (else the base did)
+    alt_tokens: Tensor | None = None  # [n, M] the other selector's whole block, for ΔL
 
 
 def decode(
@@ -185,6 +192,9 @@ class _Batch:
         M, S = self.M, 2 * self.M + 1
         live = ~self.done
         ver, cold = self.verify & live, ~self.verify & live
+        self.alt_logp: dict[int, float] = {}
+        if self.opt.score_blocks and self.logger is not None and bool(ver.any()):
+            self._score_alternatives(ver.nonzero()[:, 0].tolist())
         ids = torch.full((len(self.outputs), S), self.bb.mask_token_id, device=self.device)
         ids[:, 0] = self.pending
         for b in ver.nonzero()[:, 0].tolist():
@@ -211,6 +221,30 @@ class _Batch:
         if todo:
             self._draft(todo, logits, hidden)
 
+    def _score_alternatives(self, rows: list[int]) -> None:
+        """L(b | c) = Σ_i log p(x_i | c, x_<i) of each row's other block, from the prefix c the
+        round starts at (a diagnostic forward whose slots are dropped at once)."""
+        alt = []
+        for b in rows:
+            entry = self.drafts[b]
+            if entry is not None and entry[0].alt_tokens is not None:
+                alt.append((b, entry[0].alt_tokens[entry[1]]))
+        if not alt:
+            return
+        M, B = self.M, len(self.outputs)
+        idx = torch.tensor([b for b, _ in alt], device=self.device)
+        blocks = torch.stack([t for _, t in alt])
+        ids = torch.full((B, M + 1), self.bb.mask_token_id, device=self.device)
+        ids[idx, 0] = self.pending[idx]
+        ids[idx, 1:] = blocks
+        new_valid = torch.zeros_like(ids, dtype=torch.bool)
+        new_valid[idx] = True
+        logits, _ = self._forward(ids, new_valid)
+        self.kv.append(torch.zeros_like(new_valid))
+        self.bb.trim(self.cache, self.kv.compact())
+        logp = _block_logp(logits[idx, :M], blocks)
+        self.alt_logp = dict(zip(idx.tolist(), logp.tolist(), strict=True))
+
     def _verify_rows(self, rows: Tensor, logits: Tensor, keep: Tensor) -> list[tuple[int, int]]:
         M, greedy = self.M, self.opt.temperature == 0
         drafts = [self.drafts[int(b)] for b in rows]
@@ -228,7 +262,8 @@ class _Batch:
             u_next=None if u is None else u[:, M],
         )
         if self.logger is not None:
-            self.logger.log(self, rows, drafts, p, result, u)
+            logp = self._logged_logp(rows, drafts, logits[rows, :M], tokens)
+            self.logger.log(self, rows, drafts, p, result, u, *logp)
         out = []
         for i, b in enumerate(rows.tolist()):
             L, nxt = int(result.accept_len[i]), int(result.next_token[i])
@@ -247,6 +282,17 @@ class _Batch:
                 rec.open_cycle = (L, L + 1, 1)
                 self.verify[b] = False
         return out
+
+    def _logged_logp(
+        self, rows: Tensor, drafts: list[Any], logits: Tensor, tokens: Tensor
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(base_logp, head_logp) of the round's rows, or (None, None) when not scoring."""
+        if not self.opt.score_blocks:
+            return None, None
+        actual = _block_logp(logits, tokens)  # the verified block, from the round's own forward
+        other = torch.tensor([self.alt_logp.get(int(b), float("nan")) for b in rows])
+        head_drafted = drafts[0][0].head_drafted
+        return (other, actual) if head_drafted else (actual, other)
 
     def _cold_rows(self, rows: Tensor, logits: Tensor, keep: Tensor) -> list[tuple[int, int]]:
         keep[rows, 0] = True
@@ -297,6 +343,7 @@ class _Batch:
         q = self._probs(base_logits)
         u = self._uniforms(rows, M) if temp > 0 else None
         head = self.corrector
+        alt: Tensor | None = None
         if head is not None and not self.opt.shadow:
             sel = head.select(self.bb, anchor_hidden, anchor, mask_hidden, base_logits, temp, u=u)
             cand_ids, tokens, head_choice = sel.cand_ids, sel.tokens, sel.ranks
@@ -306,6 +353,7 @@ class _Batch:
                 else ProposalLaw.candidates(sel.probs, cand_ids)
             )
             base_choice = _base_rank(q.gather(-1, cand_ids), u)
+            alt = cand_ids.gather(-1, base_choice[..., None])[..., 0]  # the base's whole block
         else:
             cand_ids = base_logits.topk(K, dim=-1).indices
             if temp == 0:
@@ -322,9 +370,21 @@ class _Batch:
                 refined = head(self.bb, anchor_hidden, anchor, mask_hidden,
                                base_logits.gather(-1, cand_ids), cand_ids, tokens)  # fmt: skip
                 head_choice = _select(refined, temp, u)
-        draft = Draft(tokens, law, cand_ids, q.gather(-1, cand_ids), base_choice, head_choice)
+                if self.opt.score_blocks:  # the head's own free-running block, for ΔL
+                    free = head.select(self.bb, anchor_hidden, anchor, mask_hidden, base_logits,
+                                       temp, u=u)  # fmt: skip
+                    alt = free.tokens
+        drafted_by_head = head is not None and not self.opt.shadow
+        draft = Draft(tokens, law, cand_ids, q.gather(-1, cand_ids), base_choice, head_choice,
+                      head_drafted=drafted_by_head, alt_tokens=alt)  # fmt: skip
         for i, b in enumerate(rows.tolist()):
             self.drafts[b] = (draft, i, int(anchor[i]))
+
+
+def _block_logp(logits: Tensor, blocks: Tensor) -> Tensor:
+    """Σ_i log p(x_i | ·) at temperature 1 (eq. 9): logits ``[n, M, V]``, blocks ``[n, M]``."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return logp.gather(-1, blocks[..., None])[..., 0].sum(-1)
 
 
 def _select(logits: Tensor, temperature: float, u: Tensor | None) -> Tensor:

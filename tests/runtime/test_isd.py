@@ -211,14 +211,24 @@ def test_measured_tpf_matches_theory(backbone: HFBackbone) -> None:
     assert abs(out.tpf - out.predicted_tpf()) <= edge * out.predicted_tpf()
 
 
-def test_block_log_validates_and_reports(backbone: HFBackbone, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shadow", [True, False], ids=["head-shadow", "head-on"])
+def test_block_log_validates_and_reports(
+    backbone: HFBackbone, tmp_path: Path, shadow: bool
+) -> None:
     head = random_corrector(3, K=4)
     log = tmp_path / "blocks"
     prompts = [[1, 2, 3], [4, 5], [9]]
-    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=30, shadow=True)
+    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=30, shadow=shadow)
+    scored = ISDOptions(**{**options.__dict__, "score_blocks": True})
     with BlockLogger(log, M=3, K=4) as logger:
-        out = decode(backbone, prompts, options, corrector=head, logger=logger)
+        out = decode(backbone, prompts, scored, corrector=head, logger=logger)
+    plain = decode(backbone, prompts, options, corrector=head)
+    assert out.tokens == plain.tokens  # the diagnostic forwards change nothing
+    assert out.forwards == plain.forwards  # and are not counted
     rounds = sum(len(r.accept_lengths) for r in out.requests)
     assert validate(log) == rounds
     report = analyze([log], ks=(2, 4), draws=50)
     assert report.profile == out.profile()
+    assert report.n_blocks == rounds
+    assert report.likelihood.pairs == rounds
+    assert np.isfinite(report.likelihood.mean_delta.equal_request)
