@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from brisk.mechanism import cli as mechanism_cli
+from brisk.runtime import cli as runtime_cli
+from brisk.runtime import decode_cli
 from brisk.theory import cli as theory_cli
 
 
@@ -16,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     layers = parser.add_subparsers(dest="layer", required=True, metavar="LAYER")
     theory_cli.register(layers)
+    runtime_cli.register(layers)
+    decode_cli.register(layers)
     mechanism_cli.register(layers)
     return parser
 

@@ -1,0 +1,184 @@
+"""What decoding needs from a model, and the adapter that gets it from any transformers causal LM.
+
+ISD and the corrector touch the model only through :class:`Backbone`: run a block of new tokens on
+top of a KV cache (logits and last hidden states), trim the cache back to the tokens that were
+kept, look up input embeddings and LM-head rows, and know the MASK id. :class:`HFBackbone` provides
+this for any ``AutoModelForCausalLM`` (our tiny Qwen3, or an I-DLM ``SDARForCausalLM`` checkpoint
+loaded with ``trust_remote_code``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone"]
+
+MASK_TOKEN = "<|MASK|>"
+
+
+@dataclass(frozen=True)
+class BlockOutput:
+    logits: Tensor  # [B, T, V]  logits[:, t] predicts the token after new token t
+    hidden: Tensor  # [B, T, H]  last-layer hidden states (after the final norm)
+
+
+@runtime_checkable
+class Backbone(Protocol):
+    """The model as decoding sees it. A cache holds the KV of ``cache_length`` committed slots;
+    ``forward`` appends ``T`` new tokens at positions ``cache_length .. cache_length + T − 1``,
+    attending causally to the cache and to each other."""
+
+    @property
+    def mask_token_id(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def new_cache(self) -> Any: ...
+
+    def cache_length(self, cache: Any) -> int: ...
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        cache: Any,
+        *,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> BlockOutput:
+        """``input_ids [B, T]`` → logits ``[B, T, V]`` and hidden ``[B, T, H]``; grows the cache.
+
+        By default the new tokens sit at the next positions and attend causally to the whole
+        cache. Batched decoding whose rows own different cache slots passes ``position_ids
+        [B, T]`` and a boolean ``attention_mask [B, 1, T, cache + T]`` (True = may attend).
+        """
+        ...
+
+    def trim(self, cache: Any, keep: int) -> None:
+        """Drop every cached slot from position ``keep`` on (rejected speculative slots)."""
+        ...
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Input embeddings ``[..., H]`` of token ids ``[...]``."""
+        ...
+
+    def lm_head_rows(self, ids: Tensor) -> Tensor:
+        """Output-embedding rows ``E_out(v)`` ``[..., H]``: ``logit_v = ⟨hidden, E_out(v)⟩``."""
+        ...
+
+
+class HFBackbone:
+    """:class:`Backbone` over a transformers causal LM with a ``DynamicCache``."""
+
+    def __init__(self, model: PreTrainedModel, mask_token_id: int) -> None:
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if not 0 <= mask_token_id < vocab:
+            raise ValueError(
+                f"mask_token_id: {mask_token_id} is outside the vocabulary 0..{vocab - 1}"
+            )
+        self.model = model.eval()
+        self._mask_token_id = int(mask_token_id)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        mask_token_id: int | None = None,
+        trust_remote_code: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> HFBackbone:
+        """Load a checkpoint directory. The MASK id comes from the argument, else the config's
+        ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's ``<|MASK|>``."""
+        model = AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=trust_remote_code, dtype=dtype
+        ).to(device)
+        if mask_token_id is None:
+            mask_token_id = getattr(model.config, "mask_token_id", None)
+        if mask_token_id is None:
+            mask_token_id = _tokenizer_mask_id(path, trust_remote_code)
+        if mask_token_id is None:
+            raise ValueError(
+                f"mask_token_id: {path} defines none (no config.mask_token_id and no {MASK_TOKEN} "
+                "token in its tokenizer); pass mask_token_id explicitly"
+            )
+        return cls(model, int(mask_token_id))
+
+    @property
+    def mask_token_id(self) -> int:
+        return self._mask_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def cache_length(self, cache: DynamicCache) -> int:
+        return int(cache.get_seq_length())
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: Tensor,
+        cache: DynamicCache,
+        *,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> BlockOutput:
+        if position_ids is None:
+            start = self.cache_length(cache)
+            T = input_ids.shape[1]
+            position_ids = torch.arange(start, start + T, device=input_ids.device)
+            position_ids = position_ids.expand_as(input_ids)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        return BlockOutput(logits=out.logits, hidden=out.hidden_states[-1])
+
+    def trim(self, cache: DynamicCache, keep: int) -> None:
+        length = self.cache_length(cache)
+        if not 0 <= keep <= length:
+            raise ValueError(f"keep: must lie in 0..{length} (the cache length), got {keep}")
+        # DynamicCache.crop takes a negative count of slots to drop.
+        cache.crop(keep - length)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def lm_head_rows(self, ids: Tensor) -> Tensor:
+        return self.model.get_output_embeddings().weight[ids]
+
+
+def _tokenizer_mask_id(path: str | Path, trust_remote_code: bool) -> int | None:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None  # no tokenizer saved beside the weights
+    token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
+        return None
+    return token_id

@@ -1,0 +1,157 @@
+"""A seeded arithmetic reasoning task in the style of GSM8K: prompt, chain of steps, ``#### <int>``.
+
+A problem is a left-to-right chain of integer operations, e.g. ``17+5-8``. Its solution writes one
+step per line, carrying the running value, and ends with the answer line::
+
+    Q: 17+5-8=?
+    17+5=22
+    22-8=14
+    #### 14
+
+The prompt is ``"Q: 17+5-8=?\\n"`` and the response is everything after it. Running values never go
+negative (subtractions that would are redrawn), so every number is a plain digit string.
+
+Train and test never share a problem: a problem belongs to the test split iff a hash of its
+canonical text falls in the held-out bucket, so the splits are disjoint whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Problem", "TaskConfig", "generate", "make_split"]
+
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Difficulty knobs: how many operands, how many digits each, which operators."""
+
+    min_operands: int = 2
+    max_operands: int = 3
+    min_digits: int = 1
+    max_digits: int = 1
+    ops: str = "+-"
+    test_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.min_operands <= self.max_operands:
+            raise ValueError("min_operands/max_operands: need 2 ≤ min_operands ≤ max_operands")
+        if not 1 <= self.min_digits <= self.max_digits:
+            raise ValueError("min_digits/max_digits: need 1 ≤ min_digits ≤ max_digits")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops: expected a non-empty subset of '+-*', got {self.ops!r}")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError("test_fraction: must lie strictly between 0 and 1")
+
+    @classmethod
+    def tiny(cls) -> TaskConfig:
+        """The preset the tiny base model is trained on."""
+        return cls()
+
+    @classmethod
+    def trivial(cls) -> TaskConfig:
+        """One-digit sums of two operands: learnable in seconds (the test suite's task)."""
+        return cls(
+            min_operands=2, max_operands=2, min_digits=1, max_digits=1, ops="+", test_fraction=0.2
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    operands: tuple[int, ...]
+    ops: tuple[str, ...]
+
+    @property
+    def expression(self) -> str:
+        parts = [str(self.operands[0])]
+        for op, x in zip(self.ops, self.operands[1:], strict=True):
+            parts += [op, str(x)]
+        return "".join(parts)
+
+    @property
+    def prompt(self) -> str:
+        return f"Q: {self.expression}=?\n"
+
+    @property
+    def steps(self) -> list[str]:
+        value, lines = self.operands[0], []
+        for op, x in zip(self.ops, self.operands[1:], strict=True):
+            new = _apply(value, op, x)
+            lines.append(f"{value}{op}{x}={new}")
+            value = new
+        return lines
+
+    @property
+    def answer(self) -> int:
+        value = self.operands[0]
+        for op, x in zip(self.ops, self.operands[1:], strict=True):
+            value = _apply(value, op, x)
+        return value
+
+    @property
+    def response(self) -> str:
+        return "\n".join([*self.steps, f"#### {self.answer}"])
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.response
+
+
+def _apply(value: int, op: str, x: int) -> int:
+    return value + x if op == "+" else value - x if op == "-" else value * x
+
+
+def _split_of(problem: Problem, test_fraction: float) -> Split:
+    digest = hashlib.blake2b(problem.expression.encode(), digest_size=8).digest()
+    return "test" if int.from_bytes(digest) / 2**64 < test_fraction else "train"
+
+
+def _draw(cfg: TaskConfig, rng: random.Random) -> Problem:
+    def number() -> int:
+        d = rng.randint(cfg.min_digits, cfg.max_digits)
+        return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+
+    n = rng.randint(cfg.min_operands, cfg.max_operands)
+    operands, ops = [number()], []
+    value = operands[0]
+    while len(operands) < n:
+        op, x = rng.choice(cfg.ops), number()
+        if _apply(value, op, x) < 0:
+            continue  # keep every running value a plain digit string
+        operands.append(x)
+        ops.append(op)
+        value = _apply(value, op, x)
+    return Problem(tuple(operands), tuple(ops))
+
+
+def generate(cfg: TaskConfig, split: Split, seed: int) -> Iterator[Problem]:
+    """An endless seeded stream of problems of one split (repeats possible within a split)."""
+    rng = random.Random(f"{split}:{seed}")
+    while True:
+        problem = _draw(cfg, rng)
+        if _split_of(problem, cfg.test_fraction) == split:
+            yield problem
+
+
+def make_split(
+    cfg: TaskConfig, split: Split, n: int, seed: int, distinct: bool = True
+) -> list[Problem]:
+    """``n`` problems of ``split``; with ``distinct`` no problem appears twice."""
+    out: list[Problem] = []
+    seen: set[str] = set()
+    for draws, problem in enumerate(generate(cfg, split, seed)):
+        if draws > 1000 * n:
+            raise ValueError(f"n: the {split} split has fewer than {n} distinct problems")
+        if distinct and problem.expression in seen:
+            continue
+        seen.add(problem.expression)
+        out.append(problem)
+        if len(out) == n:
+            return out
+    raise AssertionError("unreachable: generate() is endless")

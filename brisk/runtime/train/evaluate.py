@@ -1,0 +1,132 @@
+"""Held-out evaluation of a base model: answer accuracy of the clean stream, MASK-stream accuracy.
+
+* **Answer accuracy**: plain autoregressive greedy decoding through :class:`Backbone` (KV cache,
+  one token per forward), graded by normalized answer matching.
+* **Proposal accuracy per position**: the MASK stream under the block-diffusion mask of stride
+  ``N`` (block size ``M = N − 1``). A block that starts at ``t + 1`` holds MASKs at ``t+1..t+M``
+  behind the clean prefix ``x_0[..t]``; slot ``i`` proposes ``x_0[t + i + 1]``, which is exactly
+  what ISD's MASK slots propose after anchor ``t``. Shifting the block offset through ``0..M−1``
+  makes every response position an anchor; only blocks lying inside the response count, so the
+  context is always ``[clean prefix, MASK × M]``. Accuracy at slot ``i`` = share of argmax
+  proposals equal to the reference token (teacher forcing, the reference prefix as context).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.tiny.grader import grade
+from brisk.runtime.tiny.task import Problem
+from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward
+
+__all__ = ["EvalReport", "encode_problem", "evaluate", "greedy_decode", "proposal_accuracy"]
+
+
+def encode_problem(problem: Problem, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
+    """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included)."""
+    prompt = [tokenizer.bos_token_id, *tokenizer.encode(problem.prompt)]
+    response = tokenizer.encode(problem.response)
+    return [*prompt, *response, tokenizer.eos_token_id], len(prompt)
+
+
+@torch.no_grad()
+def greedy_decode(
+    backbone: HFBackbone, prompts: Sequence[Sequence[int]], max_new: int, eos_id: int
+) -> list[list[int]]:
+    """Greedy continuation of each prompt (up to and excluding eos). Prompts of equal length are
+    decoded together, so no padding ever enters the cache."""
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prompts):
+        by_length[len(p)].append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    device = backbone.device
+    for rows in by_length.values():
+        ids = torch.tensor([list(prompts[i]) for i in rows], device=device)
+        cache = backbone.new_cache()
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        generated = []
+        for _ in range(max_new):
+            nxt = backbone.forward(ids, cache).logits[:, -1].argmax(-1)
+            generated.append(nxt)
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+            ids = nxt[:, None]
+        tokens = torch.stack(generated, dim=1).tolist()
+        for r, i in enumerate(rows):
+            seq = tokens[r]
+            out[i] = seq[: seq.index(eos_id)] if eos_id in seq else seq
+    return out
+
+
+@torch.no_grad()
+def proposal_accuracy(
+    backbone: HFBackbone,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    stride: int,
+    batch_size: int = 100,
+) -> list[float]:
+    """Per-position accuracy ``[M]`` of the MASK stream's argmax proposals at stride ``N``."""
+    M = stride - 1
+    correct, total = torch.zeros(M), torch.zeros(M)
+    model = backbone.model
+    dtype = next(model.parameters()).dtype
+    for start in range(0, len(problems), batch_size):
+        encoded = [encode_problem(p, tokenizer) for p in problems[start : start + batch_size]]
+        seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
+        for offset in range(M):
+            batch = build_batch(
+                seqs, prompt_lens, M, backbone.mask_token_id, tokenizer.pad_token_id,
+                offset=offset, dtype=dtype, device=backbone.device,
+            )  # fmt: skip
+            noisy_logits, _ = idlm_forward(model, batch)
+            labels = batch.noisy_labels
+            inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
+            ok = (labels != IGNORE) & inside
+            hit = (noisy_logits.argmax(-1) == labels) & ok
+            slot = batch.slot.expand_as(labels)
+            correct += torch.zeros(M).index_add_(0, slot[ok].cpu(), hit[ok].float().cpu())
+            total += torch.zeros(M).index_add_(0, slot[ok].cpu(), torch.ones(int(ok.sum())))
+    return (correct / total.clamp(min=1)).tolist()
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    accuracy: float
+    n_problems: int
+    proposal_accuracy: dict[int, list[float]]  # stride N → per-position accuracy [M]
+    samples: list[tuple[str, str]]  # (prompt, generated response) for a few problems
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "accuracy": self.accuracy,
+            "n_problems": self.n_problems,
+            "proposal_accuracy": {str(k): v for k, v in self.proposal_accuracy.items()},
+        }
+
+
+def evaluate(
+    backbone: HFBackbone,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    strides: Sequence[int] = (4, 8),
+    max_new: int = 64,
+) -> EvalReport:
+    encoded = [encode_problem(p, tokenizer) for p in problems]
+    prompts = [ids[:n] for ids, n in encoded]
+    outputs = greedy_decode(backbone, prompts, max_new, tokenizer.eos_token_id)
+    texts = [tokenizer.decode(o) for o in outputs]
+    correct = sum(grade(t, p.answer) for t, p in zip(texts, problems, strict=True))
+    return EvalReport(
+        accuracy=correct / max(len(problems), 1),
+        n_problems=len(problems),
+        proposal_accuracy={N: proposal_accuracy(backbone, tokenizer, problems, N) for N in strides},
+        samples=[(p.prompt, t) for p, t in zip(problems[:3], texts[:3], strict=False)],
+    )

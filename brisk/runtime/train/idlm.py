@@ -1,0 +1,192 @@
+"""The I-DLM training objective: one forward over the duplicated sequence ``[x_t | x_0]``.
+
+For a batch of sequences ``x_0 [B, L]`` (bos, prompt, response, eos; right-padded) the noisy copy
+``x_t`` equals ``x_0`` with every response token replaced by MASK; both copies share position ids
+``0..L−1``. With block size ``M = N − 1`` and blocks by position, ``blk(j) = ⌊(j − o)/M⌋`` (offset
+``o``, 0 in I-DLM; shifting it moves which positions act as block starts), a query may attend to
+
+    noisy j → noisy k   iff blk(k) = blk(j) and k ≤ j      (same block, causal)
+    noisy j → clean k   iff blk(k) < blk(j)                (strictly earlier blocks)
+    clean j → clean k   iff k ≤ j                          (plain causal)
+
+and nothing else (clean never sees noisy). Labels are shifted by one: position j predicts
+``x_0[j + 1]``. The clean stream is an ordinary causal LM; a MASK at slot i of a block (i = 1..M)
+sees the clean prefix before the block and predicts the token i + 1 places after it, exactly as
+ISD's MASK slots do at inference. The loss is
+
+    L = CE_noisy + α · CE_clean,   α fixed (I-DLM: 0.2) or auto-balanced α = sg(CE_noisy/CE_clean)
+
+with CE_noisy averaged over MASK slots with a label and CE_clean over response targets. The
+per-proposal-position cross-entropy ``slot_ce [B, M]`` (mean over the blocks of a row) is what the
+BRISK proposal loss reweights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
+
+__all__ = [
+    "IGNORE",
+    "IDLMBatch",
+    "IDLMLoss",
+    "block_diffusion_mask",
+    "block_ids",
+    "build_batch",
+    "idlm_forward",
+    "idlm_loss",
+]
+
+IGNORE = -100
+
+
+def block_ids(L: int, M: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
+    """``blk(j) = ⌊(j − offset)/M⌋`` for ``j = 0..L−1``: ``[L]`` int64 (−1 before the offset)."""
+    pos = torch.arange(L, device=device)
+    return torch.div(pos - offset, M, rounding_mode="floor")
+
+
+def block_diffusion_mask(
+    L: int, M: int, offset: int = 0, device: torch.device | None = None
+) -> Tensor:
+    """Boolean ``[2L, 2L]`` (True = may attend); rows ``0..L−1`` noisy, ``L..2L−1`` clean."""
+    pos = torch.arange(L, device=device)
+    blk = block_ids(L, M, offset, device)
+    causal = pos[:, None] >= pos[None, :]
+    same_block = blk[:, None] == blk[None, :]
+    earlier_block = blk[:, None] > blk[None, :]
+    allowed = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device=device)
+    allowed[:L, :L] = same_block & causal
+    allowed[:L, L:] = earlier_block
+    allowed[L:, L:] = causal
+    return allowed
+
+
+@dataclass(frozen=True)
+class IDLMBatch:
+    """Model inputs and labels for one I-DLM step (``L`` = padded length, ``M`` = block size)."""
+
+    input_ids: Tensor  # [B, 2L]  [x_t | x_0]
+    position_ids: Tensor  # [B, 2L]  0..L−1 twice
+    attention_mask: Tensor  # [1, 1, 2L, 2L] additive float mask (0 or dtype min)
+    noisy_labels: Tensor  # [B, L] x_0[j+1] at MASK slots, IGNORE elsewhere
+    clean_labels: Tensor  # [B, L] x_0[j+1] where j+1 is a response token, IGNORE elsewhere
+    slot: Tensor  # [L] slot index (j − offset) mod M, 0-based
+    block_start: Tensor  # [L] first position of j's block
+    prompt_lens: Tensor  # [B]
+    M: int
+
+    @property
+    def L(self) -> int:
+        return self.noisy_labels.shape[1]
+
+
+def build_batch(
+    seqs: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    M: int,
+    mask_token_id: int,
+    pad_token_id: int,
+    offset: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> IDLMBatch:
+    """Pad ``seqs`` (full token ids, prompt first) and build ``[x_t | x_0]`` with its mask."""
+    if M < 1:
+        raise ValueError(f"M: block size must be ≥ 1, got {M}")
+    if len(seqs) != len(prompt_lens) or not seqs:
+        raise ValueError("prompt_lens: need one prompt length per sequence (and ≥ 1 sequence)")
+    B, L = len(seqs), max(len(s) for s in seqs)
+    x0 = torch.full((B, L), pad_token_id, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        x0[b, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    lengths = torch.as_tensor([len(s) for s in seqs])
+    P = torch.as_tensor(list(prompt_lens))
+    if bool(((P < 1) | (lengths < P)).any()):
+        raise ValueError("prompt_lens: each must lie in 1..len(sequence)")
+    pos = torch.arange(L)
+    is_response = (pos[None] >= P[:, None]) & (pos[None] < lengths[:, None])  # [B, L]
+    x_t = torch.where(is_response, mask_token_id, x0)
+
+    target = torch.cat([x0[:, 1:], torch.full((B, 1), IGNORE)], dim=1)  # x_0[j+1]
+    has_target = pos[None] + 1 < lengths[:, None]
+    clean_labels = torch.where(has_target & (pos[None] + 1 >= P[:, None]), target, IGNORE)
+    noisy_labels = torch.where(has_target & is_response, target, IGNORE)
+
+    allowed = block_diffusion_mask(L, M, offset)
+    additive = torch.zeros(2 * L, 2 * L, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    blk = block_ids(L, M, offset)
+    dev = torch.device(device)
+    return IDLMBatch(
+        input_ids=torch.cat([x_t, x0], dim=1).to(dev),
+        position_ids=torch.cat([pos, pos]).expand(B, 2 * L).to(dev),
+        attention_mask=additive[None, None].to(dev),
+        noisy_labels=noisy_labels.to(dev),
+        clean_labels=clean_labels.to(dev),
+        slot=(pos - offset).remainder(M).to(dev),
+        block_start=(blk * M + offset).to(dev),
+        prompt_lens=P.to(dev),
+        M=M,
+    )
+
+
+def idlm_forward(model: PreTrainedModel, batch: IDLMBatch) -> tuple[Tensor, Tensor]:
+    """Logits of the noisy and the clean stream, each ``[B, L, V]``."""
+    out = model(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        attention_mask=batch.attention_mask,
+        use_cache=False,
+    )
+    return out.logits[:, : batch.L], out.logits[:, batch.L :]
+
+
+@dataclass(frozen=True)
+class IDLMLoss:
+    loss: Tensor  # scalar, CE_noisy + α·CE_clean
+    ce_noisy: Tensor  # scalar
+    ce_clean: Tensor  # scalar
+    alpha: float
+    slot_ce: Tensor  # [B, M] mean CE of the MASK slots at proposal position i (0 where none)
+    slot_count: Tensor  # [B, M] how many MASK slots of the row contributed
+
+
+def _token_ce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Per-token CE ``[B, L]`` in float32 (0 where the label is IGNORE)."""
+    return F.cross_entropy(
+        logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction="none"
+    )
+
+
+def idlm_loss(
+    noisy_logits: Tensor,
+    clean_logits: Tensor,
+    batch: IDLMBatch,
+    alpha: float | Literal["auto"] = "auto",
+) -> IDLMLoss:
+    """The I-DLM loss and its per-proposal-position breakdown (see the module docstring)."""
+    noisy_ok, clean_ok = batch.noisy_labels != IGNORE, batch.clean_labels != IGNORE
+    ce_noisy_tok = _token_ce(noisy_logits, batch.noisy_labels)
+    ce_clean_tok = _token_ce(clean_logits, batch.clean_labels)
+    ce_noisy = ce_noisy_tok.sum() / noisy_ok.sum().clamp(min=1)
+    ce_clean = ce_clean_tok.sum() / clean_ok.sum().clamp(min=1)
+    # auto: α = sg(CE_noisy / CE_clean) puts both streams on the same scale at every step.
+    a = float((ce_noisy / ce_clean.clamp(min=1e-8)).detach()) if alpha == "auto" else float(alpha)
+    B, M = noisy_logits.shape[0], batch.M
+    slot = batch.slot.expand(B, -1)
+    sums = torch.zeros(B, M, device=ce_noisy_tok.device).scatter_add_(1, slot, ce_noisy_tok)
+    count = torch.zeros(B, M, device=ce_noisy_tok.device).scatter_add_(1, slot, noisy_ok.float())
+    return IDLMLoss(
+        loss=ce_noisy + a * ce_clean,
+        ce_noisy=ce_noisy,
+        ce_clean=ce_clean,
+        alpha=a,
+        slot_ce=sums / count.clamp(min=1),
+        slot_count=count,
+    )
