@@ -4,8 +4,9 @@
 
 1. A 1,000,000-block synthetic log (M = 7, K = 16) goes through the full report as a user runs
    it (``python -m brisk.cli mechanism report LOG --out DIR``: validation, every statistic with
-   1000 bootstrap draws, summary.json/.md and four PNGs) in a child process; wall time and the
-   child's peak RSS (``wait4``) are measured. Targets: ≤ 20 s and ≤ 2 GB.
+   1000 bootstrap draws, summary.json/.md and four PNGs) in a child process; wall time (median
+   of ``--repeat`` runs, interpreter start and imports included) and the child's peak RSS
+   (``wait4``, the largest over the runs) are measured. Targets: ≤ 20 s and ≤ 2 GB.
 2. On the first 100,000 blocks, in this process: the vectorized tally + summary against the
    per-row pure-Python reference (:mod:`brisk.mechanism.reference`). The per-request tallies
    must be identical and so must the headline rates; the per-block speed ratio is printed.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,6 +106,7 @@ def main() -> int:
     parser.add_argument("--big", type=int, default=3_000_000)
     parser.add_argument("--subset", type=int, default=100_000)
     parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3, help="report runs per log (median)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -118,8 +121,17 @@ def main() -> int:
     log3 = ensure_log(args.workdir / f"log_{args.big}", args.big, seed=1)
     sub = ensure_subset(log1, args.workdir / f"subset_{args.subset}", args.subset)
 
-    wall1, rss1, text = report_in_child(log1, args.workdir / "out_1m", args.bootstrap)
-    wall3, rss3, _ = report_in_child(log3, args.workdir / "out_3m", args.bootstrap)
+    runs1 = [
+        report_in_child(log1, args.workdir / "out_1m", args.bootstrap) for _ in range(args.repeat)
+    ]
+    runs3 = [
+        report_in_child(log3, args.workdir / "out_3m", args.bootstrap) for _ in range(args.repeat)
+    ]
+    wall1, wall3 = statistics.median(r[0] for r in runs1), statistics.median(r[0] for r in runs3)
+    rss1, rss3 = max(r[1] for r in runs1), max(r[1] for r in runs3)
+    text = runs1[0][2]
+    print("  1M report wall times (s): " + ", ".join(f"{r[0]:.2f}" for r in runs1))
+    print("  3M report wall times (s): " + ", ".join(f"{r[0]:.2f}" for r in runs3))
 
     start = time.perf_counter()
     fast = tally_blocks(sub)
@@ -146,7 +158,14 @@ def main() -> int:
     ok1 = wall1 <= 20 and rss1 <= 2048
     ok3 = rss3 <= 1.10 * rss1
     rows = [
-        ("full report, CLI", args.blocks, wall1, f"{rss1:,.0f}", "≤ 20 s, ≤ 2048 MiB", ok1),
+        (
+            "full report, CLI (median)",
+            args.blocks,
+            wall1,
+            f"{rss1:,.0f}",
+            "≤ 20 s, ≤ 2048 MiB",
+            ok1,
+        ),
         (
             "full report, CLI",
             args.big,

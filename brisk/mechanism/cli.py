@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from rich import box
@@ -12,9 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from brisk.mechanism.io import BlockLogWriter, count_blocks, validate
-from brisk.mechanism.report import MechanismSummary, analyze, table_rows, write_report
+from brisk.mechanism.io import BlockLogWriter, count_blocks, log_files, validate
+from brisk.mechanism.report import MechanismSummary, summarize, table_rows, write_report
 from brisk.mechanism.synthetic import synthetic_blocks
+from brisk.mechanism.tally import tally_blocks
 
 # below this many rows the pass takes about a second and a bar would only flicker
 PROGRESS_MIN_ROWS = 200_000
@@ -76,15 +78,12 @@ def run_report(args: argparse.Namespace) -> int:
         disable=total < PROGRESS_MIN_ROWS or not err.is_terminal,
     ) as bar:
         task = bar.add_task("blocks", total=total)
-        summary = analyze(
-            args.logs,
-            ks=args.k,
-            draws=args.bootstrap,
-            seed=args.seed,
-            level=args.level,
-            progress=lambda n: bar.advance(task, n),
-        )
-    written = write_report(summary, args.out)
+        tally = tally_blocks(args.logs, progress=lambda n: bar.advance(task, n))
+    show = total >= PROGRESS_MIN_ROWS and err.is_terminal
+    with err.status("bootstrap, tables and plots") if show else nullcontext():
+        files = [str(f) for f in log_files(args.logs)]
+        summary = summarize(tally, args.k, args.bootstrap, args.seed, args.level, files)
+        written = write_report(summary, args.out)
     print_table(summary, console)
     console.print(
         f"wrote {', '.join(p.name for p in written)} to {args.out} "

@@ -288,6 +288,8 @@ class BlockLogWriter:
     nothing of that call is kept); a row group of ``rows_per_group`` rows is flushed as soon as
     it is full, and the rest on :meth:`flush` or on leaving the ``with`` block (also when it
     is left by an exception: the rows were valid). ``rows_flushed`` counts rows safely on disk.
+    Parts are LZ4 (raw) compressed: probability lists barely compress, and LZ4 decodes about
+    twice as fast as Snappy at the same size.
     """
 
     def __init__(
@@ -296,7 +298,7 @@ class BlockLogWriter:
         M: int,
         K: int,
         rows_per_group: int = DEFAULT_BATCH_ROWS,
-        compression: str = "snappy",
+        compression: str = "lz4",
     ) -> None:
         self.path = Path(path)
         self.shape = LogShape(M, K)
