@@ -147,7 +147,7 @@ def _pct(r: Rate, scale: float = 100.0, digits: int = 2) -> tuple[str, str, str]
         return "—" if not math.isfinite(x) else f"{scale * x:.{digits}f}"
 
     interval = f" [{f(r.low)}, {f(r.high)}]" if math.isfinite(r.low) else ""
-    used = f"{r.requests}" + (f" ({r.excluded} excl.)" if r.excluded else "")
+    used = f"{r.requests:,}" + (f" ({r.excluded:,} excl.)" if r.excluded else "")
     return f(r.equal_request) + interval, f(r.pooled), used
 
 
@@ -158,7 +158,7 @@ def _mean(m: Mean, signed: bool = False, digits: int = 3) -> tuple[str, str, str
         )
 
     interval = f" [{f(m.low)}, {f(m.high)}]" if math.isfinite(m.low) else ""
-    used = f"{m.requests}" + (f" ({m.excluded} excl.)" if m.excluded else "")
+    used = f"{m.requests:,}" + (f" ({m.excluded:,} excl.)" if m.excluded else "")
     return f(m.equal_request) + interval, f(m.pooled), used
 
 
@@ -257,7 +257,7 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
             "Tokens per forward",
             f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
             "",
-            f"{s.n_requests}",
+            f"{s.n_requests:,}",
         ),
         TableRow(
             sec,
@@ -265,7 +265,7 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
             "Tokens per block",
             f"{_mean_accept_len(s.profile):.3f}",
             "",
-            f"{s.n_requests}",
+            f"{s.n_requests:,}",
         ),
     ]
     return rows
@@ -298,9 +298,10 @@ def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
     section = None
     for row in table_rows(s):
         if row.section != section:
+            if section is not None:
+                lines.append("")
             section = row.section
             lines += [
-                "",
                 f"## {section}",
                 "",
                 f"| Quantity | Population / unit | Equal-request [{pct}% CI] | Pooled | Requests |",

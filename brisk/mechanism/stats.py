@@ -206,13 +206,18 @@ class Bootstrap:
         C = values.shape[1]
         if self.draws == 0 or self.R == 0:
             return np.full(C, np.nan), np.full(C, np.nan)
-        stacked = np.concatenate([values, valid], axis=1)
-        sums = np.empty((self.draws, 2 * C))
+        # many rates share a denominator mask (every K' of coverage, say): resample each once
+        first: dict[bytes, int] = {}
+        which = np.array([first.setdefault(col.tobytes(), j) for j, col in enumerate(valid.T)])
+        keep = np.unique(which)
+        which = np.searchsorted(keep, which)
+        stacked = np.concatenate([values, valid[:, keep]], axis=1)
+        sums = np.empty((self.draws, stacked.shape[1]))
         for start in range(0, self.draws, _CHUNK):
             stop = min(start + _CHUNK, self.draws)
             sums[start:stop] = self.weights(start, stop) @ stacked
         with np.errstate(invalid="ignore", divide="ignore"):
-            draws = sums[:, :C] / sums[:, C:]
+            draws = sums[:, :C] / sums[:, C:][:, which]
         tail = (1 - self.level) / 2
         ok = ~np.all(np.isnan(draws), axis=0)
         low, high = np.full(C, np.nan), np.full(C, np.nan)
