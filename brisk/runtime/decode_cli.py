@@ -27,6 +27,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="request r uses seed + r")
+    parser.add_argument("--samples", type=int, default=1, help="decode each prompt this often")
     parser.add_argument("--log-blocks", type=Path, default=None, help="block-log directory")
     parser.add_argument(
         "--score-blocks",
@@ -110,7 +111,9 @@ def run_decode(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    requests = read_prompts(args.prompts)
+    if args.samples < 1:
+        raise ValueError(f"--samples: need a positive integer, got {args.samples}")
+    requests = [{**r, "sample": k} for r in read_prompts(args.prompts) for k in range(args.samples)]
     backbone = HFBackbone.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     corrector = None
@@ -140,6 +143,7 @@ def run_decode(args: argparse.Namespace) -> int:
         tokens = [t for t in out.tokens if t != tokenizer.eos_token_id]
         row = {
             "id": req.get("id", i),
+            "sample": req["sample"],
             "prompt": req["prompt"],
             "completion": tokenizer.decode(tokens),
             "forwards": out.forwards,
