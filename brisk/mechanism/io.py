@@ -51,7 +51,7 @@ _PER_POSITION = frozenset(
 
 @dataclass(frozen=True)
 class BlockBatch:
-    """Numpy arrays for rows ``row0 .. row0 + n − 1`` of ``file``.
+    """Numpy arrays for the ``rows`` rows ``row0 .. row0 + rows − 1`` of ``file``.
 
     Per-candidate columns have shape [n, M, K], per-position columns [n, M], the rest [n].
     Optional whole-block log-probabilities read as NaN where null or absent from the file.
@@ -61,6 +61,7 @@ class BlockBatch:
     row0: int
     shape: LogShape
     columns: Mapping[str, npt.NDArray[Any]]
+    rows: int
 
     @classmethod
     def from_columns(
@@ -72,13 +73,13 @@ class BlockBatch:
         cols: dict[str, npt.NDArray[Any]] = {}
         for rb in table.combine_chunks().to_batches(max_chunksize=table.num_rows + 1):
             cols = _to_numpy(rb, shape)
-        return cls(file, 0, shape, cols)
+        return cls(file, 0, shape, cols, table.num_rows)
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.columns[name]
 
     def __len__(self) -> int:
-        return len(next(iter(self.columns.values())))
+        return self.rows
 
 
 def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -184,7 +185,7 @@ def _read(
                     cols[name] = np.full(n, np.nan)
             if check:
                 check_columns(cols, shape, str(file), row0)
-            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted})
+            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted}, n)
             row0 += n
 
 
