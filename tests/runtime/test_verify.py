@@ -132,12 +132,14 @@ def test_sampled_outputs_follow_the_autoregressive_target(drafter: Callable) -> 
     worst = int(z[~zero].argmax())
     assert float(z[~zero].max()) < 5, f"cell {divmod(worst, V)}: {float(z[~zero].max()):.2f} σ"
     tv = 0.5 * float((emp - EXPECTED).abs().sum())
+    print(f"n={N_SAMPLES} max|z|={float(z[~zero].max()):.2f}σ TV={tv:.5f} bound={TV_BOUND:.5f}")
     assert tv < TV_BOUND, f"TV {tv:.5f} ≥ bound {TV_BOUND:.5f}"
 
 
 def test_the_tv_bound_catches_an_approximate_verifier() -> None:
     emp = _joint(_first_two(_draft_argmax, N_SAMPLES, wrong_law=True))
     tv = 0.5 * float((emp - EXPECTED).abs().sum())
+    print(f"approximate verifier: TV={tv:.5f} vs bound {TV_BOUND:.5f}")
     assert tv > 3 * TV_BOUND, f"TV {tv:.5f} should exceed the bound {TV_BOUND:.5f} clearly"
 
 

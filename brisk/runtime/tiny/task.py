@@ -145,11 +145,16 @@ def make_split(
     """``n`` problems of ``split``; with ``distinct`` no problem appears twice."""
     out: list[Problem] = []
     seen: set[str] = set()
-    for draws, problem in enumerate(generate(cfg, split, seed)):
-        if draws > 1000 * n:
-            raise ValueError(f"n: the {split} split has fewer than {n} distinct problems")
+    repeats = 0
+    for problem in generate(cfg, split, seed):
         if distinct and problem.expression in seen:
+            # So many repeats in a row means the split is exhausted (a new one is near-certain
+            # within a few hundred draws while any remain).
+            repeats += 1
+            if repeats > 20_000:
+                raise ValueError(f"n: the {split} split has fewer than {n} distinct problems")
             continue
+        repeats = 0
         seen.add(problem.expression)
         out.append(problem)
         if len(out) == n:

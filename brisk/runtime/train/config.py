@@ -79,7 +79,7 @@ class BaseTrainConfig:
             out_dir=out_dir,
             task=TaskConfig.trivial(),
             model=TinyModelConfig.micro(),
-            steps=120,
+            steps=200,
             batch_size=32,
             warmup_steps=10,
             strides=(2, 4),

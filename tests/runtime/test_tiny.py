@@ -1,0 +1,115 @@
+"""The tiny world: task splits, grader robustness, tokenizer round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from brisk.runtime.tiny.grader import extract_answer, grade, normalize_answer
+from brisk.runtime.tiny.task import TaskConfig, generate, make_split
+from brisk.runtime.tiny.tokenizer import CHARS, MASK, char_tokenizer
+
+
+def test_solutions_are_gsm8k_shaped_and_correct() -> None:
+    for problem in make_split(TaskConfig.tiny(), "train", 300, seed=0):
+        lines = problem.response.split("\n")
+        assert len(lines) == len(problem.operands)  # one step per operation + the answer line
+        assert lines[-1] == f"#### {problem.answer}"
+        assert problem.answer == eval(problem.expression)  # left-to-right ± chains
+        assert grade(problem.text, problem.answer)
+        assert all(int(x) >= 0 for line in lines[:-1] for x in line.split("=")[1:])
+
+
+def test_difficulty_knobs_are_respected() -> None:
+    cfg = TaskConfig(min_operands=3, max_operands=4, min_digits=2, max_digits=2, ops="+")
+    for problem in make_split(cfg, "train", 100, seed=1):
+        assert 3 <= len(problem.operands) <= 4
+        assert all(10 <= x <= 99 for x in problem.operands)
+        assert set(problem.ops) == {"+"}
+
+
+def test_splits_never_share_a_problem_and_are_seeded() -> None:
+    cfg = TaskConfig.tiny()
+    train = {p.expression for p in make_split(cfg, "train", 1000, seed=0)}
+    test = {p.expression for p in make_split(cfg, "test", 200, seed=1)}
+    assert not train & test
+    assert make_split(cfg, "test", 50, seed=1) == make_split(cfg, "test", 50, seed=1)
+    assert make_split(cfg, "test", 50, seed=1) != make_split(cfg, "test", 50, seed=2)
+    stream = generate(cfg, "train", 0)
+    assert all(next(stream).expression not in test for _ in range(2000))
+
+
+def test_too_small_a_split_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="fewer than"):
+        make_split(TaskConfig.trivial(), "test", 500, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("output", "reference", "expected"),
+    [
+        pytest.param("3+4=7\n#### 7", 7, True, id="plain"),
+        pytest.param("#### 7.0", "7", True, id="decimal-zero"),
+        pytest.param("####  +007 .", 7, True, id="sign-zeros-stop"),
+        pytest.param("#### 1,234", 1234, True, id="thousands"),
+        pytest.param("#### 5\n#### 7", 7, True, id="last-marker-wins"),
+        pytest.param("#### 7\ntrailing junk", 7, True, id="answer-line-only"),
+        pytest.param("#### 8", 7, False, id="wrong"),
+        pytest.param("the answer is 7", 7, False, id="no-marker"),
+        pytest.param("####", 7, False, id="empty-answer"),
+        pytest.param("#### \n7", 7, False, id="answer-on-next-line"),
+        pytest.param("", 7, False, id="empty"),
+        pytest.param(None, 7, False, id="none"),
+        pytest.param(b"#### 7", 7, False, id="bytes"),
+        pytest.param("#### 7", None, False, id="bad-reference"),
+        pytest.param("#### -0", 0, True, id="negative-zero"),
+        pytest.param("#### seven", "Seven", True, id="text-answer"),
+        pytest.param("#### 1e400", 7, False, id="not-a-plain-number"),
+        pytest.param("\x00\xff####\ud800 7", 7, False, id="binary-junk"),
+        pytest.param("\x00\xff\n#### 7", 7, True, id="junk-before-marker"),
+    ],
+)
+def test_grader(output: object, reference: object, expected: bool) -> None:
+    assert grade(output, reference) is expected
+
+
+@given(st.text())
+def test_grader_never_raises(text: str) -> None:
+    grade(text, 7)
+    grade(text, text)
+    answer = extract_answer(text)
+    if answer is not None:
+        normalize_answer(answer)
+
+
+def test_tokenizer_specials() -> None:
+    tok = char_tokenizer()
+    assert [tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.mask_token_id] == [0, 1, 2, 3]
+    assert tok.convert_tokens_to_ids(MASK) == 3
+    assert len(tok) == 5 + len(CHARS)
+
+
+TOKENIZER = char_tokenizer()
+
+
+@given(st.text(alphabet=st.sampled_from(list(CHARS)), max_size=200))
+def test_tokenizer_round_trip(text: str) -> None:
+    tok = TOKENIZER
+    ids = tok.encode(text)
+    assert len(ids) == len(text)  # one token per character, no specials added
+    assert tok.decode(ids) == text
+
+
+def test_tokenizer_saves_and_loads(tmp_path: Path) -> None:
+    tok = char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Q: 17+5-8=?\n17+5=22\n22-8=14\n#### 14"
+    assert loaded.encode(text) == tok.encode(text)
+    assert loaded.decode(loaded.encode(text)) == text
+    wrapped = [loaded.bos_token_id, *loaded.encode(text), loaded.eos_token_id]
+    assert loaded.decode(wrapped, skip_special_tokens=True) == text
+    assert loaded.mask_token_id == tok.mask_token_id
