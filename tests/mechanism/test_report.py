@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,27 @@ def test_cli_synth_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["mechanism", "synth", str(tmp_path / "s"), "--blocks", "300", "--K", "8"]) == 0
     assert main(["mechanism", "validate", str(tmp_path / "s")]) == 0
     assert "ok, 300 blocks" in capsys.readouterr().out
+
+
+def test_degenerate_log_reports_without_crashing(tmp_path: Path) -> None:
+    """Every block accepted, the head never ran, no log-probabilities: empty populations are
+    reported as such (null in JSON, '—' in the table), not as zeros."""
+    cols = next(synthetic_blocks(40, 3, 4, seed=1, logp=False))
+    cols["accept_len"] = np.full(40, 3, dtype=np.int16)
+    cols["p"] = np.nan_to_num(cols["p"], nan=0.5)
+    cols["verifier_top1"] = np.where(cols["verifier_top1"] < 0, 7, cols["verifier_top1"])
+    cols["verifier_top1_prob"] = np.nan_to_num(cols["verifier_top1_prob"], nan=0.5)
+    cols["head_choice"] = np.full((40, 3), -1, dtype=np.int16)
+    with BlockLogWriter(tmp_path / "log", 3, 4) as writer:
+        writer.write(cols)
+    out = tmp_path / "report"
+    assert main(["mechanism", "report", str(tmp_path / "log"), "--out", str(out), "--k", "2"]) == 0
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["replay"]["first_breakers"] == 0
+    assert saved["replay"]["rescue"]["equal_request"] is None
+    assert saved["likelihood"]["pairs"] == 0
+    assert saved["acceptance_profile"]["rates"] == [1.0, 1.0, 1.0]
+    assert (
+        "| Corrector rescues rejection | Per 100 first breakers | — | — | 0 ("
+        in (out / "summary.md").read_text()
+    )
