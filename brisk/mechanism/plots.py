@@ -37,6 +37,13 @@ def _rate_line(ax: Axes, x: np.ndarray, r: RateArray, color: str, label: str | N
     ax.errorbar(x[ok], y, yerr=err, color=color, marker="o", capsize=3, lw=1.8, label=label)
 
 
+def _compact(n: int) -> str:
+    """5,970 / 113k / 1.2M: short enough to sit under a point."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e3:.0f}k" if n >= 10_000 else f"{n:,}"
+
+
 def plot_positions(s: MechanismSummary) -> Figure:
     """Paper Fig. 6 and its regression companion: per-position intervention, rescue, regression."""
     import matplotlib.pyplot as plt
@@ -65,7 +72,7 @@ def plot_positions(s: MechanismSummary) -> Figure:
     counts = rep.first_breakers_by_position
     for xi, c in zip(x, counts, strict=True):
         axes[0].annotate(
-            f"{c:,}",
+            _compact(int(c)),
             (xi, 0),
             xytext=(0, 3),
             textcoords="offset points",
