@@ -226,12 +226,19 @@ def validate(path: str | os.PathLike[str], M: int | None = None, K: int | None =
 
 
 def block_table(
-    columns: Mapping[str, Any], M: int, K: int, *, check: bool = True, file: str = "<rows>"
+    columns: Mapping[str, Any],
+    M: int,
+    K: int,
+    *,
+    check: bool = True,
+    file: str = "<rows>",
+    row0: int = 0,
 ) -> pa.Table:
     """An Arrow table of the schema from arrays ([n], [n, M] / [n, M·K] or [n, M, K]).
 
     ``base_logp`` and ``head_logp`` are optional (NaN means not scored and is stored as null).
-    With ``check`` the rows are validated first and nothing malformed gets through.
+    With ``check`` the rows are validated first and nothing malformed gets through; errors
+    number rows from ``row0``.
     """
     shape = LogShape(M, K)
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -261,7 +268,7 @@ def block_table(
             raise BlockLogError(file, name, None, f"expected integers, got {arr.dtype}")
         cols[name] = arr.astype(dtype, copy=False)
     if check:
-        check_columns(cols, shape, file)
+        check_columns(cols, shape, file, row0)
     arrays: list[pa.Array] = []
     for field in schema:
         arr = cols[field.name]
@@ -285,10 +292,11 @@ class BlockLogWriter:
     ...     w.rows_written
     1000
 
-    ``write`` validates rows before buffering them (a bad row raises :class:`BlockLogError` and
-    nothing of that call is kept); a row group of ``rows_per_group`` rows is flushed as soon as
-    it is full, and the rest on :meth:`flush` or on leaving the ``with`` block (also when it
-    is left by an exception: the rows were valid). ``rows_flushed`` counts rows safely on disk.
+    ``write`` validates rows before buffering them (a bad row raises :class:`BlockLogError`,
+    numbering rows from the start of the log, and nothing of that call is kept); a row group
+    of ``rows_per_group`` rows is flushed as soon as it is full, and the rest on :meth:`flush`
+    or on leaving the ``with`` block (also when it is left by an exception: the rows were
+    valid). ``rows_flushed`` counts rows safely on disk.
     Parts are LZ4 (raw) compressed: probability lists barely compress, and LZ4 decodes about
     twice as fast as Snappy at the same size.
     """
@@ -332,8 +340,9 @@ class BlockLogWriter:
         """Append blocks given as column arrays (see :func:`block_table`)."""
         if self._closed:
             raise ValueError("write: the writer is closed")
-        name = f"{self.path} (rows from {self.rows_written})"
-        table = block_table(columns, self.shape.M, self.shape.K, file=name)
+        table = block_table(
+            columns, self.shape.M, self.shape.K, file=str(self.path), row0=self.rows_written
+        )
         self._buffer.append(table)
         self._buffered += table.num_rows
         self.rows_written += table.num_rows

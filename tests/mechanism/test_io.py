@@ -238,3 +238,14 @@ def test_cli_turns_validation_errors_into_one_line_and_exit_2(
         assert err.startswith(f"brisk: error: {path}: column 'q', row {ROW}: q outside [0, 1]")
     assert main(["mechanism", "report", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
     assert "no such block log" in capsys.readouterr().err
+
+
+def test_writer_errors_count_rows_from_the_start_of_the_log(
+    tmp_path: Path, cols: dict[str, Any]
+) -> None:
+    with BlockLogWriter(tmp_path / "log", M, K) as writer:
+        writer.write(cols)
+        _set("u", (2,), 1.5)(cols)
+        with pytest.raises(BlockLogError, match=f"log: column 'u', row {N + ROW}: u outside"):
+            writer.write(cols)
+    assert count_blocks(tmp_path / "log") == N
