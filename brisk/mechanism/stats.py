@@ -28,7 +28,8 @@ __all__ = ["Bootstrap", "Mean", "Rate", "RateArray"]
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-_CHUNK = 64  # draws per matrix product: bounds the [draws, R] weight matrix
+_CHUNK = 64  # draws per matrix product, at most _CHUNK_ENTRIES weights (32 MB) at a time
+_CHUNK_ENTRIES = 1 << 22
 _CACHE_ENTRIES = 16_000_000  # keep all weights (float32, ≤ 64 MB) when they fit
 
 
@@ -213,8 +214,9 @@ class Bootstrap:
         which = np.searchsorted(keep, which)
         stacked = np.concatenate([values, valid[:, keep]], axis=1)
         sums = np.empty((self.draws, stacked.shape[1]))
-        for start in range(0, self.draws, _CHUNK):
-            stop = min(start + _CHUNK, self.draws)
+        chunk = max(1, min(_CHUNK, _CHUNK_ENTRIES // max(self.R, 1)))
+        for start in range(0, self.draws, chunk):
+            stop = min(start + chunk, self.draws)
             sums[start:stop] = self.weights(start, stop) @ stacked
         with np.errstate(invalid="ignore", divide="ignore"):
             draws = sums[:, :C] / sums[:, C:][:, which]
