@@ -4,8 +4,9 @@ Each batch is validated, turned into per-block integer features ([n, c] arrays f
 :mod:`~brisk.mechanism.replay`, :mod:`~brisk.mechanism.coverage`,
 :mod:`~brisk.mechanism.likelihood` and :mod:`~brisk.mechanism.repetition`), and summed per
 request; the per-batch partial sums are merged at the end. Memory therefore grows with the
-number of requests (about 1 KB each at M = 7, K = 16: 129 int64 sums), not with blocks. All sums are int64 (probabilities and ΔL in fixed point), so a
-tally is exactly the same however the blocks are ordered or split across files.
+number of requests (about 1 KB each at M = 7, K = 16: 129 int64 sums), not with blocks.
+All sums are int64 (probabilities and ΔL in fixed point), so a tally is exactly the same
+however the blocks are ordered or split across files.
 """
 
 from __future__ import annotations
