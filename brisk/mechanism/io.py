@@ -146,7 +146,7 @@ def read_blocks(
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows: need a positive integer, got {batch_rows!r}")
-    batches = _read(paths, columns, batch_rows, check)
+    batches = _read(log_files(paths), columns, batch_rows, check)  # paths may be a generator
     if not prefetch:
         yield from batches
         return
@@ -160,17 +160,14 @@ def read_blocks(
 
 
 def _read(
-    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    columns: Sequence[str] | None,
-    batch_rows: int,
-    check: bool,
+    files: list[Path], columns: Sequence[str] | None, batch_rows: int, check: bool
 ) -> Iterator[BlockBatch]:
-    shape = log_shape(paths)
+    shape = log_shape(files)
     wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
     unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
     if unknown:
         raise ValueError(f"columns: unknown {sorted(unknown)}")
-    for file in log_files(paths):
+    for file in files:
         pf = _open(file)
         present = set(pf.schema_arrow.names)
         read = [c for c in wanted if c in present]

@@ -105,9 +105,10 @@ def tally_blocks(
     ``progress`` is called with the number of rows of each batch once it is done. Raises
     :class:`~brisk.mechanism.schema.BlockLogError` on the first malformed row or for an empty log.
     """
-    tally = tally_batches(read_blocks(paths, batch_rows=batch_rows), progress)
+    files = log_files(paths)
+    tally = tally_batches(read_blocks(files, batch_rows=batch_rows), progress)
     if tally is None:
-        raise BlockLogError(str(log_files(paths)[0]), "(any)", 0, "the log has no blocks")
+        raise BlockLogError(str(files[0]), "(any)", 0, "the log has no blocks")
     return tally
 
 
