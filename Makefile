@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test lint typecheck bench venv clean
+.PHONY: demo test lint typecheck bench tiny venv clean
 
 venv: $(STAMP)
 
@@ -16,9 +16,26 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The theory table and Figure 2, then the mechanism report on a seeded synthetic block log.
 demo: $(STAMP)
 	$(BIN)/brisk theory tpf --a 0.9,0.85,0.8,0.8,0.75,0.7,0.7
 	$(BIN)/brisk theory figure --stride 8 --out $(DEMO)
+	rm -rf $(DEMO)/blocks
+	$(BIN)/brisk mechanism synth $(DEMO)/blocks --blocks 200000 --seed 0
+	$(BIN)/brisk mechanism report $(DEMO)/blocks --out $(DEMO)/mechanism --bootstrap 200
+
+# The runtime pipeline on this CPU (~10-15 min): train the tiny I-DLM base model, decode the
+# held-out problems with ISD at N = 4 and 8 (logging every block), and report on the logs.
+TINY := runs/tiny
+tiny: $(STAMP)
+	$(BIN)/brisk train base --config configs/tiny_base.toml --out $(TINY)/base
+	$(BIN)/brisk decode problems --checkpoint $(TINY)/base/final --n 200 --out $(TINY)/test.jsonl
+	for N in 4 8; do rm -rf $(TINY)/blocks_N$$N; \
+	  $(BIN)/brisk decode --model $(TINY)/base/final --prompts $(TINY)/test.jsonl --samples 5 \
+	    --temperature 1 --stride $$N --max-new-tokens 64 --batch-size 200 \
+	    --out $(TINY)/out_N$$N.jsonl --log-blocks $(TINY)/blocks_N$$N || exit 1; \
+	  $(BIN)/brisk mechanism report $(TINY)/blocks_N$$N --out $(TINY)/report_N$$N --bootstrap 200 \
+	    || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -32,6 +49,7 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/theory_bench.py
+	$(BIN)/python benchmarks/mechanism_bench.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
