@@ -184,6 +184,15 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
                 *_pct(s.coverage.mass[k - 1]),
             )
         )
+    for k in s.ks:
+        rows.append(
+            TableRow(
+                sec,
+                f"Verifier probability on base-q Top-{k}",
+                "First breakers, Σ p over C",
+                *_pct(s.coverage.set_mass[k - 1]),
+            )
+        )
     rep = s.replay
     rows += [
         TableRow(
