@@ -127,7 +127,7 @@ class HFBackbone:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return torch.device(self.model.device)
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -167,10 +167,12 @@ class HFBackbone:
         cache.crop(keep - length)
 
     def embed(self, ids: Tensor) -> Tensor:
-        return self.model.get_input_embeddings()(ids)
+        out: Tensor = self.model.get_input_embeddings()(ids)
+        return out
 
     def lm_head_rows(self, ids: Tensor) -> Tensor:
-        return self.model.get_output_embeddings().weight[ids]
+        rows: Tensor = self.model.get_output_embeddings().weight[ids]
+        return rows
 
 
 def _tokenizer_mask_id(path: str | Path, trust_remote_code: bool) -> int | None:

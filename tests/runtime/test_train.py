@@ -12,21 +12,21 @@ from transformers import AutoTokenizer
 from brisk.cli import main
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.tiny.task import TaskConfig, make_split
-from brisk.runtime.train.base import train_base
+from brisk.runtime.train.base import TrainResult, train_base
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[BaseTrainConfig, object]:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[BaseTrainConfig, TrainResult]:
     torch.manual_seed(0)
     cfg = BaseTrainConfig.smoke(out_dir=str(tmp_path_factory.mktemp("smoke")))
     return cfg, train_base(cfg, show_progress=False)
 
 
-def test_loss_falls(trained: tuple[BaseTrainConfig, object]) -> None:
+def test_loss_falls(trained: tuple[BaseTrainConfig, TrainResult]) -> None:
     _, result = trained
-    train = [h for h in result.history if h["event"] == "train"]  # type: ignore[attr-defined]
+    train = [h for h in result.history if h["event"] == "train"]
     first, last = train[0], train[-1]
     assert last["ce_clean"] < 0.5 * first["ce_clean"]
     assert last["ce_noisy"] < 0.7 * first["ce_noisy"]
@@ -34,21 +34,21 @@ def test_loss_falls(trained: tuple[BaseTrainConfig, object]) -> None:
 
 
 def test_clean_stream_beats_chance_on_held_out_sums(
-    trained: tuple[BaseTrainConfig, object],
+    trained: tuple[BaseTrainConfig, TrainResult],
 ) -> None:
     """Held-out a+b (one digit each): guessing any of the 19 possible sums is right 1/19 ≈ 5%
     of the time; P(≥ 8 of 19 right by chance) ≈ 3e-6 (this run gets about 15)."""
     _, result = trained
-    backbone = HFBackbone.from_pretrained(result.checkpoint)  # type: ignore[attr-defined]
-    tokenizer = AutoTokenizer.from_pretrained(result.checkpoint)  # type: ignore[attr-defined]
+    backbone = HFBackbone.from_pretrained(result.checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(result.checkpoint)
     problems = make_split(TaskConfig.trivial(), "test", 19, seed=0)
     report = evaluate(backbone, tokenizer, problems, strides=(2,))
     assert report.accuracy >= 8 / 19, report.samples
 
 
-def test_checkpoint_round_trips(trained: tuple[BaseTrainConfig, object]) -> None:
+def test_checkpoint_round_trips(trained: tuple[BaseTrainConfig, TrainResult]) -> None:
     cfg, result = trained
-    path = Path(result.checkpoint)  # type: ignore[attr-defined]
+    path = result.checkpoint
     assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
     assert BaseTrainConfig.load(path / "train_config.json") == cfg
     backbone = HFBackbone.from_pretrained(path)

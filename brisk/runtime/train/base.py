@@ -15,6 +15,7 @@ import math
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,12 @@ from brisk.runtime.train.idlm import build_batch, idlm_forward, idlm_loss
 __all__ = ["TrainResult", "save_checkpoint", "train_base"]
 
 
+@dataclass(frozen=True)
 class TrainResult:
-    def __init__(
-        self,
-        checkpoint: Path,
-        history: list[dict[str, Any]],
-        report: EvalReport | None,
-        wall: float,
-    ) -> None:
-        self.checkpoint, self.history, self.report, self.wall_s = checkpoint, history, report, wall
+    checkpoint: Path  # the final save_pretrained directory
+    history: list[dict[str, Any]]  # every record written to metrics.jsonl
+    report: EvalReport | None  # held-out evaluation after training (None if disabled)
+    wall_s: float  # training wall time, evaluation and final save excluded
 
 
 def _lr(cfg: BaseTrainConfig, step: int) -> float:

@@ -122,7 +122,7 @@ def evaluate(
     encoded = [encode_problem(p, tokenizer) for p in problems]
     prompts = [ids[:n] for ids, n in encoded]
     outputs = greedy_decode(backbone, prompts, max_new, tokenizer.eos_token_id)
-    texts = [tokenizer.decode(o) for o in outputs]
+    texts = [str(tokenizer.decode(o)) for o in outputs]
     correct = sum(grade(t, p.answer) for t, p in zip(texts, problems, strict=True))
     return EvalReport(
         accuracy=correct / max(len(problems), 1),
