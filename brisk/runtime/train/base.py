@@ -15,6 +15,8 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,9 +69,26 @@ def save_checkpoint(
     return path
 
 
-def train_base(cfg: BaseTrainConfig, show_progress: bool = True) -> TrainResult:
-    torch.set_num_threads(cfg.threads)
+@contextmanager
+def _cpu_settings(threads: int) -> Iterator[None]:
+    """Thread count and denormal flushing for the run, restored afterwards (tests share a
+    process)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     torch.set_flush_denormal(True)  # denormal weights/activations can slow CPU matmuls many-fold
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(before)
+
+
+def train_base(cfg: BaseTrainConfig, show_progress: bool = True) -> TrainResult:
+    with _cpu_settings(cfg.threads):
+        return _train(cfg, show_progress)
+
+
+def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     out = Path(cfg.out_dir)
