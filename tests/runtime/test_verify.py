@@ -206,3 +206,15 @@ def test_draft_outside_its_law_raises() -> None:
     law = ProposalLaw.full(torch.tensor([[[1.0, 0.0, 0.0]]]))
     with pytest.raises(ValueError, match="pi:"):
         verify_chain(p, torch.tensor([[2]]), law)
+
+
+def test_acceptance_rate_matches_the_overlap_of_p_and_pi() -> None:
+    """a_1 = Σ_v min(p_1(v), π_1(v)) (= 1 − TV(p_1, π_1)); the profile's MLE is within 5σ."""
+    n = N_SAMPLES
+    g = torch.Generator().manual_seed(5)
+    ctx = torch.full((n,), START)
+    draft, law = _draft_full(ctx, g)
+    res = verify_chain(_target(ctx, draft), draft, law, generator=g)
+    a1 = float(torch.minimum(P[START], Q[START]).sum())
+    measured = float(res.profile().rates()[0])
+    assert abs(measured - a1) < 5 * math.sqrt(a1 * (1 - a1) / n), (measured, a1)
