@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from brisk.theory._arrays import ArrayInput, Kind, as_tensor, check_finite, to_kind
@@ -51,8 +52,8 @@ def _broadcastable(**named: torch.Tensor) -> None:
     shape: tuple[int, ...] = ()
     for name, t in named.items():
         try:
-            shape = tuple(torch.broadcast_shapes(shape, t.shape))
-        except RuntimeError:
+            shape = np.broadcast_shapes(shape, tuple(t.shape))
+        except ValueError:
             others = ", ".join(n for n in named if n != name)
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not broadcast with {others} {shape}"
