@@ -41,7 +41,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r = commands.add_parser("report", help="Table 7 with intervals, summary.json/.md and plots")
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="Parquet files or log dirs")
     r.add_argument("--out", type=Path, required=True, help="output directory")
-    r.add_argument("--k", type=_ints, default=[4, 8, 16], help="K' values for coverage (4,8,16)")
+    r.add_argument(
+        "--k",
+        type=_ints,
+        default=None,
+        help="K' values for coverage (default: those of 4,8,16 up to the log's K, and K)",
+    )
     r.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (0: none)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     r.add_argument("--level", type=float, default=0.95, help="interval level")
@@ -82,7 +87,9 @@ def run_report(args: argparse.Namespace) -> int:
     show = total >= PROGRESS_MIN_ROWS and err.is_terminal
     with err.status("bootstrap, tables and plots") if show else nullcontext():
         files = [str(f) for f in log_files(args.logs)]
-        summary = summarize(tally, args.k, args.bootstrap, args.seed, args.level, files)
+        K = tally.shape.K
+        ks = args.k if args.k is not None else sorted({k for k in (4, 8, 16) if k < K} | {K})
+        summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files)
         written = write_report(summary, args.out)
     print_table(summary, console)
     console.print(

@@ -47,25 +47,12 @@ def test_decode_logs_blocks_that_the_report_reads(
     assert all(isinstance(r["correct"], bool) for r in rows)
     blocks = validate(log)
     assert blocks == sum(sum(r["accept_hist"]) for r in rows)
-    assert (
-        main(
-            [
-                "mechanism",
-                "report",
-                str(log),
-                "--out",
-                str(report),
-                "--k",
-                "4,8",
-                "--bootstrap",
-                "20",
-            ]
-        )
-        == 0
-    )
+    report_argv = ["mechanism", "report", str(log), "--out", str(report), "--bootstrap", "20"]
+    assert main(report_argv) == 0  # default K' values fit the log's K = 8
     summary = json.loads((report / "summary.json").read_text())
     assert summary["blocks"] == blocks
     assert summary["likelihood"]["pairs"] == blocks
+    assert summary["ks"] == [4, 8]
 
 
 def test_bad_prompt_file_is_one_line_and_exit_2(
