@@ -20,6 +20,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from brisk.mechanism.io import validate
 from brisk.mechanism.report import analyze
+from brisk.runtime import isd
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
@@ -121,6 +122,23 @@ def test_sampling_matches_autoregressive_law(
         if with_head:  # the head really changed the proposals
             assert out.profile().n_blocks > 0
     assert stats.chi2.sf(statistic, dof) > 1e-3, (statistic, dof)
+
+
+def test_the_exactness_check_catches_the_argmax_shortcut(
+    backbone: HFBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: drafting the argmax but verifying as if it were drawn from q (the
+    I-DLM fork's sampling shortcut) must fail the same checks."""
+    monkeypatch.setattr(isd, "_base_rank", lambda q, u: torch.zeros(q.shape[:-1], dtype=torch.long))
+    n, prompt = 10_000, PROMPTS[0]
+    options = ISDOptions(stride=3, temperature=1.0, max_new_tokens=3)
+    samples = np.array(decode(backbone, [prompt] * n, options, seeds=range(n), batch_size=n).tokens)
+    counts = np.bincount(np.ravel_multi_index(samples.T, (V, V, V)), minlength=V**3)
+    law = exact_first_three(backbone, prompt).ravel()
+    statistic, dof = chi_square(counts.astype(float), n * law)
+    assert stats.chi2.sf(statistic, dof) < 1e-6
+    tv = 0.5 * np.abs(counts / n - law).sum()
+    assert tv > 0.5 * np.sqrt(law * (1 - law) / n).sum() + math.sqrt(math.log(1e6) / (2 * n))
 
 
 @torch.no_grad()
