@@ -12,7 +12,6 @@ the round's prefix (eq. 9) fill ``base_logp`` / ``head_logp`` (diagnostics: an e
 from __future__ import annotations
 
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,27 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["BlockLogger"]
 
 
-class BlockLogger:
-    """Collects verify rounds into a :class:`brisk.mechanism.io.BlockLogWriter` at ``path``."""
+class BlockLogger(BlockLogWriter):
+    """A :class:`brisk.mechanism.io.BlockLogWriter` at ``path`` that takes ISD verify rounds."""
 
     def __init__(self, path: str | Path, M: int, K: int, rows_per_group: int = 4096) -> None:
-        self.writer = BlockLogWriter(path, M, K, rows_per_group=rows_per_group)
+        super().__init__(path, M, K, rows_per_group=rows_per_group)
         self.M, self.K = M, K
-
-    def __enter__(self) -> BlockLogger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.writer.close()
-
-    @property
-    def rows_written(self) -> int:
-        return self.writer.rows_written
 
     def log(
         self,
@@ -94,4 +78,4 @@ class BlockLogger:
         for name, value in (("base_logp", base_logp), ("head_logp", head_logp)):
             if value is not None:  # NaN is stored as null: not scored
                 columns[name] = value.double().cpu().numpy()
-        self.writer.write(columns)
+        self.write(columns)

@@ -137,7 +137,7 @@ def run_decode(args: argparse.Namespace) -> int:
                         logger=logger, batch_size=args.batch_size)  # fmt: skip
     finally:
         if logger is not None:
-            logger.writer.close()
+            logger.close()
     rows = []
     for i, (req, out) in enumerate(zip(requests, result.requests, strict=True)):
         tokens = [t for t in out.tokens if t != tokenizer.eos_token_id]
@@ -194,4 +194,4 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger
                       f"{a:.3f}", f"[{low[i]:.3f}, {high[i]:.3f}]")  # fmt: skip
     console.print(table)
     if logger is not None:
-        console.print(f"logged {logger.rows_written} blocks to {logger.writer.path}")
+        console.print(f"logged {logger.rows_written} blocks to {logger.path}")
