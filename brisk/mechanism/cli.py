@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from brisk._cli import comma_separated
 from brisk.mechanism.io import BlockLogWriter, count_blocks, log_files, validate
 from brisk.mechanism.report import MechanismSummary, summarize, table_rows, write_report
 from brisk.mechanism.synthetic import synthetic_blocks
@@ -20,18 +21,6 @@ from brisk.mechanism.tally import tally_blocks
 
 # below this many rows the pass takes about a second and a bar would only flicker
 PROGRESS_MIN_ROWS = 200_000
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,7 +32,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument(
         "--k",
-        type=_ints,
+        type=comma_separated(int, "integers"),
         default=None,
         help="K' values for coverage (default: those of 4,8,16 up to the log's K, and K)",
     )

@@ -10,14 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-
-def _strides(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+from brisk._cli import comma_separated
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,7 +27,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
     e.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
-    e.add_argument("--strides", type=_strides, default=(4, 8), help="strides N, e.g. 4,8")
+    e.add_argument(
+        "--strides",
+        type=comma_separated(int, "integers"),
+        default=(4, 8),
+        help="strides N, e.g. 4,8",
+    )
     e.add_argument("--seed", type=int, default=None, help="test-split seed (default: the run's)")
     e.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     e.add_argument("--json", type=Path, default=None, help="also write the figures to this file")

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from brisk._cli import comma_separated
 from brisk.theory.tpf import (
     CostModel,
     accept_length_pmf,
@@ -21,22 +22,16 @@ from brisk.theory.tpf import (
 from brisk.theory.weights import decay_weights, dpace_weights, progress_weights, uniform_weights
 
 
-def _profile(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-
-
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = layers.add_parser("theory", help="TPF theory and progress weights")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser("tpf", help="TPF, FPT, E[L], the pmf of L and the weights of a profile")
     p.add_argument(
-        "--a", type=_profile, required=True, help="acceptance rates a_1..a_M, e.g. 0.9,0.8"
+        "--a",
+        type=comma_separated(float, "numbers"),
+        required=True,
+        help="acceptance rates a_1..a_M, e.g. 0.9,0.8",
     )
     p.add_argument(
         "--cost", choices=("isd", "sd"), default="isd", help="ISD (default) or speculative decoding"
