@@ -6,12 +6,13 @@ empty populations (no first breakers at a position, say) are left out rather tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from brisk.mechanism.stats import RateArray
+from brisk.mechanism.stats import Mean, Rate, RateArray
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -35,6 +36,21 @@ def _rate_line(ax: Axes, x: np.ndarray, r: RateArray, color: str, label: str | N
     if np.isfinite(r.low[ok]).all():
         err = np.abs(np.vstack([y - 100 * r.low[ok], 100 * r.high[ok] - y]))
     ax.errorbar(x[ok], y, yerr=err, color=color, marker="o", capsize=3, lw=1.8, label=label)
+
+
+def _paired_bars(
+    ax: Axes,
+    groups: Sequence[tuple[Rate | Mean, Rate | Mean]],
+    series: tuple[tuple[str, str], tuple[str, str]],
+    scale: float,
+) -> None:
+    """Two bars per group (series 0 and 1, each (label, color)) with their intervals."""
+    width = 0.36
+    for j, (label, color) in enumerate(series):
+        y = np.array([scale * g[j].equal_request for g in groups])
+        bounds = np.array([[scale * g[j].low for g in groups], [scale * g[j].high for g in groups]])
+        x = np.arange(len(groups)) + (j - 0.5) * width
+        ax.bar(x, y, width, yerr=np.abs(bounds - y), capsize=3, color=color, label=label)
 
 
 def _compact(n: int) -> str:
@@ -108,20 +124,7 @@ def plot_repetition(s: MechanismSummary) -> Figure:
         (r.adjacent_verified, r.adjacent_first_breakers),
         (r.nonadjacent_verified, r.nonadjacent_first_breakers),
     ]
-    width = 0.36
-    for j, (label, color) in enumerate((("verified positions", "C0"), ("first breakers", "C3"))):
-        vals = [g[j] for g in groups]
-        y = np.array([100 * v.equal_request for v in vals])
-        err = np.abs(np.array([[100 * v.low for v in vals], [100 * v.high for v in vals]]) - y)
-        ax.bar(
-            np.arange(2) + (j - 0.5) * width,
-            y,
-            width,
-            yerr=err,
-            capsize=3,
-            color=color,
-            label=label,
-        )
+    _paired_bars(ax, groups, (("verified positions", "C0"), ("first breakers", "C3")), 100)
     ax.set_xticks(np.arange(2), names)
     ax.set_ylabel("% of positions (equal-request)")
     ax.set_title("Repeat prevalence")
@@ -131,18 +134,7 @@ def plot_repetition(s: MechanismSummary) -> Figure:
         (r.adjacent_per_block_base, r.adjacent_per_block_head),
         (r.nonadjacent_per_block_base, r.nonadjacent_per_block_head),
     ]
-    for j, (label, color) in enumerate((("base block", "C7"), ("head block", "C2"))):
-        y = np.array([m[j].equal_request for m in means])
-        err = np.abs(np.array([[m[j].low for m in means], [m[j].high for m in means]]) - y)
-        bx.bar(
-            np.arange(2) + (j - 0.5) * width,
-            y,
-            width,
-            yerr=err,
-            capsize=3,
-            color=color,
-            label=label,
-        )
+    _paired_bars(bx, means, (("base block", "C7"), ("head block", "C2")), 1)
     bx.set_xticks(np.arange(2), names)
     bx.set_ylabel("repeated tokens per block")
     bx.set_title(f"Repeats per block ({r.paired_blocks:,} paired blocks)")
