@@ -21,7 +21,12 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from brisk.runtime.backbone import Backbone
-from brisk.runtime.kernels.corrector_step import N_FEATURES, StepWeights, corrector_select
+from brisk.runtime.kernels.corrector_step import (
+    N_FEATURES,
+    SelectOutput,
+    StepWeights,
+    corrector_select,
+)
 
 __all__ = ["Corrector", "CorrectorConfig", "CorrectorSelection"]
 
@@ -149,17 +154,40 @@ class Corrector(nn.Module):
                 f"mask_hidden: expected [B, {c.M}, {c.hidden_size}], got {tuple(mask_hidden.shape)}"
             )
 
-    def _project(
-        self, backbone: Backbone, anchor_hidden: Tensor, anchor_ids: Tensor, cand_ids: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Everything that does not depend on earlier selections, in parallel."""
+    def _run(
+        self,
+        backbone: Backbone,
+        anchor_hidden: Tensor,
+        anchor_ids: Tensor,
+        mask_hidden: Tensor,
+        cand_logits: Tensor,
+        cand_ids: Tensor,
+        temperature: float,
+        u: Tensor | None,
+        forced: Tensor | None = None,
+    ) -> SelectOutput:
+        """Project everything that does not depend on earlier selections, in parallel, then run
+        the sequential loop (teacher-forced on ``forced [B, M]`` when given)."""
         dtype = self.w_c.weight.dtype
         anchor_emb = backbone.embed(anchor_ids).detach().to(dtype)  # [B, H]
         s0 = torch.tanh(self.init_state(torch.cat([anchor_hidden.to(dtype), anchor_emb], dim=-1)))
-        anchor_e = self.token_proj(anchor_emb)  # [B, De]
-        cand_e = self.token_proj(backbone.embed(cand_ids).detach().to(dtype))  # [B, M, K, De]
-        cand_c = self.w_c(backbone.lm_head_rows(cand_ids).detach().to(dtype))  # [B, M, K, R]
-        return s0, anchor_e, cand_e, cand_c
+        forced_prev = None
+        if forced is not None:
+            forced_prev = (forced, self.token_proj(backbone.embed(forced).detach().to(dtype)))
+        return corrector_select(
+            s0,
+            self.hidden_proj(mask_hidden.to(dtype)),  # [B, M, Dh]
+            self.token_proj(anchor_emb),  # [B, De]
+            self.token_proj(backbone.embed(cand_ids).detach().to(dtype)),  # [B, M, K, De]
+            self.w_c(backbone.lm_head_rows(cand_ids).detach().to(dtype)),  # [B, M, K, R]
+            cand_logits.to(dtype),
+            cand_ids,
+            anchor_ids,
+            self.step_weights(),
+            temperature=temperature,
+            u=u,
+            forced_prev=forced_prev,
+        )
 
     def forward(
         self,
@@ -177,23 +205,8 @@ class Corrector(nn.Module):
         position j is fed x_{j−1} (x_0 = ``anchor_ids``) whatever the head would have picked.
         """
         self._check(backbone, mask_hidden)
-        dtype = self.w_c.weight.dtype
-        s0, anchor_e, cand_e, cand_c = self._project(backbone, anchor_hidden, anchor_ids, cand_ids)
-        forced_e = self.token_proj(backbone.embed(tokens).detach().to(dtype))  # [B, M, De]
-        out = corrector_select(
-            s0,
-            self.hidden_proj(mask_hidden.to(dtype)),
-            anchor_e,
-            cand_e,
-            cand_c,
-            cand_logits.to(dtype),
-            cand_ids,
-            anchor_ids,
-            self.step_weights(),
-            temperature=0.0,
-            u=None,
-            forced_prev=(tokens, forced_e),
-        )
+        out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
+                        temperature=0.0, u=None, forced=tokens)  # fmt: skip
         return out.refined
 
     @torch.no_grad()
@@ -217,25 +230,13 @@ class Corrector(nn.Module):
         self._check(backbone, mask_hidden)
         dtype = self.w_c.weight.dtype
         cand_logits, cand_ids = base_logits.to(dtype).topk(self.config.K, dim=-1)  # descending
-        s0, anchor_e, cand_e, cand_c = self._project(backbone, anchor_hidden, anchor_ids, cand_ids)
         B, M = cand_ids.shape[:2]
         if temperature > 0 and u is None:
             u = torch.rand(B, M, generator=generator)
         if u is not None:
             u = u.to(cand_logits.device)
-        out = corrector_select(
-            s0,
-            self.hidden_proj(mask_hidden.to(dtype)),
-            anchor_e,
-            cand_e,
-            cand_c,
-            cand_logits,
-            cand_ids,
-            anchor_ids,
-            self.step_weights(),
-            temperature=temperature,
-            u=u,
-        )
+        out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
+                        temperature=temperature, u=u)  # fmt: skip
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
         return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
 
