@@ -77,7 +77,7 @@ class Draft:
     law: ProposalLaw  # π (point mass when greedy)
     cand_ids: Tensor  # [n, M, K] Top-K of q, by q descending
     q: Tensor  # [n, M, K] q over the candidates (full-vocab normalized)
-    base_choice: Tensor  # [n, M] rank of the base's choice in C_i (−1: not a candidate)
+    base_choice: Tensor  # [n, M] rank of the base's choice in C_i (its drafts are candidates)
     head_choice: Tensor  # [n, M] rank of the head's choice (−1: head not run)
     head_drafted: bool = False  # the head chose ``tokens`` (else the base did)
     alt_tokens: Tensor | None = None  # [n, M] the other selector's whole block, for ΔL
