@@ -25,7 +25,7 @@ positions and ``torch.Generator``, so its output does not depend on what else is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,11 +93,13 @@ def decode(
     request_ids: Sequence[int] | None = None,
     logger: BlockLogger | None = None,
     batch_size: int = 64,
+    on_finish: Callable[[int, RequestOutput], None] | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` (token ids) with ISD; returns tokens and per-request statistics.
 
     ``seeds[r]`` seeds request r's generator (default: r), so a request's output depends only
     on its prompt and seed. ``logger`` receives one block-log row per verify round.
+    ``on_finish(r, output)`` is called as soon as request r (index into ``prompts``) finishes.
     """
     options = options or ISDOptions()
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -120,6 +122,8 @@ def decode(
             [request_ids[r] for r in rows],
             [outputs[r] for r in rows],
             logger,
+            list(rows),
+            on_finish,
         ).run()
     return DecodeResult(outputs, options.M)
 
@@ -137,7 +141,10 @@ class _Batch:
         request_ids: list[int],
         outputs: list[RequestOutput],
         logger: BlockLogger | None,
+        indices: list[int],
+        on_finish: Callable[[int, RequestOutput], None] | None,
     ) -> None:
+        self.indices, self.on_finish = indices, on_finish
         self.bb, self.opt, self.corrector, self.logger = backbone, options, corrector, logger
         self.outputs, self.request_ids = outputs, request_ids
         self.M, B = options.M, len(prompts)
@@ -329,6 +336,8 @@ class _Batch:
                 break
         if rec.finished:
             self.done[b] = True
+            if self.on_finish is not None:
+                self.on_finish(self.indices[b], rec)
 
     def _draft(self, todo: list[tuple[int, int]], logits: Tensor, hidden: Tensor) -> None:
         """Propose the next block for rows ``todo`` from their MASK slots (first at ``slot``)."""
