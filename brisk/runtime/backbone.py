@@ -1,10 +1,14 @@
 """What decoding needs from a model, and the adapter that gets it from any transformers causal LM.
 
-ISD and the corrector touch the model only through :class:`Backbone`: run a block of new tokens on
-top of a KV cache (logits and last hidden states), trim the cache back to the tokens that were
-kept, look up input embeddings and LM-head rows, and know the MASK id. :class:`HFBackbone` provides
-this for any ``AutoModelForCausalLM`` (our tiny Qwen3, or an I-DLM ``SDARForCausalLM`` checkpoint
-loaded with ``trust_remote_code``).
+ISD and the corrector touch the model only through :class:`Backbone`: a forward that returns the
+logits and the last hidden state of a block of new tokens on top of a KV cache, KV operations kept
+apart from it (trim the tail, gather rows and slots), input-embedding and LM-head rows, and the
+MASK id. Keeping the KV operations separate is what lets a paged cache (SGLang's) implement the
+same contract. The forward has no side effects beyond appending to the cache: train/eval mode and
+gradient recording are the caller's (``decode`` runs under ``torch.inference_mode``; a trainer
+calls the same forward with gradients on). :class:`HFBackbone` provides this for any
+``AutoModelForCausalLM`` (our tiny Qwen3, or an I-DLM ``SDARForCausalLM`` checkpoint loaded with
+``trust_remote_code``).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ class BlockOutput:
 
 @runtime_checkable
 class Backbone(Protocol):
-    """The model as decoding sees it. A cache holds the KV of ``cache_length`` committed slots;
-    ``forward`` appends ``T`` new tokens at positions ``cache_length .. cache_length + T − 1``,
-    attending causally to the cache and to each other."""
+    """The model as decoding sees it. A cache holds the KV of ``cache_length`` physical slots per
+    row; ``forward`` appends ``T`` new slots, attending causally to the cache and to each other
+    unless an explicit mask says otherwise."""
 
     @property
     def mask_token_id(self) -> int: ...
@@ -42,6 +46,14 @@ class Backbone(Protocol):
 
     @property
     def hidden_size(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int | None:
+        """Largest position id the model supports plus one (``None``: unbounded / unknown)."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
 
     def new_cache(self) -> Any: ...
 
@@ -55,7 +67,7 @@ class Backbone(Protocol):
         position_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
     ) -> BlockOutput:
-        """``input_ids [B, T]`` → logits ``[B, T, V]`` and hidden ``[B, T, H]``; grows the cache.
+        """``input_ids [B, T]`` → logits ``[B, T, V]`` and hidden ``[B, T, H]``; appends T slots.
 
         By default the new tokens sit at the next positions and attend causally to the whole
         cache. Batched decoding whose rows own different cache slots passes ``position_ids
@@ -64,7 +76,12 @@ class Backbone(Protocol):
         ...
 
     def trim(self, cache: Any, keep: int) -> None:
-        """Drop every cached slot from position ``keep`` on (rejected speculative slots)."""
+        """Drop every physical slot from ``keep`` on (rejected speculative slots at the tail)."""
+        ...
+
+    def gather(self, cache: Any, rows: Tensor, slots: Tensor) -> None:
+        """Keep rows ``rows [B']`` and, for new row r, old row ``rows[r]``'s physical slots
+        ``slots[r] [T']`` in that order (compaction after rejections, retiring finished rows)."""
         ...
 
     def embed(self, ids: Tensor) -> Tensor:
@@ -77,7 +94,12 @@ class Backbone(Protocol):
 
 
 class HFBackbone:
-    """:class:`Backbone` over a transformers causal LM with a ``DynamicCache``."""
+    """:class:`Backbone` over a transformers causal LM with a ``DynamicCache``.
+
+    The forward runs the decoder stack (``model.base_model``) for the last hidden state only and
+    applies the LM head to it; models that post-process their logits (soft-capping, scaling)
+    need their own adapter.
+    """
 
     def __init__(self, model: PreTrainedModel, mask_token_id: int) -> None:
         vocab = model.get_output_embeddings().weight.shape[0]
@@ -85,7 +107,7 @@ class HFBackbone:
             raise ValueError(
                 f"mask_token_id: {mask_token_id} is outside the vocabulary 0..{vocab - 1}"
             )
-        self.model = model.eval()
+        self.model = model
         self._mask_token_id = int(mask_token_id)
 
     @classmethod
@@ -97,11 +119,15 @@ class HFBackbone:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> HFBackbone:
-        """Load a checkpoint directory. The MASK id comes from the argument, else the config's
-        ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's ``<|MASK|>``."""
+        """Load a local checkpoint directory (in eval mode). The MASK id comes from the argument,
+        else the config's ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's
+        ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup."""
+        if not Path(path).is_dir():
+            raise ValueError(f"path: {path} is not a checkpoint directory")
         model = AutoModelForCausalLM.from_pretrained(
-            path, trust_remote_code=trust_remote_code, dtype=dtype
+            path, trust_remote_code=trust_remote_code, dtype=dtype, local_files_only=True
         ).to(device)
+        model.eval()
         if mask_token_id is None:
             mask_token_id = getattr(model.config, "mask_token_id", None)
         if mask_token_id is None:
@@ -126,6 +152,11 @@ class HFBackbone:
         return int(self.model.config.hidden_size)
 
     @property
+    def max_positions(self) -> int | None:
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value is not None else None
+
+    @property
     def device(self) -> torch.device:
         return torch.device(self.model.device)
 
@@ -135,7 +166,6 @@ class HFBackbone:
     def cache_length(self, cache: DynamicCache) -> int:
         return int(cache.get_seq_length())
 
-    @torch.no_grad()
     def forward(
         self,
         input_ids: Tensor,
@@ -149,15 +179,15 @@ class HFBackbone:
             T = input_ids.shape[1]
             position_ids = torch.arange(start, start + T, device=input_ids.device)
             position_ids = position_ids.expand_as(input_ids)
-        out = self.model(
+        out = self.model.base_model(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
             past_key_values=cache,
             use_cache=True,
-            output_hidden_states=True,
         )
-        return BlockOutput(logits=out.logits, hidden=out.hidden_states[-1])
+        hidden = out.last_hidden_state
+        return BlockOutput(logits=self.model.get_output_embeddings()(hidden), hidden=hidden)
 
     def trim(self, cache: DynamicCache, keep: int) -> None:
         length = self.cache_length(cache)
@@ -165,6 +195,17 @@ class HFBackbone:
             raise ValueError(f"keep: must lie in 0..{length} (the cache length), got {keep}")
         # DynamicCache.crop takes a negative count of slots to drop.
         cache.crop(keep - length)
+
+    def gather(self, cache: DynamicCache, rows: Tensor, slots: Tensor) -> None:
+        if slots.ndim != 2 or slots.shape[0] != rows.shape[0]:
+            raise ValueError(f"slots: expected [{rows.shape[0]}, T'], got {tuple(slots.shape)}")
+        for layer in cache.layers:
+            if not layer.is_initialized or layer.keys.numel() == 0:
+                continue
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)[rows]  # [B', heads, T, D]
+                index = slots[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[3])
+                setattr(layer, name, kv.gather(2, index))
 
     def embed(self, ids: Tensor) -> Tensor:
         out: Tensor = self.model.get_input_embeddings()(ids)

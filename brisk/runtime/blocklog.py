@@ -1,81 +1,125 @@
 """Block logging from ISD: one mechanism-schema row per verify round (DESIGN.md, mechanism).
 
-Each row records the state the replay diagnostics need: the Top-K candidates C_i of the base
-proposal and q over them, the verifier p over them under the block's own prefix (NaN after the
-first breaker, whose prefix was never factual), the verifier's top-1, the acceptance draws u_i,
-the base's and the head's choices (the head in shadow mode when decoding head-off) and L.
-In greedy decoding u_i is still drawn, for the replay's same-state rule only. With
-``ISDOptions.score_blocks`` the whole-block log-likelihoods of the base and head blocks from
-the round's prefix (eq. 9) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward).
+Each row records the state the replay diagnostics need: where the block sits in its request
+(``token_offset``: the index of x_1 in prompt + output, so hidden states can be recomputed), the
+Top-K candidates C_i of the base proposal and q over them, the verifier p over them under the
+block's own prefix (NaN after the first breaker, whose prefix was never factual), the verifier's
+top-1, the acceptance draws u_i, the base's and the head's choices (the head's on the base's
+prefix in shadow mode), the head's own free-running block, and L. In greedy decoding u_i is
+still drawn, for the replay's same-state rule only. With ``ISDOptions.score_blocks`` the
+whole-block log-likelihoods of the base and head blocks from the round's prefix
+(eq:mech_block_logp) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from brisk.mechanism.io import BlockLogWriter
-from brisk.runtime.verify import VerifyResult
 
 if TYPE_CHECKING:
-    from brisk.runtime.isd import Draft
+    from brisk.runtime.isd.batched import Draft
 
-__all__ = ["BlockLogger"]
+__all__ = ["BlockLogger", "BlockRecord"]
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """Block-log rows as tensors (n blocks, M positions, K candidates); schema in
+    :mod:`brisk.mechanism.schema`."""
+
+    request_id: Tensor  # [n] int
+    block_index: Tensor  # [n] int
+    token_offset: Tensor  # [n] int, index of x_1 in the request's prompt + output
+    anchor: Tensor  # [n] x_0
+    cand_ids: Tensor  # [n, M, K]
+    q: Tensor  # [n, M, K]
+    p: Tensor  # [n, M, K] NaN where not reached
+    verifier_top1: Tensor  # [n, M] −1 where not reached
+    verifier_top1_prob: Tensor  # [n, M] NaN where not reached
+    u: Tensor  # [n, M]
+    base_choice: Tensor  # [n, M]
+    head_choice: Tensor  # [n, M] −1: head not run
+    head_block: Tensor  # [n, M] −1: head not run
+    accept_len: Tensor  # [n]
+    base_logp: Tensor | None = None  # [n] NaN: not scored
+    head_logp: Tensor | None = None  # [n]
+
+    @classmethod
+    def from_round(
+        cls,
+        *,
+        request_id: Tensor,
+        block_index: Tensor,
+        draft: Draft,
+        verifier_logits: Tensor,
+        temperature: float,
+        u: Tensor,
+        accept_len: Tensor,
+        base_logp: Tensor | None = None,
+        head_logp: Tensor | None = None,
+    ) -> BlockRecord:
+        """The rows of one verify round: ``verifier_logits [n, M+1, V]`` from the round's
+        forward; p is taken at the decoding temperature (T = 1 when greedy)."""
+        if draft.q is None:
+            raise ValueError("draft: proposed without logging (no q); decode with a logger")
+        M = draft.tokens.shape[1]
+        t = temperature if temperature > 0 else 1.0
+        p = torch.softmax(verifier_logits[:, :M].double() / t, dim=-1)  # [n, M, V]
+        reached = torch.arange(M, device=p.device)[None] <= accept_len[:, None]
+        top_prob, top1 = p.max(-1)
+        return cls(
+            request_id=request_id, block_index=block_index, token_offset=draft.offset,
+            anchor=draft.anchor, cand_ids=draft.cand_ids, q=draft.q,
+            p=p.gather(-1, draft.cand_ids).masked_fill(~reached[..., None], float("nan")),
+            verifier_top1=torch.where(reached, top1, -1),
+            verifier_top1_prob=torch.where(reached, top_prob, float("nan")), u=u,
+            base_choice=draft.base_choice, head_choice=draft.head_choice,
+            head_block=draft.head_block, accept_len=accept_len, base_logp=base_logp,
+            head_logp=head_logp,
+        )  # fmt: skip
 
 
 class BlockLogger(BlockLogWriter):
-    """A :class:`brisk.mechanism.io.BlockLogWriter` at ``path`` that takes ISD verify rounds."""
+    """A :class:`brisk.mechanism.io.BlockLogWriter` at ``path`` that takes :class:`BlockRecord`."""
 
     def __init__(self, path: str | Path, M: int, K: int, rows_per_group: int = 4096) -> None:
         super().__init__(path, M, K, rows_per_group=rows_per_group)
         self.M, self.K = M, K
 
-    def log(
-        self,
-        batch: Any,
-        rows: Tensor,
-        drafts: list[tuple[Draft, int, int] | None],
-        p: Tensor,
-        result: VerifyResult,
-        u: Tensor | None,
-        base_logp: Tensor | None = None,
-        head_logp: Tensor | None = None,
-    ) -> None:
-        """Write the verify round of ``rows`` (p: ``[n, M+1, V]`` at the decoding temperature)."""
-        M = self.M
-        entries = [d for d in drafts if d is not None]
-        cand = torch.stack([d.cand_ids[i] for d, i, _ in entries])  # [n, M, K]
-        if cand.shape[-1] != self.K:
+    def log(self, record: BlockRecord) -> None:
+        if record.cand_ids.shape[1:] != (self.M, self.K):
             raise ValueError(
-                f"K: the log holds {self.K} candidates, the draft has {cand.shape[-1]}"
+                f"record: cand_ids has shape [n, {', '.join(map(str, record.cand_ids.shape[1:]))}]"
+                f", the log holds M = {self.M}, K = {self.K}"
             )
-        L = result.accept_len
-        reached = torch.arange(M, device=L.device)[None] <= L[:, None]  # i ≤ min(L + 1, M)
-        p_blk = p[:, :M]
-        p_cand = p_blk.gather(-1, cand).masked_fill(~reached[..., None], float("nan"))
-        top_prob, top1 = p_blk.max(-1)
+
+        def arr(t: Tensor, dtype: type) -> np.ndarray:
+            return t.detach().cpu().numpy().astype(dtype)
+
         columns = {
-            "request_id": np.array([batch.request_ids[b] for b in rows.tolist()], dtype=np.int64),
-            "block_index": np.array([batch.block_index[b] for b in rows.tolist()], dtype=np.int64),
-            "anchor": np.array([a for _, _, a in entries], dtype=np.int32),
-            "cand_ids": cand.cpu().numpy(),
-            "q": torch.stack([d.q[i] for d, i, _ in entries]).float().cpu().numpy(),
-            "p": p_cand.float().cpu().numpy(),
-            "verifier_top1": torch.where(reached, top1, -1).cpu().numpy(),
-            "verifier_top1_prob": torch.where(reached, top_prob, float("nan")).cpu().numpy(),
-            "u": (u[:, :M] if u is not None else torch.full((len(rows), M), float("nan")))
-            .double()
-            .cpu()
-            .numpy(),
-            "base_choice": torch.stack([d.base_choice[i] for d, i, _ in entries]).cpu().numpy(),
-            "head_choice": torch.stack([d.head_choice[i] for d, i, _ in entries]).cpu().numpy(),
-            "accept_len": L.cpu().numpy(),
+            "request_id": arr(record.request_id, np.int64),
+            "block_index": arr(record.block_index, np.int64),
+            "token_offset": arr(record.token_offset, np.int64),
+            "anchor": arr(record.anchor, np.int32),
+            "cand_ids": arr(record.cand_ids, np.int32),
+            "q": arr(record.q, np.float32),
+            "p": arr(record.p, np.float32),
+            "verifier_top1": arr(record.verifier_top1, np.int32),
+            "verifier_top1_prob": arr(record.verifier_top1_prob, np.float32),
+            "u": arr(record.u, np.float64),
+            "base_choice": arr(record.base_choice, np.int16),
+            "head_choice": arr(record.head_choice, np.int16),
+            "head_block": arr(record.head_block, np.int16),
+            "accept_len": arr(record.accept_len, np.int16),
         }
-        for name, value in (("base_logp", base_logp), ("head_logp", head_logp)):
+        for name, value in (("base_logp", record.base_logp), ("head_logp", record.head_logp)):
             if value is not None:  # NaN is stored as null: not scored
-                columns[name] = value.double().cpu().numpy()
+                columns[name] = arr(value, np.float64)
         self.write(columns)

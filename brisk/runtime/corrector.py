@@ -216,25 +216,30 @@ class Corrector(nn.Module):
         anchor_hidden: Tensor,
         anchor_ids: Tensor,
         mask_hidden: Tensor,
-        base_logits: Tensor,
+        cand_logits: Tensor,
+        cand_ids: Tensor,
         temperature: float = 0.0,
-        generator: torch.Generator | None = None,
         u: Tensor | None = None,
     ) -> CorrectorSelection:
-        """Choose a block from the base logits ``[B, M, V]`` of the MASK slots.
+        """Choose a block among the Top-K candidates of the MASK slots.
 
-        ``temperature`` 0 takes the argmax of the refined logits; T > 0 samples from
-        π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be given. The draw uses
-        the uniforms ``u [B, M]`` when given, else ``generator``.
+        ``cand_logits [B, M, K]`` are the base logits of the candidates ``cand_ids [B, M, K]``,
+        in descending order (what ``topk`` returns; a tensor-parallel vocabulary has exactly
+        these, never the full ``[B, M, V]``). ``temperature`` 0 takes the argmax of the refined
+        logits; T > 0 samples from π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be
+        given, with the uniforms ``u [B, M]`` (required then).
         """
         self._check(backbone, mask_hidden)
-        dtype = self.w_c.weight.dtype
-        cand_logits, cand_ids = base_logits.to(dtype).topk(self.config.K, dim=-1)  # descending
-        B, M = cand_ids.shape[:2]
+        K = self.config.K
+        if cand_logits.shape != cand_ids.shape or cand_ids.shape[1:] != (self.config.M, K):
+            raise ValueError(
+                f"cand_ids: expected [B, {self.config.M}, {K}] beside cand_logits of the same "
+                f"shape, got {tuple(cand_ids.shape)} and {tuple(cand_logits.shape)}"
+            )
         if temperature > 0 and u is None:
-            u = torch.rand(B, M, generator=generator)
-        if u is not None:
-            u = u.to(cand_logits.device)
+            raise ValueError("u: uniforms [B, M] are required when temperature > 0")
+        dtype = self.w_c.weight.dtype
+        cand_logits = cand_logits.to(dtype)
         out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
                         temperature=temperature, u=u)  # fmt: skip
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)

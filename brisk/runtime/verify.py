@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from brisk.runtime.sampling import sample_inverse_cdf
 from brisk.theory import AcceptanceProfile
 
-__all__ = ["ProposalLaw", "VerifyResult", "sample_inverse_cdf", "verify_chain"]
+__all__ = ["ProposalLaw", "VerifyResult", "verify_chain"]
 
 
 @dataclass(frozen=True)
@@ -94,15 +95,6 @@ def _check(p: Tensor, draft: Tensor) -> tuple[int, int, int]:
     if draft.dtype != torch.long or bool(((draft < 0) | (draft >= V)).any()):
         raise ValueError(f"draft: expected int64 token ids in 0..{V - 1}")
     return B, M, V
-
-
-def sample_inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF draw from unnormalized ``weights [B, V]`` with uniforms ``u [B]``; never
-    returns a zero-weight token."""
-    cdf = weights.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    last_positive = (weights > 0).long().cumsum(-1).argmax(-1)  # guards u·total rounding to total
-    return torch.minimum(idx, last_positive)
 
 
 def verify_chain(

@@ -40,6 +40,13 @@ def block_inputs(backbone: TableBackbone, B: int, M: int, seed: int = 1) -> dict
     }
 
 
+def select(head: Corrector, backbone: TableBackbone, inputs: dict[str, Tensor], **kw: object):
+    """``head.select`` on the Top-K of the inputs' base logits, as ISD calls it."""
+    cand_logits, cand_ids = inputs["base_logits"].topk(head.config.K, dim=-1)
+    args = (inputs["anchor_hidden"], inputs["anchor_ids"], inputs["mask_hidden"])
+    return head.select(backbone, *args, cand_logits, cand_ids, **kw)  # type: ignore[arg-type]
+
+
 def randomized(config: CorrectorConfig, seed: int = 0) -> Corrector:
     torch.manual_seed(seed)
     head = Corrector(config)
@@ -69,7 +76,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
     inputs = block_inputs(backbone, B=4, M=3)
     assert torch.equal(
-        head.select(backbone, **inputs).refined, loaded.select(backbone, **inputs).refined
+        select(head, backbone, inputs).refined, select(loaded, backbone, inputs).refined
     )
     assert sorted(p.name for p in (tmp_path / "head").iterdir()) == [
         "config.json",
@@ -94,7 +101,7 @@ def test_untrained_head_keeps_the_base_ranking() -> None:
     backbone = TableBackbone(40, 16)
     head = Corrector(CorrectorConfig.small(16, 40, M=4, K=5))
     inputs = block_inputs(backbone, B=6, M=4)
-    sel = head.select(backbone, **inputs)
+    sel = select(head, backbone, inputs)
     torch.testing.assert_close(sel.tokens, inputs["base_logits"].argmax(-1), rtol=0, atol=0)
     torch.testing.assert_close(sel.refined, sel.cand_logits)
     torch.testing.assert_close(sel.probs, torch.softmax(sel.cand_logits, -1))
@@ -104,7 +111,7 @@ def test_teacher_forcing_on_own_choices_reproduces_selection() -> None:
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=5, K=6))
     inputs = block_inputs(backbone, B=8, M=5)
-    sel = head.select(backbone, **inputs)
+    sel = select(head, backbone, inputs)
     assert not torch.equal(sel.tokens, inputs["base_logits"].argmax(-1))  # the head intervenes
     forced = head(
         backbone,
@@ -123,7 +130,7 @@ def test_selection_feeds_back_the_chosen_token() -> None:
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=2, K=6))
     inputs = block_inputs(backbone, B=1, M=2)
-    sel = head.select(backbone, **inputs)
+    sel = select(head, backbone, inputs)
     args = (inputs["anchor_hidden"], inputs["anchor_ids"], inputs["mask_hidden"])
     other = sel.tokens.clone()
     other[0, 0] = sel.cand_ids[0, 0, (sel.ranks[0, 0] + 1) % 6]
@@ -140,9 +147,8 @@ def test_sampling_follows_the_refined_softmax() -> None:
     inputs = block_inputs(backbone, B=1, M=1)
     n = 40_000
     batch = {k: v.expand(n, *v.shape[1:]) for k, v in inputs.items()}
-    sel = head.select(
-        backbone, **batch, temperature=0.7, generator=torch.Generator().manual_seed(3)
-    )
+    u = torch.rand(n, 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    sel = select(head, backbone, batch, temperature=0.7, u=u)
     pi = sel.probs[0, 0]
     torch.testing.assert_close(sel.probs[:, 0], pi.expand(n, -1))
     torch.testing.assert_close(pi, torch.softmax(sel.refined[0, 0] / 0.7, -1))
@@ -155,7 +161,7 @@ def test_gradients_reach_every_parameter() -> None:
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=3, K=6))
     inputs = block_inputs(backbone, B=4, M=3)
-    sel = head.select(backbone, **inputs)
+    sel = select(head, backbone, inputs)
     refined = head(
         backbone,
         inputs["anchor_hidden"],
@@ -168,6 +174,18 @@ def test_gradients_reach_every_parameter() -> None:
     torch.log_softmax(refined, -1)[..., 0].sum().backward()
     missing = [n for n, p in head.named_parameters() if p.grad is None or not p.grad.abs().sum()]
     assert not missing
+
+
+def test_select_checks_candidates_and_uniforms() -> None:
+    backbone = TableBackbone(40, 16)
+    head = Corrector(CorrectorConfig.small(16, 40, M=3, K=5))
+    inputs = block_inputs(backbone, B=2, M=3)
+    with pytest.raises(ValueError, match=r"^u: uniforms"):
+        select(head, backbone, inputs, temperature=1.0)
+    cand_logits, cand_ids = inputs["base_logits"].topk(4, dim=-1)  # K = 4, the head wants 5
+    with pytest.raises(ValueError, match=r"^cand_ids: expected \[B, 3, 5\]"):
+        head.select(backbone, inputs["anchor_hidden"], inputs["anchor_ids"],
+                    inputs["mask_hidden"], cand_logits, cand_ids)  # fmt: skip
 
 
 def test_confidence_features_by_hand() -> None:

@@ -9,6 +9,7 @@ stream (V² contexts), so ISD samples can be tested against it directly.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from brisk.mechanism.io import validate
 from brisk.mechanism.report import analyze
-from brisk.runtime import isd
+from brisk.runtime.isd import batched as isd_step
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
@@ -129,7 +130,13 @@ def test_the_exactness_check_catches_the_argmax_shortcut(
 ) -> None:
     """Negative control: drafting the argmax but verifying as if it were drawn from q (the
     I-DLM fork's sampling shortcut) must fail the same checks."""
-    monkeypatch.setattr(isd, "_base_rank", lambda q, u: torch.zeros(q.shape[:-1], dtype=torch.long))
+    original = isd_step.propose
+
+    def argmax_drafts(*args: object, **kwargs: object) -> isd_step.Draft:
+        draft = original(*args, **kwargs)  # type: ignore[arg-type]
+        return replace(draft, ranks=torch.zeros_like(draft.ranks), tokens=draft.cand_ids[..., 0])
+
+    monkeypatch.setattr(isd_step, "propose", argmax_drafts)
     n, prompt = 10_000, PROMPTS[0]
     options = ISDOptions(stride=3, temperature=1.0, max_new_tokens=3)
     samples = np.array(decode(backbone, [prompt] * n, options, seeds=range(n), batch_size=n).tokens)
@@ -175,15 +182,22 @@ def test_head_on_greedy_is_still_greedy_decoding(backbone: HFBackbone) -> None:
 
 
 def test_outputs_do_not_depend_on_the_batch(backbone: HFBackbone) -> None:
+    """A request's uniforms are keyed by its (seed, request id): together, alone and reordered
+    give the same tokens."""
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [2, 2]]
+    seeds, ids = [10, 11, 12, 13], [7, 8, 9, 10]
     options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=10)
-    together = decode(backbone, prompts, options, seeds=[10, 11, 12, 13]).tokens
+    together = decode(backbone, prompts, options, seeds=seeds, request_ids=ids).tokens
     alone = [
-        decode(backbone, [p], options, seeds=[s]).tokens[0]
-        for p, s in zip(prompts, [10, 11, 12, 13], strict=True)
+        decode(backbone, [p], options, seeds=[s], request_ids=[r]).tokens[0]
+        for p, s, r in zip(prompts, seeds, ids, strict=True)
     ]
-    reordered = decode(backbone, prompts[::-1], options, seeds=[13, 12, 11, 10]).tokens[::-1]
+    reordered = decode(
+        backbone, prompts[::-1], options, seeds=seeds[::-1], request_ids=ids[::-1], batch_size=3
+    ).tokens[::-1]
     assert together == alone == reordered
+    other_ids = decode(backbone, prompts, options, seeds=seeds).tokens
+    assert other_ids != together  # the request id is part of the key
 
 
 def test_stops_at_eos_and_budget(backbone: HFBackbone) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from brisk.runtime.sampling import sample_inverse_cdf
+
 __all__ = ["N_FEATURES", "SelectOutput", "StepWeights", "confidence_features", "corrector_select"]
 
 N_FEATURES = 5
@@ -124,12 +126,9 @@ def corrector_select(
         )  # [B]
         logits = cand_logits[:, j] + gate[:, None] * d  # [B, K]
         if temperature > 0:
-            p = torch.softmax(logits / temperature, dim=1)
             assert u is not None
-            cdf = torch.cumsum(p, dim=1)
-            # first rank whose CDF exceeds u: zero-probability candidates are never drawn
-            u_j = u[:, j : j + 1].to(cdf.dtype).contiguous()
-            rank = torch.searchsorted(cdf, u_j, right=True).squeeze(1).clamp(max=K - 1)
+            p = torch.softmax(logits / temperature, dim=1)
+            rank = sample_inverse_cdf(p, u[:, j])  # zero-probability candidates are never drawn
         else:
             p = torch.softmax(logits, dim=1)
             rank = logits.argmax(dim=1)

@@ -1,0 +1,365 @@
+"""ISD as state + pure functions of tensors: one verify round (or cold start) for a whole batch.
+
+Stride N, M = N − 1. Every request of the batch is a row of :class:`ISDState` (``[B]`` and
+``[B, …]`` tensors). A round feeds each row ``[pending, x_1..x_M, MASK×M]`` (verify round, 2N − 1
+slots) or ``[pending, MASK×M]`` (cold start; padded to 2N − 1 when other rows verify), runs one
+forward (the caller's: brisk's loop, SGLang's ``DllmAlgorithm.step`` or a CUDA graph), and
+:func:`step` turns the logits and last hidden states into the next state:
+
+- **verify round** (the logit at slot t predicts the token after slot t): slots 0..M−1 give
+  p_1..p_M for the drafts, slot M the bonus row p_{M+1}; accept x_i iff u_i · π_i(x_i) < p_i(x_i)
+  (greedy: iff x_i = argmax p_i), L = leading acceptances. L = M commits x_1..x_M and a bonus token
+  from p_{M+1}; L < M commits x_1..x_L and a correction from normalize([p_{L+1} − π_{L+1}]₊) and
+  the next forward is a cold start. The committed tokens are distributed exactly as autoregressive
+  sampling from p (paper §2.1), and these are the gains and costs of the ISD cost model
+  (eq:idlm_tpf_instantiation).
+- **cold start**: slot 0 gives the next token (a draw from p), committed.
+- **proposal**: the next block comes from the row's M MASK slots (slots 1..M after a cold start,
+  M+1..2M after a full acceptance): x_j drawn from q_j restricted to its Top-K candidates C_j
+  (π_j is that restricted law; greedy: the argmax), or chosen by the corrector over C_j, left to
+  right, with π_j its softmax (eq:head_residual_logits).
+
+Both branches are computed for every row and merged with ``torch.where``: no per-row Python, no
+host synchronization, fixed shapes for a given (B, S). Every uniform is
+:func:`brisk.runtime.sampling.counter_uniforms` of (seed, request, the request's forward counter,
+slot), so a row's output does not depend on the batch or the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from brisk.runtime.backbone import Backbone
+from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
+
+__all__ = ["Draft", "ISDState", "RoundStats", "StepContext", "StepResult", "init_state", "step"]
+
+RUNNING, FINISHED_EOS, FINISHED_LENGTH = 0, 1, 2
+
+
+class _Rows:
+    """Row selection for dataclasses whose fields are all ``[B, …]`` tensors (or None)."""
+
+    def select(self, index: Tensor) -> Any:
+        values = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, _Rows):
+                value = value.select(index)
+            elif isinstance(value, Tensor):
+                value = value[index]
+            values[f.name] = value
+        return type(self)(**values)
+
+
+@dataclass(frozen=True)
+class Draft(_Rows):
+    """The block each row proposed, and what verification and the block log need about it."""
+
+    tokens: Tensor  # [B, M] x_1..x_M
+    ranks: Tensor  # [B, M] index of x_i in C_i
+    cand_ids: Tensor  # [B, M, K] C_i, Top-K of q_i by base logit, descending
+    law: Tensor  # [B, M, K] π_i over C_i: the law x_i was drawn from (one-hot when greedy)
+    anchor: Tensor  # [B] x_0, the committed token before the block
+    offset: Tensor  # [B] index of x_1 in the request's sequence (prompt + output)
+    base_choice: Tensor  # [B, M] rank the base selector took (at the head's state, head-on)
+    head_choice: Tensor  # [B, M] rank the head took at the block's prefix (−1: head not run)
+    head_block: Tensor  # [B, M] ranks of the head's own free-running block (−1: not run)
+    q: Tensor | None = None  # [B, M, K] q_i(C_i), full-vocab normalized (logs only)
+    alt_tokens: Tensor | None = None  # [B, M] the other selector's whole block (ΔL scoring)
+    head_drafted: bool = False  # the head chose ``tokens`` (else the base did)
+
+
+@dataclass(frozen=True)
+class RoundStats(_Rows):
+    """Per-request counters, as tensors, turned into :class:`RequestOutput` at the end."""
+
+    forwards: Tensor  # [B] decoding forwards (prefill excluded)
+    committed: Tensor  # [B] tokens committed by them (before any cut at EOS / budget)
+    rounds: Tensor  # [B] verify rounds
+    accept_log: Tensor  # [B, R] L of verify round r (−1 beyond ``rounds``)
+    cycle_tokens: Tensor  # [B] over complete renewal cycles (verify round + cold start)
+    cycle_forwards: Tensor  # [B]
+    cycle_hist: Tensor  # [B, M + 1] counts of L over complete cycles
+    open_L: Tensor  # [B] L of a rejection awaiting its cold start (−1: none)
+
+
+@dataclass(frozen=True)
+class ISDState(_Rows):
+    """Everything a row carries from one forward to the next."""
+
+    seed: Tensor  # [B] int64
+    request: Tensor  # [B] int64 request id
+    counter: Tensor  # [B] int64 forwards this request has run: its own round counter
+    pending: Tensor  # [B] last committed token, fed at slot 0 of the next forward
+    verify: Tensor  # [B] bool: the next forward verifies ``draft`` (else a cold start)
+    done: Tensor  # [B] bool
+    finished: Tensor  # [B] int8: RUNNING, FINISHED_EOS or FINISHED_LENGTH
+    prompt_len: Tensor  # [B]
+    out: Tensor  # [B, max_new + M + 1] committed tokens; the output is out[:, :n_out]
+    n_out: Tensor  # [B]
+    block_index: Tensor  # [B] verify rounds so far (the block log's block index)
+    draft: Draft
+    stats: RoundStats
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step needs beyond the state: options, K, and the head."""
+
+    options: ISDOptions
+    K: int
+    backbone: Backbone | None = None
+    corrector: Corrector | None = None
+    log: bool = False  # fill the logs-only fields of the draft
+
+    @property
+    def M(self) -> int:
+        return self.options.M
+
+
+@dataclass(frozen=True)
+class StepResult:
+    state: ISDState
+    keep: Tensor  # [B, S] new slots each row keeps (their KV stays valid)
+    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts and finished rows
+    verified: Tensor  # [B] bool: the row ran a verify round
+    verified_draft: Draft  # the draft that was verified (the block log's row)
+    u: Tensor  # [B, 2M + 1] this round's uniforms (Slots layout)
+
+
+def init_state(
+    prompts: list[list[int]], seeds: Tensor, requests: Tensor, ctx: StepContext, device: Any
+) -> ISDState:
+    """Rows after prefill: each will cold-start from its prompt's last token."""
+    B, M, K = len(prompts), ctx.M, ctx.K
+    opt = ctx.options
+
+    def zeros(*shape: int, dtype: torch.dtype = torch.long, fill: float = 0) -> Tensor:
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    draft = Draft(
+        tokens=zeros(B, M), ranks=zeros(B, M), cand_ids=zeros(B, M, K),
+        law=zeros(B, M, K, dtype=torch.float32, fill=1.0), anchor=zeros(B), offset=zeros(B),
+        base_choice=zeros(B, M), head_choice=zeros(B, M, fill=-1),
+        head_block=zeros(B, M, fill=-1),
+    )  # fmt: skip
+    stats = RoundStats(
+        forwards=zeros(B), committed=zeros(B), rounds=zeros(B),
+        accept_log=zeros(B, opt.max_new_tokens + 1, fill=-1), cycle_tokens=zeros(B),
+        cycle_forwards=zeros(B), cycle_hist=zeros(B, M + 1), open_L=zeros(B, fill=-1),
+    )  # fmt: skip
+    return ISDState(
+        seed=seeds.to(device=device, dtype=torch.long),
+        request=requests.to(device=device, dtype=torch.long),
+        counter=zeros(B),
+        pending=torch.tensor([p[-1] for p in prompts], device=device),
+        verify=zeros(B, dtype=torch.bool),
+        done=zeros(B, dtype=torch.bool),
+        finished=zeros(B, dtype=torch.int8),
+        prompt_len=torch.tensor([len(p) for p in prompts], device=device),
+        out=zeros(B, opt.max_new_tokens + M + 1),
+        n_out=zeros(B),
+        block_index=zeros(B),
+        draft=draft,
+        stats=stats,
+    )
+
+
+def _float(x: Tensor) -> Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def probs_at(logits: Tensor, temperature: float) -> Tensor:
+    """p or q at the decoding temperature (T = 1 when greedy: logs only)."""
+    return torch.softmax(_float(logits) / (temperature if temperature > 0 else 1.0), dim=-1)
+
+
+def draw_next(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
+    """The next token from one row of logits ``[B, V]``: argmax, or a draw from p."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return sample_inverse_cdf(probs_at(logits, temperature), u)
+
+
+def verify_block(
+    logits: Tensor, draft: Draft, temperature: float, u_accept: Tensor, u_next: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Accept length L ``[B]`` and next token ``[B]`` from logits ``[B, M+1, V]`` (module doc).
+
+    The same arithmetic as :func:`brisk.runtime.verify.verify_chain` with a candidate law, but π
+    is never expanded beyond the one row of the first rejection.
+    """
+    B, M1, V = logits.shape
+    M = M1 - 1
+    rows = torch.arange(B, device=logits.device)
+    p = probs_at(logits, temperature)  # [B, M+1, V]
+    if temperature == 0:
+        top = p.argmax(-1)
+        L = (draft.tokens == top[:, :M]).long().cumprod(-1).sum(-1)
+        return L, top[rows, L]
+    p_x = p[:, :M].gather(-1, draft.tokens[..., None])[..., 0]  # p_i(x_i)
+    pi_x = draft.law.to(p.dtype).gather(-1, draft.ranks[..., None])[..., 0]  # π_i(x_i)
+    accepted = u_accept.to(p.dtype) * pi_x < p_x  # P(accept) = min(1, p/π)
+    L = accepted.long().cumprod(-1).sum(-1)
+    # [p − π]₊ at the first rejection; π is zero at the bonus row L = M.
+    target = p[rows, L]  # [B, V]
+    at = L.clamp(max=M - 1)
+    pi_row = torch.zeros_like(target).scatter_add_(
+        -1, draft.cand_ids[rows, at], draft.law.to(p.dtype)[rows, at]
+    ) * (L < M)[:, None].to(p.dtype)
+    residual = (target - pi_row).clamp(min=0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target)
+    return L, sample_inverse_cdf(residual, u_next)
+
+
+def propose(
+    mask_logits: Tensor,
+    mask_hidden: Tensor,
+    anchor_hidden: Tensor,
+    anchor: Tensor,
+    offset: Tensor,
+    u: Tensor,
+    ctx: StepContext,
+) -> Draft:
+    """The next block from the M MASK slots: logits ``[B, M, V]``, hidden ``[B, M, H]``,
+    anchor hidden ``[B, H]`` (the slot that produced x_0), anchor x_0 ``[B]``, uniforms
+    ``[B, M]`` (one per position: the base and the head share it, so equal laws choose alike).
+    """
+    T, K = ctx.options.temperature, ctx.K
+    cand_logits, cand_ids = mask_logits.topk(K, dim=-1)  # [B, M, K] descending
+    base_law = probs_at(cand_logits, T)  # q restricted to C_i and renormalized
+    base_rank = (
+        torch.zeros_like(cand_ids[..., 0]) if T == 0 else sample_inverse_cdf(base_law, u)
+    )
+    none = torch.full_like(base_rank, -1)
+    head, shadow = ctx.corrector, ctx.options.shadow
+    head_drafted = head is not None and not shadow
+    alt: Tensor | None = None
+    if head is not None and not shadow:
+        assert ctx.backbone is not None
+        sel = head.select(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
+                          cand_ids, T, u=u if T > 0 else None)  # fmt: skip
+        ranks, law = sel.ranks, sel.probs
+        head_choice = head_block = ranks
+        alt = cand_ids.gather(-1, base_rank[..., None])[..., 0]  # the base's whole block
+    else:
+        ranks, law, head_choice, head_block = base_rank, base_law, none, none
+        if head is not None and ctx.log:  # shadow: the head beside the base, for the logs
+            assert ctx.backbone is not None
+            tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
+            refined = head(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
+                           cand_ids, tokens)  # fmt: skip
+            head_choice = (
+                refined.argmax(-1) if T == 0 else sample_inverse_cdf(probs_at(refined, T), u)
+            )
+            free = head.select(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
+                               cand_ids, T, u=u if T > 0 else None)  # fmt: skip
+            head_block, alt = free.ranks, free.tokens
+    if T == 0:
+        law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
+    q = None
+    if ctx.log:  # q over C_i, normalized over the full vocabulary
+        scaled = _float(mask_logits) / (T if T > 0 else 1.0)
+        q = torch.exp(_float(cand_logits) / (T if T > 0 else 1.0) - scaled.logsumexp(-1, True))
+    return Draft(
+        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0], ranks=ranks, cand_ids=cand_ids,
+        law=law, anchor=anchor, offset=offset, base_choice=base_rank, head_choice=head_choice,
+        head_block=head_block, q=q, alt_tokens=alt, head_drafted=head_drafted,
+    )  # fmt: skip
+
+
+def step(state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext) -> StepResult:
+    """One round for every row from the forward's ``logits [B, S, V]`` and ``hidden [B, S, H]``,
+    S = 2M + 1 (some row verifies) or M + 1 (all rows cold-start)."""
+    M, opt = ctx.M, ctx.options
+    B, S, _ = logits.shape
+    device = logits.device
+    slots = Slots(M)
+    ar = torch.arange(B, device=device)
+    live = ~state.done
+    ver = state.verify & live
+    u = counter_uniforms(state.seed, state.request, state.counter, slots.width)
+    u_next, u_accept, u_draft = u[:, slots.next], u[:, 1 : 1 + M], u[:, 1 + M :]
+
+    # Verify rounds and cold starts, both for every row, merged by phase.
+    nxt = draw_next(logits[:, 0], opt.temperature, u_next)
+    L = torch.zeros(B, dtype=torch.long, device=device)
+    if S == 2 * M + 1:
+        L_v, nxt_v = verify_block(logits[:, : M + 1], state.draft, opt.temperature, u_accept,
+                                  u_next)  # fmt: skip
+        L, nxt = torch.where(ver, L_v, L), torch.where(ver, nxt_v, nxt)
+
+    # Commit x_1..x_L and the next token (cold start: the next token alone); cut at EOS/budget.
+    n_new = torch.where(live, L + 1, 0)
+    chunk = torch.cat([state.draft.tokens, nxt[:, None]], 1).scatter(1, L[:, None], nxt[:, None])
+    j = torch.arange(M + 1, device=device)
+    room = opt.max_new_tokens - state.n_out
+    cut = n_new
+    is_eos = torch.zeros_like(live)
+    if opt.eos_token_id is not None:
+        hits = (chunk == opt.eos_token_id) & (j < n_new[:, None])
+        first = hits.long().argmax(1)
+        is_eos = hits.any(1) & (first < room)
+        cut = torch.where(hits.any(1), torch.minimum(first + 1, n_new), n_new)
+    take = torch.minimum(cut, room)
+    is_length = live & ~is_eos & (take == room)
+    index = state.n_out[:, None] + j
+    out = state.out.scatter(1, index, torch.where(j < take[:, None], chunk, state.out.gather(1, index)))
+    finished_now = is_eos | is_length
+    finished = torch.where(
+        is_eos, FINISHED_EOS, torch.where(is_length, FINISHED_LENGTH, state.finished.long())
+    ).to(torch.int8)
+
+    # Statistics: per-round accept lengths and complete renewal cycles.
+    st = state.stats
+    full, rejected = ver & (L == M), ver & (L < M)
+    closing = live & ~ver & (st.open_L >= 0)
+    accept_log = st.accept_log.scatter(
+        1, st.rounds[:, None], torch.where(ver, L, st.accept_log.gather(1, st.rounds[:, None])[:, 0])[:, None]
+    )
+    hist_at = torch.where(full, M, st.open_L.clamp(min=0))
+    stats = RoundStats(
+        forwards=st.forwards + live.long(),
+        committed=st.committed + n_new,
+        rounds=st.rounds + ver.long(),
+        accept_log=accept_log,
+        cycle_tokens=st.cycle_tokens + torch.where(full, M + 1, 0) + torch.where(closing, st.open_L + 2, 0),
+        cycle_forwards=st.cycle_forwards + full.long() + 2 * closing.long(),
+        cycle_hist=st.cycle_hist.scatter_add(1, hist_at[:, None], (full | closing).long()[:, None]),
+        open_L=torch.where(rejected, L, torch.where(closing, -1, st.open_L)),
+    )  # fmt: skip
+
+    # The next block, from this forward's MASK slots, for rows that verify next.
+    drafting = live & ~finished_now & (~ver | (L == M))
+    first_mask = torch.where(ver, M + 1, 1) if S == 2 * M + 1 else torch.ones_like(L)
+    span = first_mask[:, None] + torch.arange(M, device=device)  # [B, M]
+    draft = propose(
+        logits[ar[:, None], span], hidden[ar[:, None], span], hidden[ar, first_mask - 1], nxt,
+        state.prompt_len + stats.committed, u_draft, ctx,
+    )  # fmt: skip
+
+    keep = (torch.arange(S, device=device) <= torch.where(ver, L, 0)[:, None]) & live[:, None]
+    new_state = ISDState(
+        seed=state.seed,
+        request=state.request,
+        counter=state.counter + live.long(),
+        pending=torch.where(live, nxt, state.pending),
+        verify=drafting,
+        done=state.done | finished_now,
+        finished=finished,
+        prompt_len=state.prompt_len,
+        out=out,
+        n_out=state.n_out + torch.where(live, take, 0),
+        block_index=state.block_index + ver.long(),
+        draft=draft,
+        stats=stats,
+    )
+    return StepResult(new_state, keep, torch.where(ver, L, -1), ver, state.draft, u)

@@ -1,0 +1,310 @@
+"""brisk's decoding loop around the batched ISD step: prefill, forward, KV bookkeeping, logs.
+
+:func:`decode` runs batches of requests in lock step. Per round it builds the input slots of
+every row from the state, runs the backbone's forward, hands logits and hidden states to
+:func:`brisk.runtime.isd.batched.step`, and then applies the KV side of the result: rows of one batch
+share one physical cache but not a history (:class:`KVSlots`); each row keeps the slots the step
+marks, rejected proposals and MASK slots are dropped, and the cache is compacted (tail trim, and a
+per-row gather once holes pile up) so attention never runs over much dead space. Finished rows
+leave the batch at once. A single row needs no mask at all: its cache is always dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from brisk.runtime.backbone import Backbone
+from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.isd.result import DecodeResult, RequestOutput
+from brisk.runtime.isd.batched import (
+    FINISHED_EOS,
+    ISDState,
+    StepContext,
+    StepResult,
+    init_state,
+    step,
+)
+
+__all__ = ["KVSlots", "decode"]
+
+
+class KVSlots:
+    """Which physical cache slots each row owns, and each row's logical length.
+
+    A new slot always attends to itself, so padding slots never produce an all-masked attention
+    row (and NaNs).
+    """
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # [B, T]
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)  # [B] logical
+
+    @property
+    def physical(self) -> int:
+        return int(self.valid.shape[1])
+
+    def attention(self, new_valid: Tensor) -> tuple[Tensor, Tensor]:
+        """Boolean mask ``[B, 1, S, T + S]`` and position ids ``[B, S]`` for S new slots."""
+        B, S = new_valid.shape
+        T, device = self.physical, new_valid.device
+        causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        eye = torch.eye(S, dtype=torch.bool, device=device)
+        new = (causal[None] & new_valid[:, None, :]) | eye
+        mask = torch.cat([self.valid[:, None, :].expand(B, S, T), new], dim=-1)[:, None]
+        return mask, self.length[:, None] + torch.arange(S, device=device)
+
+    def append(self, keep: Tensor) -> None:
+        self.valid = torch.cat([self.valid, keep], dim=1)
+        self.length += keep.sum(1)
+
+    def tail(self) -> int:
+        """Physical length that still holds an owned slot; drops the unowned tail."""
+        owned = self.valid.any(0).nonzero()
+        keep = int(owned[-1]) + 1 if len(owned) else 0
+        self.valid = self.valid[:, :keep]
+        return keep
+
+    def packed(self, rows: Tensor) -> Tensor:
+        """Slots ``[B', T']`` that move rows ``rows``' owned slots to the front, in order; the
+        bookkeeping switches to that layout (``Backbone.gather`` does the same to the cache)."""
+        valid, length = self.valid[rows], self.length[rows]
+        width = int(length.max()) if len(length) else 0
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, :width]
+        self.valid = torch.arange(width, device=valid.device)[None] < length[:, None]
+        self.length = length
+        return order
+
+
+def decode(
+    backbone: Backbone,
+    prompts: Sequence[Sequence[int]],
+    options: ISDOptions | None = None,
+    *,
+    corrector: Corrector | None = None,
+    seeds: Sequence[int] | None = None,
+    request_ids: Sequence[int] | None = None,
+    logger: BlockLogger | None = None,
+    batch_size: int = 64,
+    on_finish: Callable[[int, RequestOutput], None] | None = None,
+) -> DecodeResult:
+    """Decode ``prompts`` (token ids, BOS included if the model wants one) with ISD.
+
+    ``seeds[r]`` (default r) and ``request_ids[r]`` (default r) key request r's uniforms, so its
+    output depends only on its prompt, seed and id: not on the batch, its order or the device.
+    Stop at ``options.eos_token_id`` (included in the output) or ``options.max_new_tokens``.
+    ``logger`` receives one block-log row per verify round; ``on_finish(r, output)`` is called
+    as soon as request r finishes. Runs under ``torch.inference_mode``; the model's train/eval
+    mode is the caller's.
+    """
+    options = options or ISDOptions()
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts: need at least one prompt, each with at least one token")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: must be an integer ≥ 1, got {batch_size!r}")
+    if corrector is not None and corrector.config.M != options.M:
+        raise ValueError(f"corrector: built for M = {corrector.config.M}, stride gives {options.M}")
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    request_ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seeds: need one per prompt ({len(prompts)}), got {len(seeds)}")
+    if len(request_ids) != len(prompts):
+        raise ValueError(f"request_ids: need one per prompt ({len(prompts)}), got {len(request_ids)}")
+    limit = backbone.max_positions
+    longest = max(len(p) for p in prompts)
+    if limit is not None and longest + options.max_new_tokens + 2 * options.M > limit:
+        raise ValueError(
+            f"max_new_tokens: the longest prompt ({longest}) + max_new_tokens "
+            f"({options.max_new_tokens}) + 2M ({2 * options.M}, stride {options.stride}) "
+            f"exceeds the model's {limit} positions"
+        )
+    K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
+    if logger is not None and (logger.M, logger.K) != (options.M, K):
+        raise ValueError(f"logger: holds M = {logger.M}, K = {logger.K}; decoding uses {options.M}, {K}")
+    ctx = StepContext(options, K, backbone, corrector, log=logger is not None)
+    outputs: list[RequestOutput | None] = [None] * len(prompts)
+
+    def finish(r: int, output: RequestOutput) -> None:
+        outputs[r] = output
+        if on_finish is not None:
+            on_finish(r, output)
+
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            index = list(range(start, min(start + batch_size, len(prompts))))
+            _Batch(backbone, ctx, logger, [list(prompts[r]) for r in index],
+                   [seeds[r] for r in index], [request_ids[r] for r in index], index,
+                   finish).run()  # fmt: skip
+    assert all(o is not None for o in outputs)
+    return DecodeResult([o for o in outputs if o is not None], options.M)
+
+
+class _Batch:
+    """One batch in lock step: the forward and the KV cache around :func:`step`."""
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        ctx: StepContext,
+        logger: BlockLogger | None,
+        prompts: list[list[int]],
+        seeds: list[int],
+        request_ids: list[int],
+        index: list[int],
+        finish: Callable[[int, RequestOutput], None],
+    ) -> None:
+        self.bb, self.ctx, self.logger, self.finish = backbone, ctx, logger, finish
+        self.device = torch.device(backbone.device)
+        self.prompts = prompts
+        self.index = torch.tensor(index)  # row → request position in the decode call
+        self.cache = backbone.new_cache()
+        self.kv = KVSlots(len(prompts), self.device)
+        self.state = init_state(
+            prompts, torch.tensor(seeds), torch.tensor(request_ids), ctx, self.device
+        )
+
+    def run(self) -> None:
+        self._prefill()
+        M = self.ctx.M
+        while len(self.index):
+            S = 2 * M + 1 if bool(self.state.verify.any()) else M + 1
+            alt_logp = self._score_alternatives() if self._scoring else None
+            logits, hidden = self._forward(self._inputs(S))
+            result = step(self.state, logits, hidden, self.ctx)
+            self._keep(result.keep)
+            if self.logger is not None:
+                self._log(result, logits, alt_logp)
+            self.state = result.state
+            if bool(self.state.done.any()):
+                self._retire()
+
+    @property
+    def _scoring(self) -> bool:
+        opt = self.ctx.options
+        return opt.score_blocks and self.logger is not None and bool(self.state.verify.any())
+
+    # -- the forward and the cache
+    def _forward(self, new_valid_ids: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        ids, new_valid = new_valid_ids
+        if len(ids) == 1:  # a lone row's cache is dense: plain causal attention
+            out = self.bb.forward(ids, self.cache)
+        else:
+            mask, positions = self.kv.attention(new_valid)
+            out = self.bb.forward(ids, self.cache, position_ids=positions, attention_mask=mask)
+        return out.logits, out.hidden
+
+    def _prefill(self) -> None:
+        lengths = [len(p) - 1 for p in self.prompts]
+        S = max(lengths)
+        if S == 0:
+            return
+        ids = torch.full((len(self.prompts), S), self.bb.mask_token_id, device=self.device)
+        for b, p in enumerate(self.prompts):
+            ids[b, : len(p) - 1] = torch.tensor(p[:-1])
+        valid = torch.arange(S, device=self.device)[None] < torch.tensor(lengths, device=self.device)[:, None]
+        self._forward((ids, valid))
+        self.kv.append(valid)
+        self._compact()
+
+    def _inputs(self, S: int) -> tuple[Tensor, Tensor]:
+        """``[pending, x_1..x_M, MASK×M]`` for verifying rows, ``[pending, MASK×M, pad]`` for
+        cold starts (S = 2M + 1, or M + 1 when every row cold-starts)."""
+        M, st = self.ctx.M, self.state
+        ids = torch.full((len(st.pending), S), self.bb.mask_token_id, device=self.device)
+        ids[:, 0] = st.pending
+        new_valid = torch.ones_like(ids, dtype=torch.bool)
+        if S == 2 * M + 1:
+            verify = st.verify[:, None]
+            ids[:, 1 : M + 1] = torch.where(verify, st.draft.tokens, self.bb.mask_token_id)
+            new_valid[:, M + 1 :] = verify
+        return ids, new_valid
+
+    def _keep(self, keep: Tensor) -> None:
+        self.kv.append(keep)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Trim the unowned tail; gather once the holes outgrow one round's worth of slots."""
+        physical = self.kv.tail()
+        self.bb.trim(self.cache, physical)
+        if len(self.index) > 1 and physical - int(self.kv.length.max()) > 4 * self.ctx.M + 2:
+            rows = torch.arange(len(self.index), device=self.device)
+            self.bb.gather(self.cache, rows, self.kv.packed(rows))
+
+    def _retire(self) -> None:
+        done = self.state.done
+        for b in done.nonzero()[:, 0].tolist():
+            self.finish(int(self.index[b]), _request_output(self.state, b, self.ctx.M))
+        rows = (~done).nonzero()[:, 0]
+        self.index = self.index[rows.cpu()]
+        self.state = self.state.select(rows)
+        if len(rows):
+            slots = self.kv.packed(rows)
+            self.bb.gather(self.cache, rows, slots)
+
+    # -- diagnostics: block logs and whole-block likelihoods
+    def _score_alternatives(self) -> Tensor:
+        """L(b | c) = Σ_i log p(x_i | c, x_<i) (eq:mech_block_logp) of each verifying row's other
+        block, from the prefix c the round starts at: a diagnostic forward, dropped at once."""
+        st, M = self.state, self.ctx.M
+        alt = st.draft.alt_tokens
+        if alt is None:
+            return torch.full((len(st.pending),), float("nan"), dtype=torch.float64)
+        ids = torch.cat([st.pending[:, None], alt], 1)
+        new_valid = st.verify[:, None].expand_as(ids).clone()
+        new_valid[:, 0] = True
+        before = self.kv.physical
+        logits, _ = self._forward((ids, new_valid))
+        self.bb.trim(self.cache, before)
+        logp = _block_logp(logits[:, :M], alt)
+        return torch.where(st.verify, logp, float("nan"))
+
+    def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:
+        assert self.logger is not None
+        rows = result.verified.nonzero()[:, 0]
+        if not len(rows):
+            return
+        M, T = self.ctx.M, self.ctx.options.temperature
+        draft = result.verified_draft.select(rows)
+        base_logp = head_logp = None
+        if alt_logp is not None:
+            actual = _block_logp(logits[rows, :M], draft.tokens)
+            other = alt_logp[rows]
+            base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
+        st = self.state
+        self.logger.log(
+            BlockRecord.from_round(
+                request_id=st.request[rows], block_index=st.block_index[rows], draft=draft,
+                verifier_logits=logits[rows, : M + 1], temperature=T,
+                u=result.u[rows, 1 : 1 + M], accept_len=result.accept_len[rows],
+                base_logp=base_logp, head_logp=head_logp,
+            )
+        )  # fmt: skip
+
+
+def _block_logp(logits: Tensor, blocks: Tensor) -> Tensor:
+    """Σ_i log p(x_i | ·) at temperature 1 (eq:mech_block_logp): logits ``[n, M, V]``."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return logp.gather(-1, blocks[..., None])[..., 0].sum(-1)
+
+
+def _request_output(state: ISDState, b: int, M: int) -> RequestOutput:
+    """Row b's tensors as a :class:`RequestOutput` (once per request, when it finishes)."""
+    st = state.stats
+    rounds = int(st.rounds[b])
+    hist = st.cycle_hist[b].tolist()
+    return RequestOutput(
+        tokens=state.out[b, : int(state.n_out[b])].tolist(),
+        forwards=int(st.forwards[b]),
+        committed=int(st.committed[b]),
+        accept_lengths=st.accept_log[b, :rounds].tolist(),
+        cycle_tokens=int(st.cycle_tokens[b]),
+        cycle_forwards=int(st.cycle_forwards[b]),
+        cycle_lengths=np.repeat(np.arange(M + 1), hist).tolist(),
+        finished="eos" if int(state.finished[b]) == FINISHED_EOS else "length",
+    )

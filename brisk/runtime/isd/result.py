@@ -1,0 +1,89 @@
+"""What an ISD run returns: per-request outputs and statistics, and their totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from brisk.theory import AcceptanceProfile, CostModel
+
+__all__ = ["DecodeResult", "RequestOutput"]
+
+
+@dataclass
+class RequestOutput:
+    """What one request produced and what it cost."""
+
+    tokens: list[int] = field(default_factory=list)  # output, cut at EOS / the token budget
+    forwards: int = 0  # decoding forwards (prefill excluded)
+    committed: int = 0  # tokens committed by those forwards (before any cut)
+    accept_lengths: list[int] = field(default_factory=list)  # L of every verify round
+    cycle_tokens: int = 0  # over complete renewal cycles: verify round (+ cold start)
+    cycle_forwards: int = 0
+    cycle_lengths: list[int] = field(default_factory=list)  # L of complete cycles (ascending)
+    finished: str = ""  # "eos" or "length"
+
+    @property
+    def tpf(self) -> float:
+        return self.committed / self.forwards if self.forwards else float("nan")
+
+    def profile(self, M: int) -> AcceptanceProfile:
+        return AcceptanceProfile.from_accept_lengths(np.asarray(self.accept_lengths, int), M)
+
+    def histogram(self, M: int) -> list[int]:
+        """Counts of accept lengths 0..M over verify rounds."""
+        return np.bincount(np.asarray(self.accept_lengths, int), minlength=M + 1).tolist()
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """All requests of a :func:`brisk.runtime.isd.decode` call, in prompt order."""
+
+    requests: list[RequestOutput]
+    M: int
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [r.tokens for r in self.requests]
+
+    @property
+    def forwards(self) -> int:
+        return sum(r.forwards for r in self.requests)
+
+    @property
+    def committed(self) -> int:
+        return sum(r.committed for r in self.requests)
+
+    @property
+    def tpf(self) -> float:
+        """Measured tokens per forward over the whole run: committed tokens ÷ decoding forwards,
+        each request's start-up cold start and unfinished last cycle included."""
+        return self.committed / self.forwards if self.forwards else float("nan")
+
+    @property
+    def cycle_tpf(self) -> float:
+        """Measured tokens per forward over complete renewal cycles only (a verify round, plus
+        the cold start after a rejection): what eq:idlm_tpf_instantiation describes."""
+        tokens = sum(r.cycle_tokens for r in self.requests)
+        forwards = sum(r.cycle_forwards for r in self.requests)
+        return tokens / forwards if forwards else float("nan")
+
+    def profile(self) -> AcceptanceProfile:
+        """Acceptance counts over every verify round of every request."""
+        total = AcceptanceProfile.empty(self.M)
+        for r in self.requests:
+            total = total + r.profile(self.M)
+        return total
+
+    def cycle_profile(self) -> AcceptanceProfile:
+        lengths = [L for r in self.requests for L in r.cycle_lengths]
+        return AcceptanceProfile.from_accept_lengths(np.asarray(lengths, int), self.M)
+
+    def predicted_tpf(self) -> float:
+        """ISD TPF (eq:idlm_tpf_instantiation) at the profile of the complete cycles. It equals
+        :attr:`cycle_tpf` by construction (the renewal-reward identity), so it checks the loop's
+        bookkeeping, not a prediction; see :meth:`predicted_run_tpf` for one."""
+        return self.cycle_profile().tpf(CostModel.isd(self.M))
