@@ -50,7 +50,9 @@ def cut(tokens: list[int], eos: int, budget: int) -> list[int]:
 
 
 @torch.inference_mode()
-def ar_greedy(model: Any, prompts: list[list[int]], max_new: int, eos: int, pad: int) -> list[list[int]]:
+def ar_greedy(
+    model: Any, prompts: list[list[int]], max_new: int, eos: int, pad: int
+) -> list[list[int]]:
     """Left-padded batched greedy decoding with a DynamicCache: one forward per token."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -154,8 +156,9 @@ def main() -> None:
                          "tok_s": tokens / wall, "tpf": tpf, "speedup": speedup,
                          "efficiency": speedup / tpf, "ceiling": ceilings[N]})  # fmt: skip
 
+    title = f"greedy decoding, {args.threads} thread(s)"
     table = Table("mode", "N", "batch", "tokens", "wall s", "tok/s", "TPF", "× AR",
-                  "(×AR)/TPF", "fwd ceiling", title=f"greedy decoding, {args.threads} thread(s)")  # fmt: skip
+                  "(×AR)/TPF", "fwd ceiling", title=title)  # fmt: skip
     for r in rows:
         isd = r["mode"] == "ISD"
         table.add_row(

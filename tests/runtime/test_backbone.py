@@ -121,3 +121,50 @@ def test_from_pretrained_without_a_mask_id_is_a_clear_error(tmp_path: Path) -> N
     _drop_config_mask_id(tmp_path)
     with pytest.raises(ValueError, match=r"mask_token_id: .* defines none"):
         HFBackbone.from_pretrained(tmp_path)
+
+
+def test_forward_leaves_mode_and_gradients_to_the_caller(backbone: HFBackbone) -> None:
+    backbone.model.train()
+    out = backbone.forward(torch.randint(5, 100, (2, 6)), backbone.new_cache())
+    assert backbone.model.training  # the adapter never calls eval()
+    out.logits.logsumexp(-1).sum().backward()  # usable for training: grads reach the weights
+    assert backbone.model.get_output_embeddings().weight.grad is not None
+    assert out.hidden.shape == (2, 6, 64)  # the last hidden state only
+    with torch.no_grad():
+        assert not backbone.forward(torch.tensor([[5]]), backbone.new_cache()).logits.requires_grad
+
+
+def test_gather_keeps_rows_and_slots_like_a_fresh_forward(backbone: HFBackbone) -> None:
+    """Rows 0..1 feed 2 tokens, then 2 drafts that are rejected, then 2 tokens that do not
+    attend to the drafts (ISD's masks). Gathering row 1's owned slots (dropping the drafts and
+    row 0) leaves the cache a plain forward of row 1's kept tokens builds."""
+    backbone.model.eval()
+    g = torch.Generator().manual_seed(1)
+    kept, drafts = (
+        torch.randint(5, 100, (2, 4), generator=g),
+        torch.randint(5, 100, (2, 2), generator=g),
+    )
+    cache = backbone.new_cache()
+    with torch.no_grad():
+        backbone.forward(kept[:, :2], cache)
+        backbone.forward(drafts, cache, position_ids=torch.tensor([[2, 3]] * 2))
+        mask = torch.ones(2, 1, 2, 6, dtype=torch.bool)
+        mask[..., 2:4] = False  # the rejected drafts
+        mask[..., 4:] = torch.ones(2, 2, dtype=torch.bool).tril()
+        backbone.forward(kept[:, 2:], cache, position_ids=torch.tensor([[2, 3]] * 2),
+                         attention_mask=mask)  # fmt: skip
+        backbone.gather(cache, torch.tensor([1]), torch.tensor([[0, 1, 4, 5]]))
+        assert backbone.cache_length(cache) == 4
+        nxt = torch.tensor([[7]])
+        got = backbone.forward(nxt, cache).logits
+        fresh = backbone.new_cache()
+        backbone.forward(kept[1:], fresh)
+        want = backbone.forward(nxt, fresh).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^slots: expected \[1, T'\]"):
+        backbone.gather(cache, torch.tensor([0]), torch.tensor([0, 1]))
+
+
+def test_missing_checkpoint_is_an_error_not_a_hub_lookup(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^path: .*nope is not a checkpoint directory"):
+        HFBackbone.from_pretrained(tmp_path / "nope")

@@ -8,11 +8,11 @@
   against.
 """
 
+from brisk.runtime.isd.batched import Draft, ISDState, StepContext, StepResult, init_state, step
 from brisk.runtime.isd.loop import KVSlots, decode
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.reference import reference_decode
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
-from brisk.runtime.isd.batched import Draft, ISDState, StepContext, StepResult, init_state, step
 
 __all__ = [
     "DecodeResult",

@@ -197,7 +197,7 @@ def verify_block(
     The same arithmetic as :func:`brisk.runtime.verify.verify_chain` with a candidate law, but π
     is never expanded beyond the one row of the first rejection.
     """
-    B, M1, V = logits.shape
+    B, M1, _V = logits.shape
     M = M1 - 1
     rows = torch.arange(B, device=logits.device)
     p = probs_at(logits, temperature)  # [B, M+1, V]
@@ -235,10 +235,12 @@ def propose(
     """
     T, K = ctx.options.temperature, ctx.K
     cand_logits, cand_ids = mask_logits.topk(K, dim=-1)  # [B, M, K] descending
-    base_law = probs_at(cand_logits, T)  # q restricted to C_i and renormalized
-    base_rank = (
-        torch.zeros_like(cand_ids[..., 0]) if T == 0 else sample_inverse_cdf(base_law, u)
-    )
+    if T == 0:  # the argmax: rank 0, π a point mass
+        base_rank = torch.zeros_like(cand_ids[..., 0])
+        base_law = torch.nn.functional.one_hot(base_rank, K).to(_float(cand_logits).dtype)
+    else:  # q restricted to C_i and renormalized
+        base_law = probs_at(cand_logits, T)
+        base_rank = sample_inverse_cdf(base_law, u)
     none = torch.full_like(base_rank, -1)
     head, shadow = ctx.corrector, ctx.options.shadow
     head_drafted = head is not None and not shadow
@@ -263,7 +265,7 @@ def propose(
             free = head.select(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
                                cand_ids, T, u=u if T > 0 else None)  # fmt: skip
             head_block, alt = free.ranks, free.tokens
-    if T == 0:
+    if T == 0 and head_drafted:
         law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
     q = None
     if ctx.log:  # q over C_i, normalized over the full vocabulary
@@ -276,9 +278,16 @@ def propose(
     )  # fmt: skip
 
 
-def step(state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext) -> StepResult:
+def step(
+    state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext, u: Tensor | None = None
+) -> StepResult:
     """One round for every row from the forward's ``logits [B, S, V]`` and ``hidden [B, S, H]``,
-    S = 2M + 1 (some row verifies) or M + 1 (all rows cold-start)."""
+    S = 2M + 1 (some row verifies) or M + 1 (all rows cold-start).
+
+    ``u [B, 2M + 1]`` are the round's uniforms when the caller has them at hand (a table of
+    :func:`~brisk.runtime.sampling.counter_uniforms` precomputed for the run); they must equal
+    ``counter_uniforms(state.seed, state.request, state.counter, 2M + 1)``.
+    """
     M, opt = ctx.M, ctx.options
     B, S, _ = logits.shape
     device = logits.device
@@ -286,7 +295,8 @@ def step(state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext) -> S
     ar = torch.arange(B, device=device)
     live = ~state.done
     ver = state.verify & live
-    u = counter_uniforms(state.seed, state.request, state.counter, slots.width)
+    if u is None:
+        u = counter_uniforms(state.seed, state.request, state.counter, slots.width)
     u_next, u_accept, u_draft = u[:, slots.next], u[:, 1 : 1 + M], u[:, 1 + M :]
 
     # Verify rounds and cold starts, both for every row, merged by phase.
@@ -312,7 +322,9 @@ def step(state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext) -> S
     take = torch.minimum(cut, room)
     is_length = live & ~is_eos & (take == room)
     index = state.n_out[:, None] + j
-    out = state.out.scatter(1, index, torch.where(j < take[:, None], chunk, state.out.gather(1, index)))
+    out = state.out.scatter(
+        1, index, torch.where(j < take[:, None], chunk, state.out.gather(1, index))
+    )
     finished_now = is_eos | is_length
     finished = torch.where(
         is_eos, FINISHED_EOS, torch.where(is_length, FINISHED_LENGTH, state.finished.long())
@@ -322,16 +334,17 @@ def step(state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext) -> S
     st = state.stats
     full, rejected = ver & (L == M), ver & (L < M)
     closing = live & ~ver & (st.open_L >= 0)
-    accept_log = st.accept_log.scatter(
-        1, st.rounds[:, None], torch.where(ver, L, st.accept_log.gather(1, st.rounds[:, None])[:, 0])[:, None]
-    )
+    # slot `rounds` of a row's log still holds −1, so non-verifying rows write −1 back
+    accept_log = st.accept_log.scatter(1, st.rounds[:, None], torch.where(ver, L, -1)[:, None])
     hist_at = torch.where(full, M, st.open_L.clamp(min=0))
     stats = RoundStats(
         forwards=st.forwards + live.long(),
         committed=st.committed + n_new,
         rounds=st.rounds + ver.long(),
         accept_log=accept_log,
-        cycle_tokens=st.cycle_tokens + torch.where(full, M + 1, 0) + torch.where(closing, st.open_L + 2, 0),
+        cycle_tokens=st.cycle_tokens
+        + torch.where(full, M + 1, 0)
+        + torch.where(closing, st.open_L + 2, 0),
         cycle_forwards=st.cycle_forwards + full.long() + 2 * closing.long(),
         cycle_hist=st.cycle_hist.scatter_add(1, hist_at[:, None], (full | closing).long()[:, None]),
         open_L=torch.where(rejected, L, torch.where(closing, -1, st.open_L)),

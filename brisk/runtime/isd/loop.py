@@ -2,10 +2,10 @@
 
 :func:`decode` runs batches of requests in lock step. Per round it builds the input slots of
 every row from the state, runs the backbone's forward, hands logits and hidden states to
-:func:`brisk.runtime.isd.batched.step`, and then applies the KV side of the result: rows of one batch
-share one physical cache but not a history (:class:`KVSlots`); each row keeps the slots the step
-marks, rejected proposals and MASK slots are dropped, and the cache is compacted (tail trim, and a
-per-row gather once holes pile up) so attention never runs over much dead space. Finished rows
+:func:`brisk.runtime.isd.batched.step`, and then applies the KV side of the result: rows of one
+batch share one physical cache but not a history (:class:`KVSlots`); each row keeps the slots the
+step marks, rejected proposals and MASK slots are dropped, and the cache is compacted (tail trim,
+and a per-row gather once holes pile up) so attention never runs over much dead space. Finished rows
 leave the batch at once. A single row needs no mask at all: its cache is always dense.
 """
 
@@ -20,8 +20,6 @@ from torch import Tensor
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.isd.result import DecodeResult, RequestOutput
 from brisk.runtime.isd.batched import (
     FINISHED_EOS,
     ISDState,
@@ -30,6 +28,9 @@ from brisk.runtime.isd.batched import (
     init_state,
     step,
 )
+from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.isd.result import DecodeResult, RequestOutput
+from brisk.runtime.sampling import Slots, counter_uniforms
 
 __all__ = ["KVSlots", "decode"]
 
@@ -114,7 +115,9 @@ def decode(
     if len(seeds) != len(prompts):
         raise ValueError(f"seeds: need one per prompt ({len(prompts)}), got {len(seeds)}")
     if len(request_ids) != len(prompts):
-        raise ValueError(f"request_ids: need one per prompt ({len(prompts)}), got {len(request_ids)}")
+        raise ValueError(
+            f"request_ids: need one per prompt ({len(prompts)}), got {len(request_ids)}"
+        )
     limit = backbone.max_positions
     longest = max(len(p) for p in prompts)
     if limit is not None and longest + options.max_new_tokens + 2 * options.M > limit:
@@ -125,7 +128,9 @@ def decode(
         )
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     if logger is not None and (logger.M, logger.K) != (options.M, K):
-        raise ValueError(f"logger: holds M = {logger.M}, K = {logger.K}; decoding uses {options.M}, {K}")
+        raise ValueError(
+            f"logger: holds M = {logger.M}, K = {logger.K}; decoding uses {options.M}, {K}"
+        )
     ctx = StepContext(options, K, backbone, corrector, log=logger is not None)
     outputs: list[RequestOutput | None] = [None] * len(prompts)
 
@@ -164,8 +169,16 @@ class _Batch:
         self.index = torch.tensor(index)  # row → request position in the decode call
         self.cache = backbone.new_cache()
         self.kv = KVSlots(len(prompts), self.device)
-        self.state = init_state(
-            prompts, torch.tensor(seeds), torch.tensor(request_ids), ctx, self.device
+        seed, request = torch.tensor(seeds), torch.tensor(request_ids)
+        self.state = init_state(prompts, seed, request, ctx, self.device)
+        # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
+        # so no request runs more than max_new_tokens of them.
+        R, W = ctx.options.max_new_tokens, Slots(ctx.M).width
+        counter = torch.arange(R).repeat(len(prompts))
+        self.uniforms = (
+            counter_uniforms(seed.repeat_interleave(R), request.repeat_interleave(R), counter, W)
+            .reshape(len(prompts), R, W)
+            .to(self.device)
         )
 
     def run(self) -> None:
@@ -175,7 +188,9 @@ class _Batch:
             S = 2 * M + 1 if bool(self.state.verify.any()) else M + 1
             alt_logp = self._score_alternatives() if self._scoring else None
             logits, hidden = self._forward(self._inputs(S))
-            result = step(self.state, logits, hidden, self.ctx)
+            st = self.state
+            u = self.uniforms[torch.arange(len(st.counter), device=self.device), st.counter]
+            result = step(st, logits, hidden, self.ctx, u)
             self._keep(result.keep)
             if self.logger is not None:
                 self._log(result, logits, alt_logp)
@@ -206,7 +221,10 @@ class _Batch:
         ids = torch.full((len(self.prompts), S), self.bb.mask_token_id, device=self.device)
         for b, p in enumerate(self.prompts):
             ids[b, : len(p) - 1] = torch.tensor(p[:-1])
-        valid = torch.arange(S, device=self.device)[None] < torch.tensor(lengths, device=self.device)[:, None]
+        valid = (
+            torch.arange(S, device=self.device)[None]
+            < torch.tensor(lengths, device=self.device)[:, None]
+        )
         self._forward((ids, valid))
         self.kv.append(valid)
         self._compact()
@@ -225,6 +243,10 @@ class _Batch:
         return ids, new_valid
 
     def _keep(self, keep: Tensor) -> None:
+        if len(keep) == 1:  # a lone row keeps a prefix of its new slots: trim, no bookkeeping
+            self.bb.trim(self.cache, self.bb.cache_length(self.cache) - keep.shape[1] +
+                         int(keep.sum()))  # fmt: skip
+            return
         self.kv.append(keep)
         self._compact()
 
@@ -243,7 +265,10 @@ class _Batch:
         rows = (~done).nonzero()[:, 0]
         self.index = self.index[rows.cpu()]
         self.state = self.state.select(rows)
+        self.uniforms = self.uniforms[rows]
         if len(rows):
+            if len(done) == 1 or self.kv.physical != self.bb.cache_length(self.cache):
+                self.kv = _dense_slots(self.bb.cache_length(self.cache), len(done), self.device)
             slots = self.kv.packed(rows)
             self.bb.gather(self.cache, rows, slots)
 
@@ -285,6 +310,12 @@ class _Batch:
                 base_logp=base_logp, head_logp=head_logp,
             )
         )  # fmt: skip
+
+
+def _dense_slots(length: int, batch: int, device: torch.device) -> KVSlots:
+    kv = KVSlots(batch, device)
+    kv.append(torch.ones(batch, length, dtype=torch.bool, device=device))
+    return kv
 
 
 def _block_logp(logits: Tensor, blocks: Tensor) -> Tensor:

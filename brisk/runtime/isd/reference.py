@@ -15,9 +15,9 @@ import torch
 
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd.batched import Draft, StepContext, draw_next, probs_at, propose
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import RequestOutput
-from brisk.runtime.isd.batched import Draft, StepContext, draw_next, probs_at, propose
 from brisk.runtime.sampling import Slots, counter_uniforms
 from brisk.runtime.verify import ProposalLaw, verify_chain
 

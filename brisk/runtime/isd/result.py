@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from brisk.theory import AcceptanceProfile, CostModel
 

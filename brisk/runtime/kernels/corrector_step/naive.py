@@ -98,7 +98,7 @@ def corrector_select(
     ``forced_prev`` = (ids ``[B, M]``, P_e E(ids) ``[B, M, De]``) replaces the fed-back previous
     token x_{j−1} at every position (teacher forcing on a recorded trajectory).
     """
-    B, M, K = cand_logits.shape
+    B, M, _K = cand_logits.shape
     if temperature > 0 and u is None:
         raise ValueError("u: uniforms [B, M] are required when temperature > 0")
     batch = torch.arange(B, device=cand_logits.device)
