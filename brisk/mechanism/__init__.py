@@ -21,7 +21,13 @@ from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repeats, repetition
 from brisk.mechanism.replay import BlockState, SameStateReplay, same_state_accept, same_state_replay
 from brisk.mechanism.report import MechanismSummary, analyze, summarize, write_report
-from brisk.mechanism.schema import FORMAT_VERSION, BlockLogError, LogShape, block_schema
+from brisk.mechanism.schema import (
+    FORMAT_VERSION,
+    BlockLogError,
+    CorruptBlockLogError,
+    LogShape,
+    block_schema,
+)
 from brisk.mechanism.stats import Bootstrap, Mean, Rate, RateArray
 from brisk.mechanism.synthetic import synthetic_blocks
 from brisk.mechanism.tally import RequestTally, block_features, tally_blocks
@@ -35,6 +41,7 @@ __all__ = [
     "BlockState",
     "Bootstrap",
     "CandidateCoverage",
+    "CorruptBlockLogError",
     "LogShape",
     "Mean",
     "MechanismSummary",

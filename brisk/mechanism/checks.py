@@ -17,6 +17,8 @@ from brisk.mechanism.schema import BlockLogError, LogShape
 
 __all__ = ["check_columns", "reached_mask"]
 
+IntArray = npt.NDArray[np.int64]
+
 
 def reached_mask(accept_len: npt.NDArray[np.integer], M: int) -> npt.NDArray[np.bool_]:
     """[B, M] mask of verified positions: position i (1-based) is reached iff i ≤ L + 1."""
@@ -68,6 +70,10 @@ def check_columns(
         reached = reached_mask(accept_len, M)
     if (v := cols.get("block_index")) is not None and not within(v, 0, np.inf):
         fail("block_index", v < 0, "negative block index")
+    if (v := cols.get("token_offset")) is not None:
+        if not within(v, 1, np.inf):
+            fail("token_offset", v < 1, "below 1 (x_0 sits at token_offset − 1 ≥ 0)")
+        _check_offsets_in_order(cols, file, row0)
     if (v := cols.get("anchor")) is not None and not within(v, 0, np.inf):
         fail("anchor", v < 0, "negative token id")
     if (v := cols.get("cand_ids")) is not None:
@@ -82,6 +88,17 @@ def check_columns(
         fail("base_choice", (v < 0) | (v >= K), f"choice index outside [0, K = {K})")
     if (v := cols.get("head_choice")) is not None and not within(v, -1, K - 1):
         fail("head_choice", (v < -1) | (v >= K), f"choice index outside [−1, K = {K})")
+    if (v := cols.get("head_block")) is not None:
+        if not within(v, -1, K - 1):
+            fail("head_block", (v < -1) | (v >= K), f"choice index outside [−1, K = {K})")
+        ran = np.asarray(v >= 0)
+        partial = np.asarray(ran.any(axis=1) & ~ran.all(axis=1))
+        if partial.any():
+            fail(
+                "head_block",
+                partial[:, None] & ~ran,
+                "−1 at some positions only (the head's own block is whole, or −1 throughout)",
+            )
     for name, per_candidate in (("p", True), ("verifier_top1_prob", False), ("u", False)):
         v = cols.get(name)
         if v is None:
@@ -106,3 +123,34 @@ def check_columns(
         if not within(v, -np.inf, 0, nan_ok=True) or np.isinf(v).any():
             # NaN stands for a null (not scored); anything else must be a log-probability
             fail(name, ~np.isnan(v) & ~(np.isfinite(v) & (v <= 0)), "must be finite and ≤ 0")
+
+
+def _check_offsets_in_order(cols: Mapping[str, npt.NDArray[Any]], file: str, row0: int) -> None:
+    """token_offset must not decrease as block_index grows within a request (among these rows).
+
+    Blocks of one request in other batches or parts are not compared: that would need every
+    block's offset in memory at once.
+    """
+    rid, bix, off = (cols.get(c) for c in ("request_id", "block_index", "token_offset"))
+    if rid is None or bix is None or off is None or off.size < 2:
+        return
+    # fast path: each request's rows form one run in increasing block order (a writer's
+    # request-by-request dump); otherwise sort by (request, block, offset)
+    same = rid[1:] == rid[:-1]
+    run_ids = rid[np.flatnonzero(np.concatenate([[True], ~same]))]
+    grouped = np.unique(run_ids).size == run_ids.size and bool(np.all(~same | (bix[1:] > bix[:-1])))
+    order: IntArray = (
+        np.arange(off.size) if grouped else np.lexsort((off, bix, rid)).astype(np.int64)
+    )
+    r, b, o = rid[order], bix[order], off[order]
+    dec = np.flatnonzero((r[1:] == r[:-1]) & (b[1:] > b[:-1]) & (o[1:] < o[:-1]))
+    if dec.size:
+        j = int(dec[0])
+        before, row = int(order[j]), int(order[j + 1])
+        raise BlockLogError(
+            file,
+            "token_offset",
+            row0 + row,
+            f"{int(o[j + 1])} at block {int(b[j + 1])} of request {int(r[j + 1])}, but block "
+            f"{int(b[j])} (row {row0 + before}) starts later, at {int(o[j])}",
+        )

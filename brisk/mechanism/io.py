@@ -4,6 +4,11 @@ A *log* is either one Parquet file or a directory of part files ``part-NNNNNN.pa
 writer produces directories: each flush writes one complete row group to a temporary hidden
 file, fsyncs it and renames it into place, so a crash or ``kill -9`` of the writing process
 loses only rows not yet flushed, and every part a reader sees is a whole, valid file.
+
+Parts carry Parquet page checksums (CRC-32 of every data page), and every reader here verifies
+them, so bytes damaged on disk or in transit end as a :class:`CorruptBlockLogError` naming the
+file, column and rows, not as different numbers. Files without checksums (version 1 parts, or
+files written by other tools) still read; only the value checks guard them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from brisk.mechanism.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
     BlockLogError,
+    CorruptBlockLogError,
     LogShape,
     block_schema,
     shape_from_schema,
@@ -45,7 +51,7 @@ __all__ = [
 DEFAULT_BATCH_ROWS = 65_536
 _PER_CANDIDATE = frozenset({"cand_ids", "q", "p"})
 _PER_POSITION = frozenset(
-    {"verifier_top1", "verifier_top1_prob", "u", "base_choice", "head_choice"}
+    {"verifier_top1", "verifier_top1_prob", "u", "base_choice", "head_choice", "head_block"}
 )
 
 
@@ -54,7 +60,8 @@ class BlockBatch:
     """Numpy arrays for the ``rows`` rows ``row0 .. row0 + rows − 1`` of ``file``.
 
     Per-candidate columns have shape [n, M, K], per-position columns [n, M], the rest [n].
-    Optional whole-block log-probabilities read as NaN where null or absent from the file.
+    Optional whole-block log-probabilities read as NaN where null or absent from the file; a
+    version 1 file reads as ``token_offset = −1`` and ``head_block = head_choice``.
     """
 
     file: str
@@ -102,7 +109,7 @@ def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
 
 def _open(file: Path) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(file)
+        return pq.ParquetFile(file, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as err:
         raise BlockLogError(
             str(file), "(file)", None, f"not a readable Parquet file: {err}"
@@ -171,19 +178,65 @@ def _read(
         pf = _open(file)
         present = set(pf.schema_arrow.names)
         read = [c for c in wanted if c in present]
+        if "head_block" in wanted and "head_block" not in present and "head_choice" not in read:
+            read.append("head_choice")  # version 1: the head's block is what head_choice held
         if check and "accept_len" not in read:
             read.append("accept_len")
         row0 = 0
-        for rb in pf.iter_batches(batch_size=batch_rows, columns=read, use_threads=True):
-            cols = _to_numpy(rb, shape)
-            n = rb.num_rows
-            for name in wanted:
-                if name not in cols:  # optional log-probabilities absent from this file
-                    cols[name] = np.full(n, np.nan)
-            if check:
+        for cols, n in _decode(pf, str(file), read, batch_rows, shape):
+            if check:  # before filling in: version 1 files are checked as version 1
                 check_columns(cols, shape, str(file), row0)
+            for name in wanted:
+                if name not in cols:
+                    cols[name] = _absent(name, cols, n)
             yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted}, n)
             row0 += n
+
+
+def _absent(name: str, cols: Mapping[str, npt.NDArray[Any]], n: int) -> npt.NDArray[Any]:
+    """A column the file lacks: optional log-probabilities (NaN) or a version 2 column."""
+    if name == "token_offset":
+        return np.full(n, -1, dtype=np.int64)
+    if name == "head_block":
+        return cols["head_choice"]
+    return np.full(n, np.nan)
+
+
+def _decode(
+    pf: pq.ParquetFile, file: str, columns: list[str], batch_rows: int, shape: LogShape
+) -> Iterator[tuple[dict[str, npt.NDArray[Any]], int]]:
+    """Batches of ``columns`` as numpy, row group by row group; damaged pages raise
+    :class:`CorruptBlockLogError` naming the row group's rows and the column."""
+    row0 = 0
+    for g in range(pf.num_row_groups):
+        batches = pf.iter_batches(
+            batch_size=batch_rows, row_groups=[g], columns=columns, use_threads=True
+        )
+        while True:
+            try:
+                rb = next(batches)
+            except StopIteration:
+                break
+            except (OSError, pa.ArrowException) as err:
+                raise _corrupt(pf, file, columns, g, row0, err) from None
+            yield _to_numpy(rb, shape), rb.num_rows
+        row0 += pf.metadata.row_group(g).num_rows
+
+
+def _corrupt(
+    pf: pq.ParquetFile, file: str, columns: list[str], group: int, row0: int, err: Exception
+) -> CorruptBlockLogError:
+    column = "(unknown)"
+    for name in columns:  # the failing column, read alone (only on this error path)
+        try:
+            pf.read_row_group(group, columns=[name])
+        except (OSError, pa.ArrowException):
+            column = name
+            break
+    text = " ".join(str(err).split())  # one line on the command line
+    detail = "page checksum mismatch" if "checksum" in text.lower() else f"undecodable: {text}"
+    rows = pf.metadata.row_group(group).num_rows
+    return CorruptBlockLogError(file, column, group, row0, rows, detail)
 
 
 def _to_numpy(rb: pa.RecordBatch, shape: LogShape) -> dict[str, npt.NDArray[Any]]:
@@ -206,8 +259,10 @@ def validate(path: str | os.PathLike[str], M: int | None = None, K: int | None =
 
     Raises :class:`BlockLogError` naming the file, column and row for: a missing column, a wrong
     type, M, K or format version, q or p outside [0, 1], NaN at a reached position, candidate
-    ids repeated within a position, a choice index outside its range, accept_len outside
-    [0, M], or an empty log.
+    ids repeated within a position, a choice index outside its range, a ``head_block`` that is
+    −1 at some positions only, accept_len outside [0, M], a token_offset below 1 or below an
+    earlier block's of the same request (among the rows of one batch), or an empty log; and
+    :class:`CorruptBlockLogError` for a data page that fails its checksum or cannot be decoded.
     """
     shape = log_shape(path)
     for name, want, got in (("M", M, shape.M), ("K", K, shape.K)):
@@ -231,9 +286,11 @@ def block_table(
     file: str = "<rows>",
     row0: int = 0,
 ) -> pa.Table:
-    """An Arrow table of the schema from arrays ([n], [n, M] / [n, M·K] or [n, M, K]).
+    """An Arrow table of the (current version's) schema from arrays ([n], [n, M] / [n, M·K] or
+    [n, M, K]).
 
-    ``base_logp`` and ``head_logp`` are optional (NaN means not scored and is stored as null).
+    Every column of :data:`REQUIRED_COLUMNS` is needed; ``base_logp`` and ``head_logp`` are
+    optional (NaN means not scored and is stored as null).
     With ``check`` the rows are validated first and nothing malformed gets through; errors
     number rows from ``row0``.
     """
@@ -295,7 +352,8 @@ class BlockLogWriter:
     or on leaving the ``with`` block (also when it is left by an exception: the rows were
     valid). ``rows_flushed`` counts rows safely on disk.
     Parts are LZ4 (raw) compressed: probability lists barely compress, and LZ4 decodes about
-    twice as fast as Snappy at the same size.
+    twice as fast as Snappy at the same size. Every data page carries a CRC-32 checksum that
+    the readers verify.
     """
 
     def __init__(
@@ -367,7 +425,12 @@ class BlockLogWriter:
         tmp = self.path / f".{final.name}.tmp"
         # dictionary pages only slow the reader down on probability and id lists
         pq.write_table(
-            part, tmp, row_group_size=rows, compression=self.compression, use_dictionary=False
+            part,
+            tmp,
+            row_group_size=rows,
+            compression=self.compression,
+            use_dictionary=False,
+            write_page_checksum=True,
         )
         fd = os.open(tmp, os.O_RDONLY)
         try:

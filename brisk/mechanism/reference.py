@@ -46,11 +46,14 @@ def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
         f.setdefault(name, [0] * width)[i] += value
 
     put("blocks", 0, 1)
+    put("head_positions", 0, sum(c >= 0 for c in head))
     put("accept_len", L, 1, M + 1)
     x_base = [cand[i][base[i]] for i in range(M)]
-    x_head = [cand[i][head[i]] if head[i] >= 0 else -1 for i in range(M)]
+    own = row["head_block"]  # the head's free-running block: whole-block diagnostics
+    whole = all(c >= 0 for c in own)
+    x_own = [cand[i][own[i]] if whole else -1 for i in range(M)]
     adj, non = _repeats(row["anchor"], x_base)
-    h_adj, h_non = _repeats(row["anchor"], x_head)
+    h_adj, h_non = _repeats(row["anchor"], x_own)
     for name in ("fb", "fb_head", "rescue", "interv_fb", "acc_head", "regress", "interv_acc"):
         put(name, 0, 0, M)
     for name in ("base_disagree", "verified", "adj_verified", "non_verified", "adj_fb", "non_fb"):
@@ -108,7 +111,6 @@ def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
         [int(paired and delta == 0)],
         [int(delta < 0)],
     )
-    whole = all(c >= 0 for c in head)
     f["head_blocks"] = [int(whole)]
     f["base_adj"], f["base_non"] = [sum(adj) * whole], [sum(non) * whole]
     f["head_adj"], f["head_non"] = [sum(h_adj) * whole], [sum(h_non) * whole]

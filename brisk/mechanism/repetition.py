@@ -1,4 +1,4 @@
-"""Local repetition (paper appendix B.2).
+"""Local repetition (paper app:mech_collision).
 
 With x_0 the anchor and x_1..x_M the block's tokens, position i holds
 
@@ -9,9 +9,16 @@ With x_0 the anchor and x_1..x_M the block's tokens, position i holds
 Prevalence is measured on the factual base tokens, among *verified* (reached) positions and
 among first breakers, each as an equal-request rate. Head rescue among repeat breakers is the
 rescue rate of :mod:`brisk.mechanism.replay` restricted to adjacent- (non-adjacent-) repeat
-first breakers where the head ran. Repeats per block compare the base block with the head's
-block (x_i = C_i[head_choice_i] with the head's own tokens as prefix) over all M positions, on
-blocks where the head ran at every position; they are equal-request means, not rates.
+first breakers where the head ran (a same-state, per-position quantity: it reads
+``head_choice``).
+
+Repeats per block compare the base block with the head's own block over all M positions, as in
+the paper's paired whole-block replay (0.404 → 0.101 adjacent repeats per block): the head's
+tokens are x_i = C_i[head_block_i], the block it drafts choosing left to right with its own
+earlier choices fed back, with x_0 the same anchor. In shadow mode this differs from the
+per-position ``head_choice`` tokens, each chosen after the *base's* prefix. Only blocks with a
+head block (``head_block`` ≠ −1) count, for base and head alike; the numbers are equal-request
+means, not rates.
 """
 
 from __future__ import annotations
@@ -53,13 +60,14 @@ def _any(mask: BoolArray) -> BoolArray:
 
 
 def repetition_features(batch: BlockBatch, state: BlockState) -> dict[str, npt.NDArray[Any]]:
-    """Per-block repeat counts among verified positions and first breakers, and per block."""
+    """Per-block repeat counts among verified positions and first breakers, and per block
+    (base block vs the head's own block)."""
     anchor = batch["anchor"]
     adj, non = repeats(anchor, state.x_base)
     fb, fb_head = state.first_breaker, state.first_breaker & state.head_ran
     rescued = fb_head & ~state.J_base & state.J_head
-    whole = np.asarray(state.head_ran.all(axis=1))
-    h_adj, h_non = repeats(anchor, state.x_head)
+    whole = state.head_block_ran
+    h_adj, h_non = repeats(anchor, state.x_head_block)
 
     def per_block(mask: BoolArray) -> IntArray:
         return np.where(whole, mask.sum(axis=1), 0)[:, None]

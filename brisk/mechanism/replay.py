@@ -64,8 +64,10 @@ def same_state_accept(
 class BlockState:
     """Per-batch masks and tokens every diagnostic needs, computed once ([n, M] arrays).
 
-    ``x_base`` / ``x_head`` are the tokens the base selector and the head picked
-    (``x_head`` is −1 where the head did not run).
+    ``x_base`` / ``x_head`` are the tokens the base selector and the head picked at each
+    position on the factual prefix (``head_choice``; ``x_head`` is −1 where the head did not
+    run). ``x_head_block`` is the head's own free-running block (``head_block``), −1 throughout
+    where ``head_block_ran`` ([n]) is false: the whole-block diagnostics read it.
     """
 
     M: int
@@ -80,6 +82,8 @@ class BlockState:
     J_head: BoolArray
     x_base: npt.NDArray[np.int32]
     x_head: npt.NDArray[np.int32]
+    head_block_ran: BoolArray
+    x_head_block: npt.NDArray[np.int32]
 
     @classmethod
     def of(cls, batch: BlockBatch) -> BlockState:
@@ -90,6 +94,8 @@ class BlockState:
         head_raw = batch["head_choice"].astype(np.int64)
         head_ran = head_raw >= 0
         head = np.maximum(head_raw, 0)[..., None]
+        own = batch["head_block"].astype(np.int64)
+        own_ran = np.asarray((own >= 0).all(axis=1))
         q, p, cand = batch["q"], batch["p"], batch["cand_ids"]
         u = batch["u"]
 
@@ -112,6 +118,10 @@ class BlockState:
             J_head=J_head,
             x_base=pick(cand, base),
             x_head=np.where(head_ran, pick(cand, head), -1).astype(np.int32),
+            head_block_ran=own_ran,
+            x_head_block=np.where(
+                own_ran[:, None], pick(cand, np.maximum(own, 0)[..., None]), -1
+            ).astype(np.int32),
         )
 
 
@@ -121,6 +131,7 @@ def replay_features(state: BlockState) -> dict[str, npt.NDArray[Any]]:
     acc_head = state.accepted & state.head_ran
     contradicts = state.reached & (state.J_base != state.accepted)
     return {
+        "head_positions": state.head_ran.sum(axis=1, keepdims=True),
         "fb": state.first_breaker,
         "fb_head": fb_head,
         "rescue": fb_head & ~state.J_base & state.J_head,
@@ -138,9 +149,11 @@ class SameStateReplay:
 
     ``rescue`` is per first breaker, ``regression`` per accepted position (the table shows
     both per 100); ``intervention`` is at first breakers, ``intervention_accepted`` at
-    accepted positions. Denominators count only positions where the head ran.
+    accepted positions. Denominators count only positions where the head ran;
+    ``head_positions`` counts them all (reached or not): 0 means the log has no corrector.
     """
 
+    head_positions: int
     first_breakers: int
     first_breakers_by_position: IntArray
     head_missing_at_first_breakers: int
@@ -181,6 +194,7 @@ def same_state_replay(sums: dict[str, IntArray], boot: Bootstrap) -> SameStateRe
         np.concatenate([fb_head, acc_head, fb_head], axis=1),
     )
     return SameStateReplay(
+        head_positions=int(sums["head_positions"].sum()),
         first_breakers=int(fb.sum()),
         first_breakers_by_position=fb.sum(axis=0),
         head_missing_at_first_breakers=int(fb.sum() - fb_head.sum()),

@@ -8,6 +8,11 @@ column                 type                meaning
 =====================  ==================  ====================================================
 ``request_id``         int64               request the block belongs to
 ``block_index``        int64               index of the block within its request
+``token_offset``       int64               index of x_1 in the request's token sequence (prompt
+                                           then generated tokens, 0-based); ≥ 1, x_0 sits at
+                                           ``token_offset − 1``, so ``sequence[:token_offset]``
+                                           is the context the block was proposed from;
+                                           non-decreasing in ``block_index`` within a request
 ``anchor``             int32               x_0, the committed token just before the block
 ``cand_ids``           int32 [M·K]         C_i, the Top-K token ids of q_i, by q descending
 ``q``                  float32 [M·K]       base proposal q_i(C_i[k]) (full-vocab normalized)
@@ -17,15 +22,34 @@ column                 type                meaning
 ``verifier_top1_prob`` float32 [M]         p_i(verifier_top1) (NaN: unreached)
 ``u``                  float64 [M]         acceptance draw u_i (NaN allowed where unreached)
 ``base_choice``        int16 [M]           rank into C_i the base selector took
-``head_choice``        int16 [M]           rank into C_i the corrector took; −1: head not run
+``head_choice``        int16 [M]           rank into C_i the corrector takes at position i on
+                                           the *factual* prefix (per-position, same-state);
+                                           −1 where the head did not run
+``head_block``         int16 [M]           ranks into C_i of the head's own free-running block
+                                           (its earlier choices fed back); −1 at every
+                                           position when the head did not draft a block
 ``accept_len``         int16               L, accepted-prefix length, 0..M
-``base_logp``          float64, nullable   whole-block L(b_base | c) (eq. 9), optional
-``head_logp``          float64, nullable   whole-block L(b_head | c) (eq. 9), optional
+``base_logp``          float64, nullable   whole-block L(b_base | c) (eq:mech_block_logp),
+                                           optional
+``head_logp``          float64, nullable   whole-block L(b_head | c) (eq:mech_block_logp) of
+                                           the ``head_block`` tokens, optional
 =====================  ==================  ====================================================
 
 Position i (1-based) is *reached* when i ≤ min(L + 1, M); the reached positions are the
 verified ones, and the *first breaker* is position L + 1 when L < M. M, K and the format version
 live in the schema metadata under ``brisk.M``, ``brisk.K`` and ``brisk.version``.
+
+``head_choice`` feeds the per-position same-state diagnostics (rescue, regression, intervention:
+one token changed at an unchanged state); ``head_block`` feeds the whole-block ones (the head's
+block's repeats, and the block ``head_logp`` scores). When the head decodes (head-on), the
+factual prefix is the head's own and the two columns are equal; in shadow mode (the base
+decodes, the head only proposes) they differ after the head's first disagreement with the base.
+
+Versions. Version 2 added ``token_offset`` and ``head_block`` and writes Parquet page checksums
+(:class:`~brisk.mechanism.io.BlockLogWriter`). Readers still take version 1 files: they read as
+``token_offset = −1`` (unknown) and ``head_block = head_choice`` (all version 1 recorded), and
+are validated as version 1 (no checksums to verify, no checks on the two columns). A log's parts
+may mix versions as long as each part is consistent in itself; they must share M and K.
 """
 
 from __future__ import annotations
@@ -37,38 +61,56 @@ import pyarrow as pa  # type: ignore[import-untyped]
 __all__ = [
     "FORMAT_VERSION",
     "OPTIONAL_COLUMNS",
+    "READABLE_VERSIONS",
     "REQUIRED_COLUMNS",
     "BlockLogError",
+    "CorruptBlockLogError",
     "LogShape",
     "block_schema",
+    "required_columns",
+    "schema_info",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 
 _META_M, _META_K, _META_VERSION = b"brisk.M", b"brisk.K", b"brisk.version"
 
-# (name, element type, list length: "MK", "M" or None for a scalar column)
-_COLUMNS: tuple[tuple[str, pa.DataType, str | None], ...] = (
-    ("request_id", pa.int64(), None),
-    ("block_index", pa.int64(), None),
-    ("anchor", pa.int32(), None),
-    ("cand_ids", pa.int32(), "MK"),
-    ("q", pa.float32(), "MK"),
-    ("p", pa.float32(), "MK"),
-    ("verifier_top1", pa.int32(), "M"),
-    ("verifier_top1_prob", pa.float32(), "M"),
-    ("u", pa.float64(), "M"),
-    ("base_choice", pa.int16(), "M"),
-    ("head_choice", pa.int16(), "M"),
-    ("accept_len", pa.int16(), None),
+# (name, element type, list length: "MK", "M" or None for a scalar column, version added)
+_COLUMNS: tuple[tuple[str, pa.DataType, str | None, int], ...] = (
+    ("request_id", pa.int64(), None, 1),
+    ("block_index", pa.int64(), None, 1),
+    ("token_offset", pa.int64(), None, 2),
+    ("anchor", pa.int32(), None, 1),
+    ("cand_ids", pa.int32(), "MK", 1),
+    ("q", pa.float32(), "MK", 1),
+    ("p", pa.float32(), "MK", 1),
+    ("verifier_top1", pa.int32(), "M", 1),
+    ("verifier_top1_prob", pa.float32(), "M", 1),
+    ("u", pa.float64(), "M", 1),
+    ("base_choice", pa.int16(), "M", 1),
+    ("head_choice", pa.int16(), "M", 1),
+    ("head_block", pa.int16(), "M", 2),
+    ("accept_len", pa.int16(), None, 1),
 )
 _OPTIONAL: tuple[tuple[str, pa.DataType], ...] = (
     ("base_logp", pa.float64()),
     ("head_logp", pa.float64()),
 )
 
-REQUIRED_COLUMNS: tuple[str, ...] = tuple(name for name, _, _ in _COLUMNS)
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(name for name, _, _, _ in _COLUMNS)
 OPTIONAL_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _OPTIONAL)
+
+
+def required_columns(version: int = FORMAT_VERSION) -> tuple[str, ...]:
+    """The columns a file of format ``version`` must hold, in schema order.
+
+    >>> sorted(set(required_columns(2)) - set(required_columns(1)))
+    ['head_block', 'token_offset']
+    """
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"version: need one of {READABLE_VERSIONS}, got {version!r}")
+    return tuple(name for name, _, _, since in _COLUMNS if since <= version)
 
 
 class BlockLogError(ValueError):
@@ -82,6 +124,26 @@ class BlockLogError(ValueError):
         self.file, self.column, self.row, self.problem = file, column, row, problem
         where = "every row" if row is None else f"row {row}"
         super().__init__(f"{file}: column {column!r}, {where}: {problem}")
+
+
+class CorruptBlockLogError(BlockLogError):
+    """A part whose bytes are damaged: a data page fails its checksum or cannot be decoded.
+
+    ``column`` is the column whose pages failed, ``row`` the first row of the row group
+    ``row_group`` that holds them (rows ``row`` .. ``row + rows − 1``). The message stays on one
+    line, e.g. ``PATH: corrupt Parquet data (page checksum mismatch) in column 'q', rows 0–39
+    (row group 0)``.
+    """
+
+    def __init__(
+        self, file: str, column: str, row_group: int, row: int, rows: int, detail: str
+    ) -> None:
+        super().__init__(file, column, row, detail)
+        self.row_group, self.rows = row_group, rows
+        self.args = (
+            f"{file}: corrupt Parquet data ({detail}) in column {column!r}, "
+            f"rows {row}–{row + rows - 1} (row group {row_group})",
+        )
 
 
 @dataclass(frozen=True)
@@ -103,17 +165,19 @@ class LogShape:
 
 
 def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
-    """The Arrow schema of a block log with M positions and K candidates.
+    """The Arrow schema of a block log with M positions and K candidates (current version).
 
     >>> s = block_schema(7, 16)
     >>> s.field("q").type
     FixedSizeListType(fixed_size_list<element: float not null>[112])
-    >>> s.metadata[b"brisk.M"], s.metadata[b"brisk.K"]
-    (b'7', b'16')
+    >>> s.field("head_block").type
+    FixedSizeListType(fixed_size_list<element: int16 not null>[7])
+    >>> s.metadata[b"brisk.M"], s.metadata[b"brisk.K"], s.metadata[b"brisk.version"]
+    (b'7', b'16', b'2')
     """
     shape = LogShape(M, K)
     fields = []
-    for name, dtype, kind in _COLUMNS:
+    for name, dtype, kind, _ in _COLUMNS:
         width = shape.width(kind)
         typ = (
             dtype if width is None else pa.list_(pa.field("element", dtype, nullable=False), width)
@@ -126,8 +190,12 @@ def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
-def shape_from_schema(schema: pa.Schema, file: str) -> LogShape:
-    """Read and check M, K, version and column types; raise :class:`BlockLogError` if off."""
+def schema_info(schema: pa.Schema, file: str) -> tuple[LogShape, int]:
+    """Read and check M, K, format version and column types; raise :class:`BlockLogError` if off.
+
+    Returns the shape and the file's format version (one of ``READABLE_VERSIONS``); the columns
+    checked are those that version requires.
+    """
     meta = schema.metadata or {}
     values: dict[bytes, int] = {}
     for key in (_META_VERSION, _META_M, _META_K):
@@ -140,25 +208,34 @@ def shape_from_schema(schema: pa.Schema, file: str) -> LogShape:
             raise BlockLogError(
                 file, "(schema metadata)", None, f"missing or unreadable {key.decode()!r}"
             )
-    if values[_META_VERSION] != FORMAT_VERSION:
+    version = values[_META_VERSION]
+    if version not in READABLE_VERSIONS:
         raise BlockLogError(
             file,
             "(schema metadata)",
             None,
-            f"format version {values[_META_VERSION]}, this brisk reads version {FORMAT_VERSION}",
+            f"format version {version}, this brisk reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
         )
     try:
         shape = LogShape(values[_META_M], values[_META_K])
     except ValueError as err:
         raise BlockLogError(file, "(schema metadata)", None, str(err)) from None
-    for name, dtype, kind in _COLUMNS:
+    for name, dtype, kind, since in _COLUMNS:
+        if since > version:
+            continue
         if schema.get_field_index(name) < 0:
-            raise BlockLogError(file, name, None, "missing")
+            raise BlockLogError(file, name, None, f"missing (required by format version {version})")
         _check_type(file, name, schema.field(name).type, dtype, shape.width(kind), shape)
     for name, dtype in _OPTIONAL:
         if schema.get_field_index(name) >= 0:
             _check_type(file, name, schema.field(name).type, dtype, None, shape)
-    return shape
+    return shape, version
+
+
+def shape_from_schema(schema: pa.Schema, file: str) -> LogShape:
+    """The shape of :func:`schema_info`."""
+    return schema_info(schema, file)[0]
 
 
 def _check_type(

@@ -6,9 +6,19 @@ q from a random softmax, the verifier either agrees with the base choice or pref
 candidate (sometimes one outside C_i), and the factual accepted-prefix length comes from the
 same-state rule applied to the base choices, so J(base) always agrees with ``accept_len``.
 Adjacent and non-adjacent repetitions are injected into the base tokens and make rejection
-likelier; the shadow head usually follows the verifier's top-1 when the base token is
-rejected (rescues), avoids adjacent repeats, and now and then swaps an accepted token for a
-worse one (regressions).
+likelier.
+
+The log simulates shadow mode: the base decodes, and a head runs beside it (on 97 % of the
+blocks; −1 elsewhere). Its per-position choice on the base's prefix (``head_choice``) usually
+follows the verifier's top-1 when the base token is rejected (rescues), avoids adjacent repeats,
+and now and then swaps an accepted token for a worse one (regressions). Its own free-running
+block (``head_block``) equals ``head_choice`` up to and including the first position where the
+head departs from the base; from there on the head sees its own prefix, so each later choice
+keeps ``head_choice`` with probability 0.8 (else q's top candidate) and steps off a token that
+repeats the head's own previous token with probability 0.75. ``head_logp`` scores that block.
+
+``token_offset`` starts at a per-request prompt length (16..511 tokens, the anchor being the
+prompt's last token) and grows by L + 1 per block, the tokens an ISD round commits.
 """
 
 from __future__ import annotations
@@ -50,14 +60,24 @@ def synthetic_blocks(
     ids = np.sort(rng.choice(np.int64(1) << 62, size=R, replace=False))
     ids = rng.permutation(ids)
     level = rng.normal(0.0, 0.8, R)  # per-request acceptance offset (logit scale)
+    next_offset = rng.integers(16, 512, R).astype(np.int64)  # prompt lengths, then + L + 1
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     request_of_row = np.repeat(np.arange(R), counts)
     for start in range(0, n_blocks, batch_rows):
         rows = request_of_row[start : start + batch_rows]
         brng = np.random.default_rng([seed, start])
-        yield _batch(
+        cols = _batch(
             brng, M, K, ids[rows], start + np.arange(rows.size) - starts[rows], level[rows], logp
         )
+        # rows run request by request: offset = the request's next offset + the L + 1 of its
+        # earlier rows in this batch
+        committed = cols["accept_len"].astype(np.int64) + 1
+        before = np.cumsum(committed) - committed
+        first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
+        run_start = np.repeat(first, np.diff(np.append(first, rows.size)))
+        cols["token_offset"] = next_offset[rows] + before - before[run_start]
+        np.add.at(next_offset, rows, committed)
+        yield cols
 
 
 def _batch(
@@ -140,14 +160,16 @@ def _batch(
     head = np.where(slip, (base + 1 + rng.integers(0, K - 1, (n, M))) % K, head).astype(np.int16)
     ran = rng.random(n) >= 0.03
     head[~ran] = -1
+    own = _own_block(rng, cand, base, head)
+    own[~ran] = -1
     logps: dict[str, npt.NDArray[Any]] = {}
     if logp:
         ref = np.maximum(p.astype(np.float64), 1e-30)  # verifier scores every position
         lp_base = np.log(np.take_along_axis(ref, base[..., None].astype(np.int64), -1)[..., 0])
-        lp_head = np.log(np.take_along_axis(ref, np.maximum(head, 0)[..., None], -1)[..., 0])
+        lp_head = np.log(np.take_along_axis(ref, np.maximum(own, 0)[..., None], -1)[..., 0])
         base_logp = lp_base.sum(axis=-1) - rng.exponential(0.5, n)
-        delta = np.where(head != base, lp_head - lp_base + rng.normal(0, 0.2, (n, M)), 0.0)
-        # head == base everywhere gives an exactly tied pair, as a real replay would
+        delta = np.where(own != base, lp_head - lp_base + rng.normal(0, 0.2, (n, M)), 0.0)
+        # head block == base block gives an exactly tied pair, as a real replay would
         head_logp = base_logp + delta.sum(axis=-1)
         scored = ran & (rng.random(n) >= 0.01)
         logps["base_logp"] = np.where(scored, base_logp, np.nan)
@@ -169,9 +191,32 @@ def _batch(
         "u": u,
         "base_choice": base,
         "head_choice": head,
+        "head_block": own,
         "accept_len": accept_len,
     }
     return cols | logps
+
+
+def _own_block(
+    rng: np.random.Generator,
+    cand: npt.NDArray[np.int32],
+    base: npt.NDArray[np.int16],
+    head: npt.NDArray[np.int16],
+) -> npt.NDArray[np.int16]:
+    """The head's free-running block (ranks [n, M]), from its choices on the base's prefix."""
+    n, M, K = cand.shape
+    rows = np.arange(n)
+    own = head.copy()
+    departed = np.zeros(n, dtype=bool)  # the head's prefix is no longer the base's
+    for i in range(M):
+        redraw = departed & (rng.random(n) >= 0.8)
+        own[redraw, i] = 0
+        if i > 0:
+            prev = cand[rows, i - 1, own[:, i - 1]]
+            dodge = departed & (cand[rows, i, own[:, i]] == prev) & (rng.random(n) < 0.75)
+            own[dodge, i] = (own[dodge, i] + 1) % K
+        departed |= own[:, i] != base[:, i]
+    return own
 
 
 def _same_state(

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from hypothesis import strategies as st
 
 NAN = float("nan")
@@ -26,12 +27,15 @@ def hand_block(
     logp: tuple[float, float] = (NAN, NAN),
     anchor: int = 1,
     cand: Sequence[Sequence[int]] | None = None,
+    head_block: Sequence[int] | None = None,
+    token_offset: int | None = None,
 ) -> dict[str, Any]:
     """One block of a log with M = len(u) positions and K = len(q) candidates.
 
     Candidates of position i default to ids 10·i + k (unique, no repeats); ``p`` rows past the
     first breaker may be NaN; ``top1`` defaults to −1 / NaN past the first breaker and to the
-    argmax of p inside C_i elsewhere.
+    argmax of p inside C_i elsewhere. ``head_block`` defaults to ``head`` (head-on decoding),
+    ``token_offset`` to 20 + 10 · block_index.
     """
     M, K = len(u), len(q)
     cand_ids = np.array(
@@ -55,6 +59,8 @@ def hand_block(
         "u": np.array(u, dtype=np.float64),
         "base_choice": np.array(base),
         "head_choice": np.array(head),
+        "head_block": np.array(head if head_block is None else head_block),
+        "token_offset": 20 + 10 * block_index if token_offset is None else token_offset,
         "accept_len": accept_len,
         "base_logp": logp[0],
         "head_logp": logp[1],
@@ -86,6 +92,12 @@ def random_columns(
     head = base.copy() if head_is_base else rng.integers(-1, K, (n, M))
     if not head_is_base:
         head[rng.random(n) < 0.2] = -1
+    # the head's own block: its per-position choices (head-on) or another block (shadow mode);
+    # whole or −1 throughout
+    own = np.where(rng.random((n, 1)) < 0.5, head, rng.integers(0, K, (n, M)))
+    own[(own < 0).any(axis=1) | (rng.random(n) < 0.15)] = -1
+    if head_is_base:
+        own = base.copy()
     top1 = np.where(reached, rng.integers(0, 6 * K, (n, M)), -1)
     logp = -rng.exponential(1.0, (n, 2))
     tie = rng.random(n) < 0.3
@@ -96,6 +108,7 @@ def random_columns(
             rng.integers(0, R, n)
         ],
         "block_index": np.arange(n),
+        "token_offset": np.cumsum(rng.integers(1, M + 2, n)),
         "anchor": rng.integers(0, 3 * K, n),
         "cand_ids": cand,
         "q": probs((n, M, K)),
@@ -105,6 +118,7 @@ def random_columns(
         "u": probs((n, M)),
         "base_choice": base,
         "head_choice": head,
+        "head_block": own,
         "accept_len": L,
         "base_logp": logp[:, 0],
         "head_logp": np.where(head_is_base, logp[:, 0], logp[:, 1]),
@@ -121,3 +135,9 @@ def random_logs(draw: st.DrawFn, head_is_base: bool = False) -> tuple[dict[str, 
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     return random_columns(rng, n, R, M, K, head_is_base), M, K
+
+
+def as_version_1(table: pa.Table) -> pa.Table:
+    """The same rows in the version 1 layout: no token_offset / head_block, version 1 metadata."""
+    meta = dict(table.schema.metadata) | {b"brisk.version": b"1"}
+    return table.drop_columns(["token_offset", "head_block"]).replace_schema_metadata(meta)

@@ -133,7 +133,9 @@ SCHEMA_CASES = [
         id="no-metadata",
     ),
     pytest.param(
-        lambda t: t.set_column(2, "anchor", t["anchor"].cast(pa.float64())),
+        lambda t: t.set_column(
+            t.schema.get_field_index("anchor"), "anchor", t["anchor"].cast(pa.float64())
+        ),
         "anchor",
         "type double, expected int32",
         id="wrong-type",
