@@ -109,7 +109,7 @@ class CorrectorSelection:
 
 
 class Corrector(nn.Module):
-    """Minimal-GRU reranker over Top-K candidates with a gated rank-R residual (eq. 5)."""
+    """Minimal-GRU reranker over Top-K candidates, gated rank-R residual (eq:candidate_residual)."""
 
     def __init__(self, config: CorrectorConfig) -> None:
         super().__init__()

@@ -229,8 +229,8 @@ def test_forward_counts_equal_with_and_without_head(backbone: HFBackbone) -> Non
 @pytest.mark.parametrize("stride", [4, 8], ids=["N4", "N8"])
 def test_measured_tpf_matches_theory(backbone: HFBackbone, stride: int) -> None:
     """Over complete renewal cycles the measured TPF is the ISD TPF of the measured profile
-    (an identity of eq. 2 once the runtime commits g_L tokens in c_L forwards); over the whole
-    run it differs only by each request's start-up forward and unfinished last cycle."""
+    (an identity of eq:nonuniform_tpf once the runtime commits g_L tokens in c_L forwards); over
+    the whole run it differs only by each request's start-up forward and unfinished last cycle."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, MASK, (3,), generator=g).tolist() for _ in range(40)]
     head = random_corrector(stride - 1, K=4)

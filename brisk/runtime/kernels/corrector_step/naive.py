@@ -9,10 +9,11 @@ base logit, descending):
     φ_j   = [ℓ_j(c_1) − ℓ_j(c_2),  ℓ_j(c_1) − ℓ_j(c_4),  1[x_{j−1} = c_1],
              1[x_{j−1} ∈ c_{1..4}],  ℓ_j(c_1) − ℓ_j(x_{j−1})]                (5 features)
     in_j  = [P_m m_j ‖ P_e E(x_{j−1}) ‖ pos_j ‖ P_φ φ_j]                      (64+64+16+16)
-    s_j   = (1 − z_j) ⊙ s_{j−1} + z_j ⊙ W_h in_j,   z_j = σ(W_z in_j)     (bias-free minimal GRU)
+    s_j   = (1 − z_j) ⊙ s_{j−1} + z_j ⊙ W_h in_j,   z_j = σ(W_z in_j)     (eq:inference_head_state;
+                                                                          bias-free minimal GRU)
     d_jk  = ⟨W_s s_j, W_c E_out(c_k)⟩                                       (rank-64 residual)
     γ_j   = σ(α) σ(w_gᵀ [s_j; φ_j] + b_g)
-    ℓ̃_jk  = ℓ_j(c_k) + γ_j d_jk                                             (eq. 5 / eq. 9)
+    ℓ̃_jk  = ℓ_j(c_k) + γ_j d_jk              (eq:candidate_residual, eq:head_residual_logits)
 
 x_j is the argmax of ℓ̃_j (greedy) or a draw from π_j = softmax(ℓ̃_j / T) over C_j by inverse
 CDF with the given uniforms, and feeds position j + 1. x_0 is the anchor token. When x_{j−1} is
