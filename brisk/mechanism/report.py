@@ -26,7 +26,15 @@ from brisk.mechanism.stats import Bootstrap, Mean, Rate
 from brisk.mechanism.tally import RequestTally, tally_blocks
 from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
 
-__all__ = ["MechanismSummary", "TableRow", "analyze", "summarize", "table_rows", "write_report"]
+__all__ = [
+    "MechanismSummary",
+    "TableRow",
+    "analyze",
+    "default_ks",
+    "summarize",
+    "table_rows",
+    "write_report",
+]
 
 
 @dataclass(frozen=True)
@@ -81,19 +89,29 @@ def _finite(xs: list[float]) -> list[float | None]:
     return [x if math.isfinite(x) else None for x in xs]
 
 
+def default_ks(K: int) -> tuple[int, ...]:
+    """The K' values a report singles out by default: those of 4, 8, 16 below K, and K.
+
+    >>> default_ks(16), default_ks(3), default_ks(32)
+    ((4, 8, 16), (3,), (4, 8, 16, 32))
+    """
+    return tuple(sorted({k for k in (4, 8, 16) if k < K} | {K}))
+
+
 def summarize(
     tally: RequestTally,
-    ks: Sequence[int] = (4, 8, 16),
+    ks: Sequence[int] | None = None,
     draws: int = 1000,
     seed: int = 0,
     level: float = 0.95,
     files: Sequence[str] = (),
 ) -> MechanismSummary:
-    """All statistics of a tally; ``ks`` must lie in 1..K."""
+    """All statistics of a tally; ``ks`` must lie in 1..K (default: :func:`default_ks`)."""
     K = tally.shape.K
+    ks = default_ks(K) if ks is None else ks
     bad = [k for k in ks if not 1 <= k <= K]
     if bad or not ks:
-        raise ValueError(f"--k: need values in 1..K = {K}, got {list(ks)}")
+        raise ValueError(f"ks: need values in 1..K = {K}, got {list(ks)}")
     boot = Bootstrap(tally.request_ids, draws=draws, seed=seed, level=level)
     sums = dict(tally.sums)
     profile = tally.profile()
@@ -117,7 +135,7 @@ def summarize(
 
 def analyze(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    ks: Sequence[int] = (4, 8, 16),
+    ks: Sequence[int] | None = None,
     draws: int = 1000,
     seed: int = 0,
     level: float = 0.95,
