@@ -30,10 +30,16 @@ PROGRESS_MIN_ROWS = 200_000
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = layers.add_parser("mechanism", help="block-log diagnostics (paper appendix B)")
+    parser = layers.add_parser(
+        "mechanism", help="block-log diagnostics (paper, app:mechanism_analysis)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    r = commands.add_parser("report", help="Table 7 with intervals, summary.json/.md and plots")
+    r = commands.add_parser(
+        "report",
+        help="the paper's mechanism table (tab:mechanism_summary) with intervals, "
+        "summary.json/.md and plots",
+    )
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="Parquet files or log dirs")
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument(

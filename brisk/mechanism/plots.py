@@ -83,7 +83,8 @@ def _compact(n: int) -> str:
 
 
 def plot_positions(s: MechanismSummary) -> Figure:
-    """Paper Fig. 6 and its regression companion: per-position intervention, rescue, regression."""
+    """Per-position intervention, rescue and regression: the paper's
+    fig:mech_first_breaker_position and its regression companion."""
     import matplotlib.pyplot as plt
 
     rep = s.replay
@@ -156,7 +157,8 @@ def plot_positions(s: MechanismSummary) -> Figure:
 
 
 def plot_repetition(s: MechanismSummary) -> Figure:
-    """Appendix B.2: repeat prevalence (verified positions vs first breakers) and per block."""
+    """Repeat prevalence (verified positions vs first breakers; the paper's fig:mech_collision)
+    and repeats per block (app:mech_collision)."""
     import matplotlib.pyplot as plt
 
     r = s.repetition
@@ -190,7 +192,8 @@ def plot_repetition(s: MechanismSummary) -> Figure:
 
 
 def plot_coverage(s: MechanismSummary) -> Figure:
-    """Table 5's columns for every K': verifier top-1 coverage and its probability mass."""
+    """The coverage/mass columns of the paper's tab:topk_main for every K': verifier top-1
+    coverage, its probability mass, and the verifier's mass on the candidates."""
     import matplotlib.pyplot as plt
 
     c = s.coverage

@@ -2,8 +2,9 @@
 
 :func:`analyze` runs one streaming pass (:func:`~brisk.mechanism.tally.tally_blocks`) and then
 computes every statistic from the per-request sums with one shared request-clustered bootstrap
-(:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's Table 7, adding the
-pooled rate and the number of requests behind each equal-request average.
+(:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's
+tab:mechanism_summary, adding the pooled rate and the number of requests behind each
+equal-request average, and the local-repetition statistics (app:mech_collision).
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def _mean(m: Mean, signed: bool = False, digits: int = 3) -> tuple[str, str, str
 
 
 def table_rows(s: MechanismSummary) -> list[TableRow]:
-    """The report table: Table 7's rows, then repetition (B.2) and the acceptance profile."""
+    """The report table: the rows of the paper's tab:mechanism_summary, then local repetition
+    (app:mech_collision) and the acceptance profile."""
     M, rows = s.shape.M, []
     sec = "Candidate availability and same-state repair (%)"
     for k in s.ks:
