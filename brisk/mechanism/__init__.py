@@ -1,4 +1,4 @@
-"""Block logs and the paper's mechanism diagnostics (§4.2, appendix B, Tables 5 and 7).
+"""Block logs and the paper's mechanism diagnostics (paper, app:mechanism_analysis).
 
 Write logs with :class:`BlockLogWriter`, check them with :func:`validate`, and get every
 statistic with :func:`analyze` (or ``brisk mechanism report LOG... --out DIR``).

@@ -14,8 +14,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from brisk._cli import comma_separated
-from brisk.mechanism.io import BlockLogWriter, count_blocks, log_files, validate
-from brisk.mechanism.report import MechanismSummary, summarize, table_rows, write_report
+from brisk.mechanism.io import BlockLogWriter, count_blocks, log_files, log_shape, validate
+from brisk.mechanism.report import (
+    MechanismSummary,
+    default_ks,
+    summarize,
+    table_rows,
+    write_report,
+)
 from brisk.mechanism.synthetic import synthetic_blocks
 from brisk.mechanism.tally import tally_blocks
 
@@ -24,10 +30,16 @@ PROGRESS_MIN_ROWS = 200_000
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = layers.add_parser("mechanism", help="block-log diagnostics (paper appendix B)")
+    parser = layers.add_parser(
+        "mechanism", help="block-log diagnostics (paper, app:mechanism_analysis)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    r = commands.add_parser("report", help="Table 7 with intervals, summary.json/.md and plots")
+    r = commands.add_parser(
+        "report",
+        help="the paper's mechanism table (tab:mechanism_summary) with intervals, "
+        "summary.json/.md and plots",
+    )
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="Parquet files or log dirs")
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument(
@@ -36,9 +48,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=None,
         help="K' values for coverage (default: those of 4,8,16 up to the log's K, and K)",
     )
-    r.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (0: none)")
-    r.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    r.add_argument("--level", type=float, default=0.95, help="interval level")
+    r.add_argument("--bootstrap", type=int, default=1000, help="bootstrap draws (0: no intervals)")
+    r.add_argument("--seed", type=int, default=0, help="bootstrap seed (≥ 0)")
+    r.add_argument("--level", type=float, default=0.95, help="interval level, in (0, 1)")
     r.set_defaults(run=run_report)
 
     v = commands.add_parser("validate", help="check logs against the schema")
@@ -47,16 +59,34 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     s = commands.add_parser("synth", help="write a seeded synthetic log (for trying things out)")
     s.add_argument("out", type=Path, help="log directory to create")
-    s.add_argument("--blocks", type=int, default=100_000)
-    s.add_argument("--M", type=int, default=7)
-    s.add_argument("--K", type=int, default=16)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--blocks", type=int, default=100_000, help="blocks to write (≥ 1)")
+    s.add_argument("--M", type=int, default=7, help="proposal positions, 1..255")
+    s.add_argument("--K", type=int, default=16, help="candidates per position, 2..4096")
+    s.add_argument("--seed", type=int, default=0, help="seed (≥ 0)")
     s.set_defaults(run=run_synth)
 
 
+def _need(ok: bool, flag: str, want: str, got: object) -> None:
+    """One-line argument errors (the CLI turns ValueError into ``brisk: error: …``, exit 2)."""
+    if not ok:
+        raise ValueError(f"{flag}: need {want}, got {got}")
+
+
 def run_report(args: argparse.Namespace) -> int:
-    if args.bootstrap < 0:
-        raise ValueError(f"--bootstrap: need ≥ 0 draws, got {args.bootstrap}")
+    # every argument is checked before the (possibly long) pass over the blocks
+    _need(args.bootstrap >= 0, "--bootstrap", "a number of draws ≥ 0", args.bootstrap)
+    _need(args.seed >= 0, "--seed", "an integer ≥ 0", args.seed)
+    _need(0 < args.level < 1, "--level", "a value strictly between 0 and 1", args.level)
+    # --out or, if it does not exist yet, the nearest existing folder above it, must be a folder
+    there = next(p for p in (args.out, *args.out.absolute().parents) if p.exists())
+    _need(there.is_dir(), "--out", "a directory", f"the file {there}")
+    K = log_shape(args.logs).K  # footers only
+    _need(
+        args.k is None or all(1 <= k <= K for k in args.k),
+        "--k",
+        f"values in 1..K = {K}",
+        ",".join(map(str, args.k or [])),
+    )
     total = count_blocks(args.logs)
     console, err = Console(), Console(stderr=True)
     if not console.is_terminal:  # a log file or pipe: don't wrap the table at 80 columns
@@ -76,8 +106,7 @@ def run_report(args: argparse.Namespace) -> int:
     show = total >= PROGRESS_MIN_ROWS and err.is_terminal
     with err.status("bootstrap, tables and plots") if show else nullcontext():
         files = [str(f) for f in log_files(args.logs)]
-        K = tally.shape.K
-        ks = args.k if args.k is not None else sorted({k for k in (4, 8, 16) if k < K} | {K})
+        ks = args.k if args.k is not None else default_ks(tally.shape.K)
         summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files)
         written = write_report(summary, args.out)
     print_table(summary, console)
@@ -123,6 +152,11 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    # checked before the writer creates the directory: a refused command writes nothing
+    _need(args.blocks >= 1, "--blocks", "a number of blocks ≥ 1", args.blocks)
+    _need(1 <= args.M <= 255, "--M", "proposal positions in 1..255", args.M)
+    _need(2 <= args.K <= 4096, "--K", "candidates per position in 2..4096", args.K)
+    _need(args.seed >= 0, "--seed", "an integer ≥ 0", args.seed)
     with BlockLogWriter(args.out, args.M, args.K) as writer:
         for batch in synthetic_blocks(args.blocks, args.M, args.K, seed=args.seed):
             writer.write(batch)

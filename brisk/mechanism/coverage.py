@@ -1,4 +1,4 @@
-"""Candidate availability at first breakers (paper Table 5's coverage/mass columns).
+"""Candidate availability at first breakers (paper, tab:topk_main and tab:mechanism_summary).
 
 At a first breaker let x* be the verifier's full-vocabulary top-1 and p* = p(x*). For every
 K' ≤ K, with C_{K'} the K' highest-q candidates:

@@ -1,4 +1,4 @@
-"""Whole-block replay (paper appendix B.1, eq. 9): ΔL = L(b_head | c) − L(b_base | c).
+"""Whole-block replay (paper, eq:mech_block_logp): ΔL = L(b_head | c) − L(b_base | c).
 
 L(b | c) = Σ_{i=1}^{M} log p(x_i | c, x_{<i}) is the verifier's log-likelihood of a block
 scored under its own predecessor path from the shared producer prefix c (columns

@@ -1,7 +1,9 @@
 """Figures of the mechanism report (matplotlib is imported on first use).
 
 Every rate is drawn as its equal-request estimate with the bootstrap interval as an error bar;
-empty populations (no first breakers at a position, say) are left out rather than drawn as 0.
+empty populations (no first breakers at a position, say) are left out rather than drawn as 0,
+and a panel with nothing to draw says why in its axes (``no corrector in this log`` for the
+head's panels of a head-off log) instead of showing empty axes.
 """
 
 from __future__ import annotations
@@ -29,13 +31,33 @@ __all__ = [
 ]
 
 
-def _rate_line(ax: Axes, x: np.ndarray, r: RateArray, color: str, label: str | None = None) -> None:
+def _say(ax: Axes, text: str) -> None:
+    """Write ``text`` in the middle of an axes that has no data (and drop its value ticks)."""
+    ax.text(
+        0.5,
+        0.5,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        wrap=True,
+        fontsize=9,
+        color="0.35",
+    )
+    ax.set_yticks([])
+
+
+def _rate_line(ax: Axes, x: np.ndarray, r: RateArray, color: str, label: str | None = None) -> bool:
+    """Draw the finite rates of ``r``; return whether there were any."""
     ok = np.isfinite(r.equal_request)
+    if not ok.any():
+        return False
     y = 100 * r.equal_request[ok]
     err = None
     if np.isfinite(r.low[ok]).all():
         err = np.abs(np.vstack([y - 100 * r.low[ok], 100 * r.high[ok] - y]))
     ax.errorbar(x[ok], y, yerr=err, color=color, marker="o", capsize=3, lw=1.8, label=label)
+    return True
 
 
 def _paired_bars(
@@ -61,50 +83,71 @@ def _compact(n: int) -> str:
 
 
 def plot_positions(s: MechanismSummary) -> Figure:
-    """Paper Fig. 6 and its regression companion: per-position intervention, rescue, regression."""
+    """Per-position intervention, rescue and regression: the paper's
+    fig:mech_first_breaker_position and its regression companion."""
     import matplotlib.pyplot as plt
 
     rep = s.replay
     x = np.arange(1, s.shape.M + 1)
     fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.4), layout="constrained")
+    # (rates, color, title, y label, population of the denominator)
     panels = [
-        (rep.intervention_by_position, "C0", "(a) head intervention", "% of first breakers"),
-        (rep.rescue_by_position, "C2", "(b) same-draw rescue", "per 100 first breakers"),
+        (
+            rep.intervention_by_position,
+            "C0",
+            "(a) head intervention",
+            "% of first breakers",
+            "first breakers",
+        ),
+        (
+            rep.rescue_by_position,
+            "C2",
+            "(b) same-draw rescue",
+            "per 100 first breakers",
+            "first breakers",
+        ),
         (
             rep.regression_by_position,
             "C3",
             "(c) introduced rejection",
             "per 100 accepted positions",
+            "accepted positions",
         ),
     ]
-    for ax, (rates, color, title, ylabel) in zip(axes, panels, strict=True):
-        _rate_line(ax, x, rates, color)
+    gap = s.head_gap("head_choice")
+    drawn = []
+    for ax, (rates, color, title, ylabel, population) in zip(axes, panels, strict=True):
         ax.set_title(title)
         ax.set_xlabel("proposal position i")
-        ax.set_ylabel(ylabel)
         ax.set_xticks(x)
+        drawn.append(gap is None and _rate_line(ax, x, rates, color))
+        if not drawn[-1]:
+            ax.set_xlim(0.5, s.shape.M + 0.5)
+            _say(ax, gap or f"no {population} where the head ran")
+            continue
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    counts = rep.first_breakers_by_position
-    for xi, c in zip(x, counts, strict=True):
-        axes[0].annotate(
-            _compact(int(c)),
-            (xi, 0),
-            xytext=(0, 3),
-            textcoords="offset points",
-            ha="center",
+    if drawn[0]:
+        for xi, c in zip(x, rep.first_breakers_by_position, strict=True):
+            axes[0].annotate(
+                _compact(int(c)),
+                (xi, 0),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color="0.45",
+            )
+        axes[0].text(
+            0.02,
+            0.97,
+            "grey: first breakers at i",
+            transform=axes[0].transAxes,
+            va="top",
             fontsize=7,
             color="0.45",
         )
-    axes[0].text(
-        0.02,
-        0.97,
-        "grey: first breakers at i",
-        transform=axes[0].transAxes,
-        va="top",
-        fontsize=7,
-        color="0.45",
-    )
     fig.suptitle(
         f"First-breaker repair by position ({s.n_requests:,} requests, equal-request "
         f"means, {round(100 * s.level)}% bootstrap CI)",
@@ -114,7 +157,8 @@ def plot_positions(s: MechanismSummary) -> Figure:
 
 
 def plot_repetition(s: MechanismSummary) -> Figure:
-    """Appendix B.2: repeat prevalence (verified positions vs first breakers) and per block."""
+    """Repeat prevalence (verified positions vs first breakers; the paper's fig:mech_collision)
+    and repeats per block (app:mech_collision)."""
     import matplotlib.pyplot as plt
 
     r = s.repetition
@@ -130,6 +174,11 @@ def plot_repetition(s: MechanismSummary) -> Figure:
     ax.set_title("Repeat prevalence")
     ax.legend(frameon=False)
     ax.grid(axis="y", alpha=0.3)
+    bx.set_title(f"Repeats per block ({r.paired_blocks:,} paired blocks)")
+    if (gap := s.head_gap("head_block")) is not None:
+        bx.set_xticks([])
+        _say(bx, gap)
+        return fig
     means = [
         (r.adjacent_per_block_base, r.adjacent_per_block_head),
         (r.nonadjacent_per_block_base, r.nonadjacent_per_block_head),
@@ -137,14 +186,14 @@ def plot_repetition(s: MechanismSummary) -> Figure:
     _paired_bars(bx, means, (("base block", "C7"), ("head block", "C2")), 1)
     bx.set_xticks(np.arange(2), names)
     bx.set_ylabel("repeated tokens per block")
-    bx.set_title(f"Repeats per block ({r.paired_blocks:,} paired blocks)")
     bx.legend(frameon=False)
     bx.grid(axis="y", alpha=0.3)
     return fig
 
 
 def plot_coverage(s: MechanismSummary) -> Figure:
-    """Table 5's columns for every K': verifier top-1 coverage and its probability mass."""
+    """The coverage/mass columns of the paper's tab:topk_main for every K': verifier top-1
+    coverage, its probability mass, and the verifier's mass on the candidates."""
     import matplotlib.pyplot as plt
 
     c = s.coverage

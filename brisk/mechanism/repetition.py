@@ -1,4 +1,4 @@
-"""Local repetition (paper app:mech_collision).
+"""Local repetition (paper, app:mech_collision and fig:mech_collision).
 
 With x_0 the anchor and x_1..x_M the block's tokens, position i holds
 

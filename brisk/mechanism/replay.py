@@ -1,4 +1,4 @@
-"""Same-state replay (paper appendix B.1, eq. 8): first breakers, rescue, regression, intervention.
+"""Same-state replay (paper, eq:mech_same_draw): first breakers, rescue, regression, intervention.
 
 Positions are 1-based in the text and 0-based in arrays. For a block with accepted-prefix length
 L, positions 1..L are *accepted*, position L + 1 is the *first breaker* when L < M, and the
@@ -48,7 +48,9 @@ IntArray = npt.NDArray[np.int64]
 def same_state_accept(
     p: npt.ArrayLike, q: npt.ArrayLike, u: npt.ArrayLike
 ) -> npt.NDArray[np.bool_]:
-    """J = 1[u < min(1, p/q)], elementwise in float64 (q = 0: α = 1[p > 0]).
+    """J = 1[u < min(1, p/q)] (paper, eq:mech_same_draw), elementwise in float64.
+
+    Where q = 0, α = 1[p > 0].
 
     >>> same_state_accept([0.2, 0.5, 0.3], [0.4, 0.25, 0.0], [0.6, 0.99, 0.5]).tolist()
     [False, True, True]

@@ -2,8 +2,9 @@
 
 :func:`analyze` runs one streaming pass (:func:`~brisk.mechanism.tally.tally_blocks`) and then
 computes every statistic from the per-request sums with one shared request-clustered bootstrap
-(:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's Table 7, adding the
-pooled rate and the number of requests behind each equal-request average.
+(:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's
+tab:mechanism_summary, adding the pooled rate and the number of requests behind each
+equal-request average, and the local-repetition statistics (app:mech_collision).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
 from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files
@@ -26,7 +27,24 @@ from brisk.mechanism.stats import Bootstrap, Mean, Rate
 from brisk.mechanism.tally import RequestTally, tally_blocks
 from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
 
-__all__ = ["MechanismSummary", "TableRow", "analyze", "summarize", "table_rows", "write_report"]
+__all__ = [
+    "NO_CORRECTOR",
+    "MechanismSummary",
+    "TableRow",
+    "analyze",
+    "default_ks",
+    "summarize",
+    "table_rows",
+    "write_report",
+]
+
+NO_CORRECTOR = "no corrector in this log"
+HeadColumn = Literal["head_choice", "head_block", "head_logp"]
+_HEAD_GAPS: dict[str, str] = {
+    "head_choice": "no per-position head choices (head_choice = −1 throughout)",
+    "head_block": "no head blocks (head_block = −1 throughout)",
+    "head_logp": "no block scored by both base_logp and head_logp",
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,29 @@ class MechanismSummary:
     profile: AcceptanceProfile
     tpf: TPFInterval
 
+    @property
+    def has_corrector(self) -> bool:
+        """Whether any head column holds data: a per-position choice, a head block or a block
+        ``head_logp`` scored. A head-off log has none (``head_choice`` and ``head_block`` −1
+        throughout)."""
+        return bool(
+            self.replay.head_positions or self.repetition.paired_blocks or self.likelihood.pairs
+        )
+
+    def head_gap(self, column: HeadColumn) -> str | None:
+        """Why the corrector statistics that read ``column`` have no data, or ``None`` if they
+        have some: ``head_choice`` feeds the same-state replay and head rescue among repeat
+        breakers, ``head_block`` the repeats per block, ``head_logp`` ΔL. A log without any
+        corrector data gives :data:`NO_CORRECTOR` for all three."""
+        have = {
+            "head_choice": self.replay.head_positions,
+            "head_block": self.repetition.paired_blocks,
+            "head_logp": self.likelihood.pairs,
+        }[column]
+        if have:
+            return None
+        return _HEAD_GAPS[column] if self.has_corrector else NO_CORRECTOR
+
     def as_dict(self) -> dict[str, Any]:
         lo, hi = self.profile.interval(self.level)
         return {
@@ -56,6 +97,7 @@ class MechanismSummary:
             "K": self.shape.K,
             "blocks": self.n_blocks,
             "requests": self.n_requests,
+            "corrector": self.has_corrector,
             "bootstrap": {"draws": self.draws, "seed": self.seed, "level": self.level},
             "ks": list(self.ks),
             "replay": self.replay.as_dict(),
@@ -81,19 +123,29 @@ def _finite(xs: list[float]) -> list[float | None]:
     return [x if math.isfinite(x) else None for x in xs]
 
 
+def default_ks(K: int) -> tuple[int, ...]:
+    """The K' values a report singles out by default: those of 4, 8, 16 below K, and K.
+
+    >>> default_ks(16), default_ks(3), default_ks(32)
+    ((4, 8, 16), (3,), (4, 8, 16, 32))
+    """
+    return tuple(sorted({k for k in (4, 8, 16) if k < K} | {K}))
+
+
 def summarize(
     tally: RequestTally,
-    ks: Sequence[int] = (4, 8, 16),
+    ks: Sequence[int] | None = None,
     draws: int = 1000,
     seed: int = 0,
     level: float = 0.95,
     files: Sequence[str] = (),
 ) -> MechanismSummary:
-    """All statistics of a tally; ``ks`` must lie in 1..K."""
+    """All statistics of a tally; ``ks`` must lie in 1..K (default: :func:`default_ks`)."""
     K = tally.shape.K
+    ks = default_ks(K) if ks is None else ks
     bad = [k for k in ks if not 1 <= k <= K]
     if bad or not ks:
-        raise ValueError(f"--k: need values in 1..K = {K}, got {list(ks)}")
+        raise ValueError(f"ks: need values in 1..K = {K}, got {list(ks)}")
     boot = Bootstrap(tally.request_ids, draws=draws, seed=seed, level=level)
     sums = dict(tally.sums)
     profile = tally.profile()
@@ -117,7 +169,7 @@ def summarize(
 
 def analyze(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    ks: Sequence[int] = (4, 8, 16),
+    ks: Sequence[int] | None = None,
     draws: int = 1000,
     seed: int = 0,
     level: float = 0.95,
@@ -163,7 +215,8 @@ def _mean(m: Mean, signed: bool = False, digits: int = 3) -> tuple[str, str, str
 
 
 def table_rows(s: MechanismSummary) -> list[TableRow]:
-    """The report table: Table 7's rows, then repetition (B.2) and the acceptance profile."""
+    """The report table: the rows of the paper's tab:mechanism_summary, then local repetition
+    (app:mech_collision) and the acceptance profile."""
     M, rows = s.shape.M, []
     sec = "Candidate availability and same-state repair (%)"
     for k in s.ks:
@@ -194,26 +247,58 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
             )
         )
     rep = s.replay
+
+    def head(column: HeadColumn, cells: tuple[str, str, str]) -> tuple[str, str, str]:
+        # a corrector row without data says why, rather than showing a row of dashes
+        gap = s.head_gap(column)
+        return cells if gap is None else (gap, "", "")
+
     rows += [
         TableRow(
-            sec, "Corrector changes selected token", "First breakers", *_pct(rep.intervention)
+            sec,
+            "Corrector changes selected token",
+            "First breakers",
+            *head("head_choice", _pct(rep.intervention)),
         ),
-        TableRow(sec, "Corrector rescues rejection", "Per 100 first breakers", *_pct(rep.rescue)),
+        TableRow(
+            sec,
+            "Corrector rescues rejection",
+            "Per 100 first breakers",
+            *head("head_choice", _pct(rep.rescue)),
+        ),
         TableRow(
             sec,
             "Corrector introduces rejection",
             "Per 100 accepted positions",
-            *_pct(rep.regression),
+            *head("head_choice", _pct(rep.regression)),
         ),
     ]
     sec, lk = "Whole-block verifier preference", s.likelihood
     rows += [
-        TableRow(sec, "Mean ΔL", f"Nats per {M}-token block", *_mean(lk.mean_delta, signed=True)),
         TableRow(
-            sec, "Refined block has higher likelihood", "% of paired blocks", *_pct(lk.positive)
+            sec,
+            "Mean ΔL",
+            f"Nats per {M}-token block",
+            *head("head_logp", _mean(lk.mean_delta, signed=True)),
         ),
-        TableRow(sec, "Equal recorded likelihood", "% of paired blocks", *_pct(lk.tied)),
-        TableRow(sec, "Base block has higher likelihood", "% of paired blocks", *_pct(lk.negative)),
+        TableRow(
+            sec,
+            "Refined block has higher likelihood",
+            "% of paired blocks",
+            *head("head_logp", _pct(lk.positive)),
+        ),
+        TableRow(
+            sec,
+            "Equal recorded likelihood",
+            "% of paired blocks",
+            *head("head_logp", _pct(lk.tied)),
+        ),
+        TableRow(
+            sec,
+            "Base block has higher likelihood",
+            "% of paired blocks",
+            *head("head_logp", _pct(lk.negative)),
+        ),
     ]
     sec, r = "Local repetition (%)", s.repetition
     rows += [
@@ -225,39 +310,34 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
             sec,
             "Head rescues adjacent-repeat breaker",
             "Per 100 such breakers",
-            *_pct(r.adjacent_head_rescue),
+            *head("head_choice", _pct(r.adjacent_head_rescue)),
         ),
         TableRow(
             sec,
             "Head rescues non-adjacent-repeat breaker",
             "Per 100 such breakers",
-            *_pct(r.nonadjacent_head_rescue),
-        ),
-        TableRow(
-            sec,
-            "Adjacent repeats, base block",
-            "Tokens per block",
-            *_mean(r.adjacent_per_block_base),
-        ),
-        TableRow(
-            sec,
-            "Adjacent repeats, head block",
-            "Tokens per block",
-            *_mean(r.adjacent_per_block_head),
-        ),
-        TableRow(
-            sec,
-            "Non-adjacent repeats, base block",
-            "Tokens per block",
-            *_mean(r.nonadjacent_per_block_base),
-        ),
-        TableRow(
-            sec,
-            "Non-adjacent repeats, head block",
-            "Tokens per block",
-            *_mean(r.nonadjacent_per_block_head),
+            *head("head_choice", _pct(r.nonadjacent_head_rescue)),
         ),
     ]
+    # base and head blocks alike count only blocks with a head block (paired blocks)
+    for what, base, own in (
+        ("Adjacent", r.adjacent_per_block_base, r.adjacent_per_block_head),
+        ("Non-adjacent", r.nonadjacent_per_block_base, r.nonadjacent_per_block_head),
+    ):
+        rows += [
+            TableRow(
+                sec,
+                f"{what} repeats, base block",
+                "Tokens per block",
+                *head("head_block", _mean(base)),
+            ),
+            TableRow(
+                sec,
+                f"{what} repeats, head block",
+                "Tokens per block",
+                *head("head_block", _mean(own)),
+            ),
+        ]
     sec, t = "Acceptance profile (pooled over blocks)", s.tpf
     rows += [
         TableRow(
@@ -298,6 +378,13 @@ def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
         "rate's mean and counted as excl.",
         "",
     ]
+    if not s.has_corrector:
+        lines += [
+            f"**Note:** {NO_CORRECTOR} (head_choice and head_block are −1 throughout and no "
+            "block has head_logp): the corrector's rows and plot panels say so instead of "
+            "showing values.",
+            "",
+        ]
     if s.replay.base_disagreements:
         lines += [
             f"**Note:** at {s.replay.base_disagreements:,} reached positions the same-state rule "

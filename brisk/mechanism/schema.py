@@ -29,10 +29,11 @@ column                 type                meaning
                                            (its earlier choices fed back); −1 at every
                                            position when the head did not draft a block
 ``accept_len``         int16               L, accepted-prefix length, 0..M
-``base_logp``          float64, nullable   whole-block L(b_base | c) (eq:mech_block_logp),
-                                           optional
-``head_logp``          float64, nullable   whole-block L(b_head | c) (eq:mech_block_logp) of
-                                           the ``head_block`` tokens, optional
+``base_logp``          float64, nullable   whole-block L(b_base | c) (paper,
+                                           eq:mech_block_logp), optional
+``head_logp``          float64, nullable   whole-block L(b_head | c) (paper,
+                                           eq:mech_block_logp) of the ``head_block``
+                                           tokens, optional
 =====================  ==================  ====================================================
 
 Position i (1-based) is *reached* when i ≤ min(L + 1, M); the reached positions are the

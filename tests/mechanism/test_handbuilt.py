@@ -11,6 +11,11 @@ Request 1 has four blocks, request 2 one, so equal-request and pooled rates diff
 - D (request 2, L = 0): position 1 breaks (α = 0.1), the head's rank 2 has α = 1: a rescue.
 
 Whole-block ΔL: A +1, B −1, C 0, C 0, D +0.5.
+
+The log is head-on (``head_block`` = ``head_choice``). ``data/v1_handbuilt.parquet`` holds the
+same blocks as the version 1 writer wrote them (no token_offset, head_block or page checksums).
+A second, shadow-mode log (:func:`shadow_blocks`) has a head block different from the head's
+per-position choices.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from brisk.cli import main
-from brisk.mechanism import BlockLogWriter, analyze
+from brisk.mechanism import BlockLogWriter, analyze, block_table, read_blocks, validate
 from brisk.mechanism.reference import reference_rates, reference_tally
 from brisk.mechanism.report import MechanismSummary
 from brisk.mechanism.tally import tally_blocks
-from tests.mechanism.logs import NAN, hand_block
+from tests.mechanism.logs import NAN, as_version_1, hand_block, stack
+
+V1_LOG = Path(__file__).parent / "data" / "v1_handbuilt.parquet"
 
 ACCEPT = [0.6, 0.2, 0.1]
 UNREACHED = [NAN, NAN, NAN]
@@ -196,3 +205,65 @@ def test_cli_report(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
     saved = json.loads((out / "summary.json").read_text())
     assert saved["replay"]["rescue"]["pooled"] == pytest.approx(2 / 3, abs=0)
     assert saved["replay"]["rescue"]["equal_request"] == 0.75
+
+
+def test_version_1_log_reads_as_written(log: Path, summary: MechanismSummary) -> None:
+    """The v1 writer's file (no checksums, no v2 columns) validates and gives every statistic
+    of the same blocks written as v2; token_offset reads as −1 and head_block as head_choice."""
+    assert pq.ParquetFile(V1_LOG).schema_arrow.metadata[b"brisk.version"] == b"1"
+    assert validate(V1_LOG, M=3, K=3) == 5
+    (batch,) = read_blocks(V1_LOG)
+    assert batch["token_offset"].tolist() == [-1] * 5
+    np.testing.assert_array_equal(batch["head_block"], batch["head_choice"])
+    old = analyze(V1_LOG, ks=(1, 2, 3), draws=50).as_dict()
+    new = summary.as_dict()
+    assert old.pop("files") == [str(V1_LOG)]
+    new.pop("files")
+    assert old == new
+    assert tally_blocks(V1_LOG).equals(tally_blocks(log))
+
+
+def shadow_blocks() -> list[dict[str, object]]:
+    """Shadow mode, one request (M = 3, K = 3, anchor 1). With C_1 = (5, 6, 7),
+    C_2 = (6, 5, 8), C_3 = (6, 9, 5) and base ranks (0, 0, 0) the base block is 5 6 6 (one
+    adjacent repeat). The head's per-position choices (1, 1, 1) on the base's prefix read
+    6 5 9 (no repeat); its own blocks differ:
+
+    - S1 (L = 1): own block (1, 0, 0) = 6 6 6, two adjacent repeats. Position 2 breaks; the
+      head's per-position rank 1 (p/q = 0.6/0.3) rescues it, its own block's rank 0 would not.
+    - S2 (L = 3): own block (1, 2, 0) = 6 8 6, one non-adjacent repeat.
+    - S3 (L = 3): the head chose per position (0, 0, 0) but drafted no block (−1).
+    """
+    cand = [[5, 6, 7], [6, 5, 8], [6, 9, 5]]
+    common = {"base": [0, 0, 0], "head": [1, 1, 1], "cand": cand, "anchor": 1}
+    S1 = hand_block(
+        1, 0, 1, [ACCEPT, [0.1, 0.6, 0.2], UNREACHED], [0.5] * 3, head_block=[1, 0, 0], **common
+    )
+    S2 = hand_block(1, 1, 3, [ACCEPT] * 3, [0.5] * 3, head_block=[1, 2, 0], **common)
+    S3 = hand_block(
+        1, 2, 3, [ACCEPT] * 3, [0.5] * 3, **(common | {"head": [0, 0, 0]}), head_block=[-1] * 3
+    )
+    return [S1, S2, S3]
+
+
+def test_whole_block_repeats_read_the_heads_own_block(tmp_path: Path) -> None:
+    cols = stack(shadow_blocks())
+    with BlockLogWriter(tmp_path / "shadow", M=3, K=3) as writer:
+        writer.write(cols)
+    rep = analyze(tmp_path / "shadow", draws=0).repetition
+    assert rep.paired_blocks == 2  # S3 has no head block
+    assert rep.adjacent_per_block_base.equal_request == 1.0
+    assert rep.nonadjacent_per_block_base.equal_request == 0.0
+    assert rep.adjacent_per_block_head.equal_request == 1.0  # (2 + 0) / 2, from head_block
+    assert rep.nonadjacent_per_block_head.equal_request == 0.5  # (0 + 1) / 2
+    # the per-position, same-state diagnostics read head_choice: S1's breaker is rescued
+    replay = analyze(tmp_path / "shadow", draws=0).replay
+    assert (replay.rescue.numerator, replay.rescue.denominator) == (1, 1)
+    assert (replay.intervention.numerator, replay.intervention.denominator) == (1, 1)
+    # read as version 1 (head_block := head_choice), the head's tokens would be 6 5 9, 6 5 9
+    # and 5 6 6: no repeat in S1 and S2, and S3 joins the paired blocks
+    pq.write_table(as_version_1(block_table(cols, 3, 3)), tmp_path / "as_v1.parquet")
+    v1 = analyze(tmp_path / "as_v1.parquet", draws=0).repetition
+    assert v1.paired_blocks == 3
+    assert v1.adjacent_per_block_head.equal_request == 1 / 3
+    assert v1.nonadjacent_per_block_head.equal_request == 0.0

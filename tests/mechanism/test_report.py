@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
 from brisk.cli import main
 from brisk.mechanism import BlockLogWriter, Bootstrap, analyze, synthetic_blocks
-from brisk.mechanism.report import markdown
+from brisk.mechanism.plots import plot_positions, plot_repetition
+from brisk.mechanism.report import NO_CORRECTOR, markdown, table_rows
 
 
 def test_equal_request_excludes_zero_denominators_and_pools_beside() -> None:
@@ -95,14 +97,13 @@ def test_cli_synth_then_validate(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_degenerate_log_reports_without_crashing(tmp_path: Path) -> None:
-    """Every block accepted, the head never ran, no log-probabilities: empty populations are
-    reported as such (null in JSON, '—' in the table), not as zeros."""
+    """Every block accepted and no log-probabilities: empty populations are reported as such
+    (null in JSON, '—' in the table), not as zeros."""
     cols = next(synthetic_blocks(40, 3, 4, seed=1, logp=False))
     cols["accept_len"] = np.full(40, 3, dtype=np.int16)
     cols["p"] = np.nan_to_num(cols["p"], nan=0.5)
     cols["verifier_top1"] = np.where(cols["verifier_top1"] < 0, 7, cols["verifier_top1"])
     cols["verifier_top1_prob"] = np.nan_to_num(cols["verifier_top1_prob"], nan=0.5)
-    cols["head_choice"] = np.full((40, 3), -1, dtype=np.int16)
     with BlockLogWriter(tmp_path / "log", 3, 4) as writer:
         writer.write(cols)
     out = tmp_path / "report"
@@ -112,7 +113,94 @@ def test_degenerate_log_reports_without_crashing(tmp_path: Path) -> None:
     assert saved["replay"]["rescue"]["equal_request"] is None
     assert saved["likelihood"]["pairs"] == 0
     assert saved["acceptance_profile"]["rates"] == [1.0, 1.0, 1.0]
-    assert (
-        "| Corrector rescues rejection | Per 100 first breakers | — | — | 0 ("
-        in (out / "summary.md").read_text()
-    )
+    md = (out / "summary.md").read_text()
+    assert "| Corrector rescues rejection | Per 100 first breakers | — | — | 0 (" in md
+    # the head ran but nothing was scored: ΔL says why instead of showing dashes
+    assert "| Mean ΔL | Nats per 3-token block | no block scored by both base_logp and " in md
+    assert NO_CORRECTOR not in md
+    # no first breakers: panels (a) and (b) say so, (c) draws the accepted positions
+    a, b, c = _axes_texts(plot_positions(analyze(tmp_path / "log", draws=0)))
+    assert a == b == ["no first breakers where the head ran"]
+    assert c == []
+
+
+def _axes_texts(fig: Figure) -> list[list[str]]:
+    """The text written inside each axes of a figure (then closes it)."""
+    import matplotlib.pyplot as plt
+
+    texts = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+    plt.close(fig)
+    return texts
+
+
+def head_off_columns(n: int = 300, M: int = 3, K: int = 4) -> dict[str, np.ndarray]:
+    """A synthetic log as a head-off server writes it: no head choices, no head blocks, and
+    only the base block scored."""
+    cols = next(synthetic_blocks(n, M, K, seed=2))
+    cols["head_choice"] = np.full((n, M), -1, dtype=np.int16)
+    cols["head_block"] = np.full((n, M), -1, dtype=np.int16)
+    cols["head_logp"] = np.full(n, np.nan)
+    return cols
+
+
+HEAD_ROWS = frozenset(
+    {
+        "Corrector changes selected token",
+        "Corrector rescues rejection",
+        "Corrector introduces rejection",
+        "Mean ΔL",
+        "Refined block has higher likelihood",
+        "Equal recorded likelihood",
+        "Base block has higher likelihood",
+        "Head rescues adjacent-repeat breaker",
+        "Head rescues non-adjacent-repeat breaker",
+        "Adjacent repeats, base block",
+        "Adjacent repeats, head block",
+        "Non-adjacent repeats, base block",
+        "Non-adjacent repeats, head block",
+    }
+)
+
+
+def test_head_off_log_says_no_corrector(tmp_path: Path) -> None:
+    """Without a corrector, the head's rows and panels say so; the base's are unchanged."""
+    with BlockLogWriter(tmp_path / "log", 3, 4) as writer:
+        writer.write(head_off_columns())
+    out = tmp_path / "report"
+    assert main(["mechanism", "report", str(tmp_path / "log"), "--out", str(out)]) == 0
+    s = analyze(tmp_path / "log", draws=20)
+    assert not s.has_corrector
+    assert json.loads((out / "summary.json").read_text())["corrector"] is False
+    md = (out / "summary.md").read_text()
+    assert f"**Note:** {NO_CORRECTOR}" in md
+    rows = table_rows(s)
+    head_rows = [row for row in rows if row.quantity in HEAD_ROWS]
+    assert len(head_rows) == len(HEAD_ROWS)
+    for row in head_rows:
+        assert (row.value, row.pooled, row.requests) == (NO_CORRECTOR, "", "")
+        assert f"| {row.quantity} | {row.unit} | {NO_CORRECTOR} |  |  |" in md
+    assert md.count(NO_CORRECTOR) == len(HEAD_ROWS) + 1  # the rows and the note
+    # the rows that read only the base keep their numbers
+    for row in rows:
+        if row.quantity not in HEAD_ROWS:
+            assert row.value[0].isdigit(), row
+    assert _axes_texts(plot_positions(s)) == [[NO_CORRECTOR]] * 3
+    prevalence, per_block = _axes_texts(plot_repetition(s))
+    assert NO_CORRECTOR not in prevalence
+    assert per_block == [NO_CORRECTOR]
+
+
+def test_head_with_choices_only_names_what_is_missing(tmp_path: Path) -> None:
+    """A head that made per-position choices but drafted no block: only the whole-block rows
+    lack data, and they name the missing column rather than the corrector."""
+    cols = head_off_columns()
+    cols["head_choice"] = cols["base_choice"]
+    with BlockLogWriter(tmp_path / "log", 3, 4) as writer:
+        writer.write(cols)
+    s = analyze(tmp_path / "log", draws=0)
+    assert s.has_corrector
+    assert s.head_gap("head_choice") is None
+    assert s.head_gap("head_block") == "no head blocks (head_block = −1 throughout)"
+    assert _axes_texts(plot_repetition(s))[1] == [s.head_gap("head_block")]
+    rescue = next(r for r in table_rows(s) if r.quantity == "Corrector rescues rejection")
+    assert rescue.pooled == "0.00"  # the head equals the base: it never rescues
