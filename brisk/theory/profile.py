@@ -14,10 +14,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
-from scipy import stats
 
-from brisk.theory._arrays import FloatArray
+from brisk.theory._arrays import FloatArray, is_tensor
 from brisk.theory.tpf import CostModel, _check_M, tpf
 
 __all__ = ["AcceptanceProfile", "ProfileTracker", "TPFInterval"]
@@ -31,7 +29,7 @@ def _check_level(level: float) -> None:
 
 
 def _integer_array(x: Any, name: str) -> IntArray:
-    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    arr = x.detach().cpu().numpy() if is_tensor(x) else np.asarray(x)
     if arr.dtype.kind == "b":
         return arr.astype(np.int64)
     if arr.dtype.kind in "iu":
@@ -165,6 +163,8 @@ class AcceptanceProfile:
         As usual for Jeffreys intervals the lower end is 0 when nothing was accepted and the
         upper end is 1 when everything was; an unreached position gets [0, 1].
         """
+        from scipy import stats  # ~0.5 s to import: only when an interval is asked for
+
         _check_level(level)
         x, n = self.accepted, self.reached
         tail = (1 - level) / 2

@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import overload
-
-import torch
+from typing import TYPE_CHECKING, overload
 
 from brisk.theory._arrays import (
+    Array,
     ArrayInput,
     FloatArray,
     Kind,
-    as_tensor,
+    as_array,
     check_positions,
     check_probabilities,
+    concat,
+    cumprod,
+    full_like,
     to_kind,
+    values_like,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CostModel",
@@ -114,11 +120,9 @@ class CostModel:
             costs=tuple(1.0 + draft_cost for _ in range(M + 1)),
         )
 
-    def tensors(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g, c) as ``[M + 1]`` tensors with ``like``'s dtype and device."""
-        g = torch.tensor(self.gains, dtype=like.dtype, device=like.device)
-        c = torch.tensor(self.costs, dtype=like.dtype, device=like.device)
-        return g, c
+    def tensors(self, like: Array) -> tuple[Array, Array]:
+        """(g, c) as ``[M + 1]`` arrays of ``like``'s kind, dtype and device."""
+        return values_like(self.gains, like), values_like(self.costs, like)
 
 
 def _check_M(M: int) -> None:
@@ -137,25 +141,24 @@ def resolve_cost(cost: CostModel | None, M: int) -> CostModel:
     return cost
 
 
-def read_profile(a: ArrayInput | torch.Tensor, name: str = "a") -> tuple[torch.Tensor, Kind]:
-    """Validate an acceptance profile ``[..., M]``; returns the tensor and the caller's kind."""
-    t, kind = as_tensor(a, name)
+def read_profile(a: ArrayInput | torch.Tensor, name: str = "a") -> tuple[Array, Kind]:
+    """Validate an acceptance profile ``[..., M]``; returns the array and the caller's kind."""
+    t, kind = as_array(a, name)
     check_positions(t, name)
     check_probabilities(t, name)
     return t, kind
 
 
-def _survival(a: torch.Tensor) -> torch.Tensor:
-    ones = torch.ones_like(a[..., :1])
-    return torch.cat([ones, torch.cumprod(a, dim=-1)], dim=-1)
+def _survival(a: Array) -> Array:
+    return concat([full_like(a, (*a.shape[:-1], 1), 1.0), cumprod(a)])
 
 
-def _pmf(a: torch.Tensor) -> torch.Tensor:
+def _pmf(a: Array) -> Array:
     A = _survival(a)
-    return torch.cat([A[..., :-1] * (1 - a), A[..., -1:]], dim=-1)
+    return concat([A[..., :-1] * (1 - a), A[..., -1:]])
 
 
-def _tpf(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
+def _tpf(a: Array, cost: CostModel) -> Array:
     g, c = cost.tensors(a)
     pmf = _pmf(a)
     return (pmf * g).sum(-1) / (pmf * c).sum(-1)
@@ -215,9 +218,9 @@ def fpt(a: ArrayInput | torch.Tensor, cost: CostModel | None = None) -> FloatArr
     return to_kind(1 / _tpf(t, resolve_cost(cost, t.shape[-1])), kind)  # type: ignore[no-any-return]
 
 
-def _geometric(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+def _geometric(x: Array, lo: int, hi: int) -> Array:
     """Σ_{i=lo}^{hi} x^i by Horner's rule: exact at x = 1, no 1/(1 − x) cancellation."""
-    total = torch.zeros_like(x)
+    total = x * 0
     for _ in range(hi - lo + 1):
         total = total * x + 1
     return total * x**lo
@@ -239,10 +242,10 @@ def isd_tpf_uniform(r: ArrayInput | torch.Tensor, stride: int) -> FloatArray | t
     """
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 2:
         raise ValueError(f"stride: need an integer stride N ≥ 2, got {stride!r}")
-    t, kind = as_tensor(r, "r")
+    t, kind = as_array(r, "r")
     check_probabilities(t, "r")
     a = 1 - t
-    numerator = 2 + (_geometric(a, 1, stride - 2) if stride > 2 else torch.zeros_like(a))
+    numerator = 2 + (_geometric(a, 1, stride - 2) if stride > 2 else a * 0)
     return to_kind(numerator / (2 - a ** (stride - 1)), kind)  # type: ignore[no-any-return]
 
 
@@ -256,6 +259,6 @@ def speculative_tpf_uniform(alpha: ArrayInput | torch.Tensor, M: int) -> FloatAr
     Evaluated as Σ_{k=0}^{M} α^k, which is exact at α = 1. alpha: any shape, values in [0, 1].
     """
     _check_M(M)
-    t, kind = as_tensor(alpha, "alpha")
+    t, kind = as_array(alpha, "alpha")
     check_probabilities(t, "alpha")
     return to_kind(_geometric(t, 0, M), kind)  # type: ignore[no-any-return]
