@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from brisk.theory.horizon import (
+    RunSimulation,
+    RunTPFPrediction,
+    expected_forwards,
+    predict_run_tpf,
+    run_tpf,
+    simulate_run,
+)
 from brisk.theory.profile import AcceptanceProfile, ProfileTracker, TPFInterval
 from brisk.theory.simulate import SimulationResult, simulate
 from brisk.theory.throughput import break_even_overhead, tokens_per_second, wall_clock_speedup
@@ -21,6 +29,8 @@ __all__ = [
     "AcceptanceProfile",
     "CostModel",
     "ProfileTracker",
+    "RunSimulation",
+    "RunTPFPrediction",
     "SimulationResult",
     "TPFInterval",
     "accept_length_pmf",
@@ -28,10 +38,14 @@ __all__ = [
     "decay_weights",
     "dpace_weights",
     "expected_accept_length",
+    "expected_forwards",
     "fpt",
     "isd_tpf_uniform",
+    "predict_run_tpf",
     "progress_weights",
+    "run_tpf",
     "simulate",
+    "simulate_run",
     "speculative_tpf_uniform",
     "survival",
     "tokens_per_second",

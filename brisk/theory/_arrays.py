@@ -97,6 +97,15 @@ def concat(xs: Sequence[Array], axis: int = -1) -> Array:
     return np.concatenate(xs, axis=axis)
 
 
+def stack(xs: Sequence[Array], axis: int = -1) -> Array:
+    """Stack equal-shaped arrays along a new ``axis`` (``torch.stack`` / ``np.stack``)."""
+    if is_tensor(xs[0]):
+        import torch
+
+        return torch.stack(list(xs), dim=axis)
+    return np.stack(xs, axis=axis)
+
+
 def cumprod(x: Array, axis: int = -1) -> Array:
     """Running product along ``axis``."""
     return x.cumprod(dim=axis) if is_tensor(x) else np.cumprod(x, axis=axis)
@@ -124,7 +133,7 @@ def full_like(x: Array, shape: tuple[int, ...], value: float) -> Array:
     return np.full(shape, value, dtype=np.asarray(x).dtype)
 
 
-def values_like(values: Sequence[float], x: Array) -> Array:
+def values_like(values: Sequence[float] | npt.NDArray[Any], x: Array) -> Array:
     """A 1-d array of ``values`` with ``x``'s dtype and device."""
     if is_tensor(x):
         return x.new_tensor(values)

@@ -178,13 +178,26 @@ class AcceptanceProfile:
         An unreached position matters only if the estimated survival before it is positive;
         then TPF is undefined (NaN). Positions behind an estimated a = 0 are irrelevant.
         """
+        rates = self.usable_rates()
+        return float("nan") if rates is None else float(tpf(rates, cost))
+
+    def usable_rates(self) -> FloatArray | None:
+        """The MLE rates with unreached positions behind an estimated a = 0 set to 0 (they
+        cannot matter), or None when a position that matters was never reached."""
         if self.n_blocks == 0:
-            return float("nan")
+            return None
         rates = self.rates()
         survival_before = np.concatenate([[1.0], np.cumprod(np.nan_to_num(rates))[:-1]])
         if np.any(np.isnan(rates) & (survival_before > 0)):
-            return float("nan")
-        return float(tpf(np.nan_to_num(rates), cost))
+            return None
+        return np.nan_to_num(rates)
+
+    def posterior_draws(self, draws: int, rng: np.random.Generator) -> FloatArray:
+        """``[draws, M]`` profiles from the Jeffreys posterior a_i ~ Beta(accepted_i + ½,
+        rejected_i + ½), independent across positions (each count comes from its own
+        Bernoulli trials)."""
+        x, n = self.accepted, self.reached
+        return rng.beta(x + 0.5, n - x + 0.5, size=(draws, self.M))
 
     def tpf_interval(
         self,
@@ -201,9 +214,7 @@ class AcceptanceProfile:
         _check_level(level)
         if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
             raise ValueError(f"draws: need a positive integer, got {draws!r}")
-        rng = np.random.default_rng(seed)
-        x, n = self.accepted, self.reached
-        a = rng.beta(x + 0.5, n - x + 0.5, size=(draws, self.M))
+        a = self.posterior_draws(draws, np.random.default_rng(seed))
         samples = tpf(a, cost)
         low, high = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
         return TPFInterval(self.tpf(cost), float(low), float(high), level, draws)
