@@ -1,4 +1,9 @@
-"""Renewal-reward theory of verified parallel decoding (paper §2.2, §3.2, appendix C.1)."""
+"""Renewal-reward theory of verified parallel decoding.
+
+Paper §2.2, sec:proposal_learning (eq:nonuniform_tpf, eq:brisk_weighting) and
+app:training_details (eq:idlm_tpf_instantiation); :mod:`brisk.theory.horizon` adds the
+finite-horizon (whole-run) TPF that a decoder measures.
+"""
 
 from __future__ import annotations
 

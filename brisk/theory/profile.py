@@ -2,8 +2,9 @@
 
 Position i (1-based in the paper, index i − 1 here) is *reached* when verification gets to it,
 i.e. when every earlier proposal of the block was accepted; its acceptance rate is
-a_i = accepted_i / reached_i (appendix C.1: one minus the rejection rate among blocks that
-reach it). Positions after the first rejection are not reached and say nothing about a_i.
+a_i = accepted_i / reached_i (paper, app:training_details: one minus the rejection rate among
+blocks that reach it). Positions after the first rejection are not reached and say nothing
+about a_i.
 A position no block reached has an undefined rate: NaN, and the full interval [0, 1].
 """
 
@@ -209,7 +210,8 @@ class AcceptanceProfile:
         """Credible interval for TPF by sampling a_i ~ Beta(accepted_i + ½, rejected_i + ½).
 
         Positions are independent a posteriori (each count comes from its own Bernoulli
-        trials), so the draws are pushed through eq. 2 and the equal-tailed quantiles taken.
+        trials), so the draws are pushed through eq:nonuniform_tpf and the equal-tailed quantiles
+        taken.
         """
         _check_level(level)
         if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:

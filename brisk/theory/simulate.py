@@ -1,4 +1,4 @@
-"""Monte Carlo of the renewal-reward process behind TPF (eq. 2).
+"""Monte Carlo of the renewal-reward process behind TPF (paper, eq:nonuniform_tpf).
 
 Each verify cycle draws an accepted-prefix length L from Pr(L = k), commits g_L tokens and
 spends c_L forwards. Over n cycles, tokens / forwards → TPF by the renewal-reward theorem, with

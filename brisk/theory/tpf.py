@@ -1,4 +1,4 @@
-"""Renewal-reward tokens per forward (paper §2.2, §3.2 eq. 2, appendix C.1 eq. 7).
+"""Renewal-reward tokens per forward (paper §2.2, eq:nonuniform_tpf, eq:idlm_tpf_instantiation).
 
 A verifier checks M parallel proposals left to right; position i is accepted with probability
 a_i given that verification reached it. With survival A_k = ∏_{j≤k} a_j (A_0 = 1) the
@@ -94,7 +94,7 @@ class CostModel:
 
     @classmethod
     def isd(cls, M: int) -> CostModel:
-        """Introspective strided decoding at stride N = M + 1 (appendix eq. 7).
+        """Introspective strided decoding at stride N = M + 1 (paper, eq:idlm_tpf_instantiation).
 
         g_k = 2 + min(k, M − 1); c_k = 2 for k < M and c_M = 1: a full pass commits the M
         specs plus the bonus token and reuses the MASK proposals, a rejection commits the
@@ -179,7 +179,10 @@ def accept_length_pmf(a: torch.Tensor) -> torch.Tensor: ...
 @overload
 def accept_length_pmf(a: ArrayInput) -> FloatArray: ...
 def accept_length_pmf(a: ArrayInput | torch.Tensor) -> FloatArray | torch.Tensor:
-    """Pr(L = k) = A_k (1 − a_{k+1}) for k < M, A_M for k = M (eq. 2). ``[..., M+1]``."""
+    """Pr(L = k) = A_k (1 − a_{k+1}) for k < M, A_M for k = M (paper, eq:nonuniform_tpf).
+
+    a: ``[..., M]`` → ``[..., M+1]``.
+    """
     t, kind = read_profile(a)
     return to_kind(_pmf(t), kind)  # type: ignore[no-any-return]
 
@@ -199,10 +202,12 @@ def tpf(a: torch.Tensor, cost: CostModel | None = None) -> torch.Tensor: ...
 @overload
 def tpf(a: ArrayInput, cost: CostModel | None = None) -> FloatArray: ...
 def tpf(a: ArrayInput | torch.Tensor, cost: CostModel | None = None) -> FloatArray | torch.Tensor:
-    """Tokens per forward Σ Pr(L=k) g_k / Σ Pr(L=k) c_k (eq. 2). a: ``[..., M]`` → ``[...]``.
+    """Tokens per forward Σ Pr(L=k) g_k / Σ Pr(L=k) c_k (paper, eq:nonuniform_tpf).
+
+    a: ``[..., M]`` → ``[...]``.
 
     ``cost=None`` means ISD at stride N = M + 1 (:meth:`CostModel.isd`), where this equals
-    (2 + Σ_{k=1}^{M−1} A_k) / (2 − A_M) (appendix eq. 7).
+    (2 + Σ_{k=1}^{M−1} A_k) / (2 − A_M) (paper, eq:idlm_tpf_instantiation).
     """
     t, kind = read_profile(a)
     return to_kind(_tpf(t, resolve_cost(cost, t.shape[-1])), kind)  # type: ignore[no-any-return]
@@ -213,7 +218,7 @@ def fpt(a: torch.Tensor, cost: CostModel | None = None) -> torch.Tensor: ...
 @overload
 def fpt(a: ArrayInput, cost: CostModel | None = None) -> FloatArray: ...
 def fpt(a: ArrayInput | torch.Tensor, cost: CostModel | None = None) -> FloatArray | torch.Tensor:
-    """Forwards per token FPT = 1 / TPF (eq. 2). a: ``[..., M]`` → ``[...]``."""
+    """Forwards per token FPT = 1 / TPF (eq:nonuniform_tpf). a: ``[..., M]`` → ``[...]``."""
     t, kind = read_profile(a)
     return to_kind(1 / _tpf(t, resolve_cost(cost, t.shape[-1])), kind)  # type: ignore[no-any-return]
 
@@ -231,7 +236,10 @@ def isd_tpf_uniform(r: torch.Tensor, stride: int) -> torch.Tensor: ...
 @overload
 def isd_tpf_uniform(r: ArrayInput, stride: int) -> FloatArray: ...
 def isd_tpf_uniform(r: ArrayInput | torch.Tensor, stride: int) -> FloatArray | torch.Tensor:
-    """ISD tokens per forward at uniform rejection rate r and stride N (paper eq. 1).
+    """ISD tokens per forward at uniform rejection rate r and stride N.
+
+    The paper's §2.2 display (it has no label; fig:tpf_rejection plots it), the uniform
+    case a_i = 1 − r of eq:idlm_tpf_instantiation:
 
         TPF_N(r) = (2 + Σ_{i=1}^{N−2} (1 − r)^i) / (2 − (1 − r)^{N−1})
 

@@ -1,4 +1,4 @@
-"""Marginal verified-progress weights (paper §3.2 eq. 3) and the baselines they replace.
+"""Marginal verified-progress weights (paper, eq:brisk_weighting) and the baselines they replace.
 
 BRISK weighs the proposal loss of position i by how much a step in its log-odds
 z_i = log(a_i / (1 − a_i)) lowers forwards per token:
