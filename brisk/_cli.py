@@ -1,26 +1,47 @@
-"""Argument types shared by the layers' command lines."""
+"""Argument types and parser pieces shared by the layers' command lines."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
 
 def comma_separated(cast: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
-    """An argparse ``type`` reading ``"a,b,c"`` as a non-empty list of ``cast`` values."""
+    """An argparse ``type`` reading ``"a,b,c"`` as a non-empty list of ``cast`` values.
+
+    An empty entry (``"1,,2"``, ``"1,2,"``) is an error rather than silently skipped: it is
+    almost always a typo for a missing value.
+    """
 
     def parse(text: str) -> list[T]:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
+            raise argparse.ArgumentTypeError(f"expected at least one of the {what}, got {text!r}")
+        if not all(items):
+            empty = items.index("") + 1
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r} (entry {empty} is empty)"
+            )
         try:
-            values = [cast(x) for x in text.split(",") if x.strip()]
+            return [cast(x) for x in items]
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated {what}, got {text!r}"
             ) from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected at least one of the {what}")
-        return values
 
     return parse
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line naming the argument, with no usage block.
+
+    :meth:`error` raises ``ValueError("--flag: …")``, which :func:`brisk.cli.main` prints as
+    ``brisk: error: --flag: …`` with exit code 2, exactly like the errors the commands raise
+    after parsing. Pass it as ``parser_class`` to ``add_subparsers``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message.removeprefix("argument "))

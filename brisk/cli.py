@@ -26,8 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; bad input ends as one line on stderr and exit code 2."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     try:
+        # Parsers built with brisk._cli.OneLineErrors raise ValueError from parse_args too.
+        args = parser.parse_args(argv)
         return int(args.run(args))
     except ValueError as err:
         print(f"brisk: error: {err}", file=sys.stderr)

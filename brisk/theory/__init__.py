@@ -1,7 +1,20 @@
-"""Renewal-reward theory of verified parallel decoding (paper §2.2, §3.2, appendix C.1)."""
+"""Renewal-reward theory of verified parallel decoding.
+
+Paper §2.2, sec:proposal_learning (eq:nonuniform_tpf, eq:brisk_weighting) and
+app:training_details (eq:idlm_tpf_instantiation); :mod:`brisk.theory.horizon` adds the
+finite-horizon (whole-run) TPF that a decoder measures.
+"""
 
 from __future__ import annotations
 
+from brisk.theory.horizon import (
+    RunSimulation,
+    RunTPFPrediction,
+    expected_forwards,
+    predict_run_tpf,
+    run_tpf,
+    simulate_run,
+)
 from brisk.theory.profile import AcceptanceProfile, ProfileTracker, TPFInterval
 from brisk.theory.simulate import SimulationResult, simulate
 from brisk.theory.throughput import break_even_overhead, tokens_per_second, wall_clock_speedup
@@ -21,6 +34,8 @@ __all__ = [
     "AcceptanceProfile",
     "CostModel",
     "ProfileTracker",
+    "RunSimulation",
+    "RunTPFPrediction",
     "SimulationResult",
     "TPFInterval",
     "accept_length_pmf",
@@ -28,10 +43,14 @@ __all__ = [
     "decay_weights",
     "dpace_weights",
     "expected_accept_length",
+    "expected_forwards",
     "fpt",
     "isd_tpf_uniform",
+    "predict_run_tpf",
     "progress_weights",
+    "run_tpf",
     "simulate",
+    "simulate_run",
     "speculative_tpf_uniform",
     "survival",
     "tokens_per_second",

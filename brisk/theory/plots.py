@@ -19,7 +19,8 @@ __all__ = ["plot_tpf_vs_rejection", "plot_weights"]
 def plot_tpf_vs_rejection(
     stride: int = 8, marks: Sequence[float] = (0.10, 0.15, 0.20), max_rejection: float = 0.5
 ) -> Figure:
-    """The paper's Figure 2: ISD tokens per forward against a uniform rejection rate (eq. 1)."""
+    """The paper's fig:tpf_rejection: ISD tokens per forward against a uniform rejection rate
+    (:func:`~brisk.theory.tpf.isd_tpf_uniform`)."""
     import matplotlib.pyplot as plt
 
     r = np.linspace(0.0, max_rejection, 501)

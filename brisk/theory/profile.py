@@ -2,8 +2,9 @@
 
 Position i (1-based in the paper, index i − 1 here) is *reached* when verification gets to it,
 i.e. when every earlier proposal of the block was accepted; its acceptance rate is
-a_i = accepted_i / reached_i (appendix C.1: one minus the rejection rate among blocks that
-reach it). Positions after the first rejection are not reached and say nothing about a_i.
+a_i = accepted_i / reached_i (paper, app:training_details: one minus the rejection rate among
+blocks that reach it). Positions after the first rejection are not reached and say nothing
+about a_i.
 A position no block reached has an undefined rate: NaN, and the full interval [0, 1].
 """
 
@@ -14,10 +15,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
-from scipy import stats
 
-from brisk.theory._arrays import FloatArray
+from brisk.theory._arrays import FloatArray, is_tensor
 from brisk.theory.tpf import CostModel, _check_M, tpf
 
 __all__ = ["AcceptanceProfile", "ProfileTracker", "TPFInterval"]
@@ -31,7 +30,7 @@ def _check_level(level: float) -> None:
 
 
 def _integer_array(x: Any, name: str) -> IntArray:
-    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    arr = x.detach().cpu().numpy() if is_tensor(x) else np.asarray(x)
     if arr.dtype.kind == "b":
         return arr.astype(np.int64)
     if arr.dtype.kind in "iu":
@@ -165,6 +164,8 @@ class AcceptanceProfile:
         As usual for Jeffreys intervals the lower end is 0 when nothing was accepted and the
         upper end is 1 when everything was; an unreached position gets [0, 1].
         """
+        from scipy import stats  # ~0.5 s to import: only when an interval is asked for
+
         _check_level(level)
         x, n = self.accepted, self.reached
         tail = (1 - level) / 2
@@ -178,13 +179,26 @@ class AcceptanceProfile:
         An unreached position matters only if the estimated survival before it is positive;
         then TPF is undefined (NaN). Positions behind an estimated a = 0 are irrelevant.
         """
+        rates = self.usable_rates()
+        return float("nan") if rates is None else float(tpf(rates, cost))
+
+    def usable_rates(self) -> FloatArray | None:
+        """The MLE rates with unreached positions behind an estimated a = 0 set to 0 (they
+        cannot matter), or None when a position that matters was never reached."""
         if self.n_blocks == 0:
-            return float("nan")
+            return None
         rates = self.rates()
         survival_before = np.concatenate([[1.0], np.cumprod(np.nan_to_num(rates))[:-1]])
         if np.any(np.isnan(rates) & (survival_before > 0)):
-            return float("nan")
-        return float(tpf(np.nan_to_num(rates), cost))
+            return None
+        return np.nan_to_num(rates)
+
+    def posterior_draws(self, draws: int, rng: np.random.Generator) -> FloatArray:
+        """``[draws, M]`` profiles from the Jeffreys posterior a_i ~ Beta(accepted_i + ½,
+        rejected_i + ½), independent across positions (each count comes from its own
+        Bernoulli trials)."""
+        x, n = self.accepted, self.reached
+        return rng.beta(x + 0.5, n - x + 0.5, size=(draws, self.M))
 
     def tpf_interval(
         self,
@@ -196,14 +210,13 @@ class AcceptanceProfile:
         """Credible interval for TPF by sampling a_i ~ Beta(accepted_i + ½, rejected_i + ½).
 
         Positions are independent a posteriori (each count comes from its own Bernoulli
-        trials), so the draws are pushed through eq. 2 and the equal-tailed quantiles taken.
+        trials), so the draws are pushed through eq:nonuniform_tpf and the equal-tailed quantiles
+        taken.
         """
         _check_level(level)
         if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
             raise ValueError(f"draws: need a positive integer, got {draws!r}")
-        rng = np.random.default_rng(seed)
-        x, n = self.accepted, self.reached
-        a = rng.beta(x + 0.5, n - x + 0.5, size=(draws, self.M))
+        a = self.posterior_draws(draws, np.random.default_rng(seed))
         samples = tpf(a, cost)
         low, high = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
         return TPFInterval(self.tpf(cost), float(low), float(high), level, draws)

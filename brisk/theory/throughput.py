@@ -22,32 +22,41 @@ wall-clock gains).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-import torch
 
-from brisk.theory._arrays import ArrayInput, Kind, as_tensor, check_finite, to_kind
+from brisk.theory._arrays import Array, ArrayInput, Kind, as_array, check_finite, detach, to_kind
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["break_even_overhead", "tokens_per_second", "wall_clock_speedup"]
 
-Number = ArrayInput | torch.Tensor
+Number: TypeAlias = "ArrayInput | torch.Tensor"
 
 
-def _read(x: Number, name: str, *, positive: bool) -> tuple[torch.Tensor, Kind]:
-    t, kind = as_tensor(x, name)
+def _read(x: Number, name: str, *, positive: bool) -> tuple[Array, Kind]:
+    t, kind = as_array(x, name)
     check_finite(t, name)
-    values = t.detach()
+    values = detach(t)
     if bool((values <= 0).any() if positive else (values < 0).any()):
-        raise ValueError(f"{name}: must be {'> 0' if positive else '≥ 0'}, got {values.min()!r}")
+        raise ValueError(
+            f"{name}: must be {'> 0' if positive else '≥ 0'}, got {float(values.min())!r}"
+        )
     return t, kind
 
 
-def _kind(*kinds: Kind) -> Kind:
-    return "torch" if "torch" in kinds else "numpy"
+def _common(*read: tuple[Array, Kind]) -> tuple[list[Array], Kind]:
+    """The arrays in one kind: torch if any argument is a tensor (numpy ones join as CPU
+    tensors), numpy otherwise."""
+    arrays = [x for x, _ in read]
+    if all(kind == "numpy" for _, kind in read):
+        return arrays, "numpy"
+    return [to_kind(x, "torch") for x in arrays], "torch"
 
 
-def _broadcastable(**named: torch.Tensor) -> None:
+def _broadcastable(**named: Array) -> None:
     """Shapes must broadcast together; the error names the first argument that does not."""
     shape: tuple[int, ...] = ()
     for name, t in named.items():
@@ -64,12 +73,14 @@ def tokens_per_second(
     tpf: Number, forward_s: Number, overhead_s: Number = 0.0, concurrency: Number = 1
 ) -> Any:
     """TPS = concurrency · TPF / (forward_s + overhead_s); broadcasts over its arguments."""
-    t, k1 = _read(tpf, "tpf", positive=True)
-    f, k2 = _read(forward_s, "forward_s", positive=True)
-    o, k3 = _read(overhead_s, "overhead_s", positive=False)
-    n, k4 = _read(concurrency, "concurrency", positive=True)
+    (t, f, o, n), kind = _common(
+        _read(tpf, "tpf", positive=True),
+        _read(forward_s, "forward_s", positive=True),
+        _read(overhead_s, "overhead_s", positive=False),
+        _read(concurrency, "concurrency", positive=True),
+    )
     _broadcastable(tpf=t, forward_s=f, overhead_s=o, concurrency=n)
-    return to_kind(n * t / (f + o), _kind(k1, k2, k3, k4))
+    return to_kind(n * t / (f + o), kind)
 
 
 def wall_clock_speedup(
@@ -80,13 +91,15 @@ def wall_clock_speedup(
     base_overhead_s: Number = 0.0,
 ) -> Any:
     """TPS ratio new/base at equal concurrency: (TPF_new/TPF_base)·(f + o_base)/(f + o_new)."""
-    b, k1 = _read(tpf_base, "tpf_base", positive=True)
-    n, k2 = _read(tpf_new, "tpf_new", positive=True)
-    f, k3 = _read(forward_s, "forward_s", positive=True)
-    o, k4 = _read(overhead_s, "overhead_s", positive=False)
-    ob, k5 = _read(base_overhead_s, "base_overhead_s", positive=False)
+    (b, n, f, o, ob), kind = _common(
+        _read(tpf_base, "tpf_base", positive=True),
+        _read(tpf_new, "tpf_new", positive=True),
+        _read(forward_s, "forward_s", positive=True),
+        _read(overhead_s, "overhead_s", positive=False),
+        _read(base_overhead_s, "base_overhead_s", positive=False),
+    )
     _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, overhead_s=o, base_overhead_s=ob)
-    return to_kind((n / b) * (f + ob) / (f + o), _kind(k1, k2, k3, k4, k5))
+    return to_kind((n / b) * (f + ob) / (f + o), kind)
 
 
 def break_even_overhead(
@@ -97,9 +110,11 @@ def break_even_overhead(
     Δo* = (forward_s + base_overhead_s)(TPF_new / TPF_base − 1); negative when TPF_new is
     lower (no overhead budget at all).
     """
-    b, k1 = _read(tpf_base, "tpf_base", positive=True)
-    n, k2 = _read(tpf_new, "tpf_new", positive=True)
-    f, k3 = _read(forward_s, "forward_s", positive=True)
-    ob, k4 = _read(base_overhead_s, "base_overhead_s", positive=False)
+    (b, n, f, ob), kind = _common(
+        _read(tpf_base, "tpf_base", positive=True),
+        _read(tpf_new, "tpf_new", positive=True),
+        _read(forward_s, "forward_s", positive=True),
+        _read(base_overhead_s, "base_overhead_s", positive=False),
+    )
     _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, base_overhead_s=ob)
-    return to_kind((f + ob) * (n / b - 1), _kind(k1, k2, k3, k4))
+    return to_kind((f + ob) * (n / b - 1), kind)

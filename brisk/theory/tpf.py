@@ -1,4 +1,4 @@
-"""Renewal-reward tokens per forward (paper §2.2, §3.2 eq. 2, appendix C.1 eq. 7).
+"""Renewal-reward tokens per forward (paper §2.2, eq:nonuniform_tpf, eq:idlm_tpf_instantiation).
 
 A verifier checks M parallel proposals left to right; position i is accepted with probability
 a_i given that verification reached it. With survival A_k = ∏_{j≤k} a_j (A_0 = 1) the
@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import overload
-
-import torch
+from typing import TYPE_CHECKING, overload
 
 from brisk.theory._arrays import (
+    Array,
     ArrayInput,
     FloatArray,
     Kind,
-    as_tensor,
+    as_array,
     check_positions,
     check_probabilities,
+    concat,
+    cumprod,
+    full_like,
     to_kind,
+    values_like,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CostModel",
@@ -88,7 +94,7 @@ class CostModel:
 
     @classmethod
     def isd(cls, M: int) -> CostModel:
-        """Introspective strided decoding at stride N = M + 1 (appendix eq. 7).
+        """Introspective strided decoding at stride N = M + 1 (paper, eq:idlm_tpf_instantiation).
 
         g_k = 2 + min(k, M − 1); c_k = 2 for k < M and c_M = 1: a full pass commits the M
         specs plus the bonus token and reuses the MASK proposals, a rejection commits the
@@ -114,11 +120,9 @@ class CostModel:
             costs=tuple(1.0 + draft_cost for _ in range(M + 1)),
         )
 
-    def tensors(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g, c) as ``[M + 1]`` tensors with ``like``'s dtype and device."""
-        g = torch.tensor(self.gains, dtype=like.dtype, device=like.device)
-        c = torch.tensor(self.costs, dtype=like.dtype, device=like.device)
-        return g, c
+    def tensors(self, like: Array) -> tuple[Array, Array]:
+        """(g, c) as ``[M + 1]`` arrays of ``like``'s kind, dtype and device."""
+        return values_like(self.gains, like), values_like(self.costs, like)
 
 
 def _check_M(M: int) -> None:
@@ -137,25 +141,24 @@ def resolve_cost(cost: CostModel | None, M: int) -> CostModel:
     return cost
 
 
-def read_profile(a: ArrayInput | torch.Tensor, name: str = "a") -> tuple[torch.Tensor, Kind]:
-    """Validate an acceptance profile ``[..., M]``; returns the tensor and the caller's kind."""
-    t, kind = as_tensor(a, name)
+def read_profile(a: ArrayInput | torch.Tensor, name: str = "a") -> tuple[Array, Kind]:
+    """Validate an acceptance profile ``[..., M]``; returns the array and the caller's kind."""
+    t, kind = as_array(a, name)
     check_positions(t, name)
     check_probabilities(t, name)
     return t, kind
 
 
-def _survival(a: torch.Tensor) -> torch.Tensor:
-    ones = torch.ones_like(a[..., :1])
-    return torch.cat([ones, torch.cumprod(a, dim=-1)], dim=-1)
+def _survival(a: Array) -> Array:
+    return concat([full_like(a, (*a.shape[:-1], 1), 1.0), cumprod(a)])
 
 
-def _pmf(a: torch.Tensor) -> torch.Tensor:
+def _pmf(a: Array) -> Array:
     A = _survival(a)
-    return torch.cat([A[..., :-1] * (1 - a), A[..., -1:]], dim=-1)
+    return concat([A[..., :-1] * (1 - a), A[..., -1:]])
 
 
-def _tpf(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
+def _tpf(a: Array, cost: CostModel) -> Array:
     g, c = cost.tensors(a)
     pmf = _pmf(a)
     return (pmf * g).sum(-1) / (pmf * c).sum(-1)
@@ -176,7 +179,10 @@ def accept_length_pmf(a: torch.Tensor) -> torch.Tensor: ...
 @overload
 def accept_length_pmf(a: ArrayInput) -> FloatArray: ...
 def accept_length_pmf(a: ArrayInput | torch.Tensor) -> FloatArray | torch.Tensor:
-    """Pr(L = k) = A_k (1 − a_{k+1}) for k < M, A_M for k = M (eq. 2). ``[..., M+1]``."""
+    """Pr(L = k) = A_k (1 − a_{k+1}) for k < M, A_M for k = M (paper, eq:nonuniform_tpf).
+
+    a: ``[..., M]`` → ``[..., M+1]``.
+    """
     t, kind = read_profile(a)
     return to_kind(_pmf(t), kind)  # type: ignore[no-any-return]
 
@@ -196,10 +202,12 @@ def tpf(a: torch.Tensor, cost: CostModel | None = None) -> torch.Tensor: ...
 @overload
 def tpf(a: ArrayInput, cost: CostModel | None = None) -> FloatArray: ...
 def tpf(a: ArrayInput | torch.Tensor, cost: CostModel | None = None) -> FloatArray | torch.Tensor:
-    """Tokens per forward Σ Pr(L=k) g_k / Σ Pr(L=k) c_k (eq. 2). a: ``[..., M]`` → ``[...]``.
+    """Tokens per forward Σ Pr(L=k) g_k / Σ Pr(L=k) c_k (paper, eq:nonuniform_tpf).
+
+    a: ``[..., M]`` → ``[...]``.
 
     ``cost=None`` means ISD at stride N = M + 1 (:meth:`CostModel.isd`), where this equals
-    (2 + Σ_{k=1}^{M−1} A_k) / (2 − A_M) (appendix eq. 7).
+    (2 + Σ_{k=1}^{M−1} A_k) / (2 − A_M) (paper, eq:idlm_tpf_instantiation).
     """
     t, kind = read_profile(a)
     return to_kind(_tpf(t, resolve_cost(cost, t.shape[-1])), kind)  # type: ignore[no-any-return]
@@ -210,14 +218,14 @@ def fpt(a: torch.Tensor, cost: CostModel | None = None) -> torch.Tensor: ...
 @overload
 def fpt(a: ArrayInput, cost: CostModel | None = None) -> FloatArray: ...
 def fpt(a: ArrayInput | torch.Tensor, cost: CostModel | None = None) -> FloatArray | torch.Tensor:
-    """Forwards per token FPT = 1 / TPF (eq. 2). a: ``[..., M]`` → ``[...]``."""
+    """Forwards per token FPT = 1 / TPF (eq:nonuniform_tpf). a: ``[..., M]`` → ``[...]``."""
     t, kind = read_profile(a)
     return to_kind(1 / _tpf(t, resolve_cost(cost, t.shape[-1])), kind)  # type: ignore[no-any-return]
 
 
-def _geometric(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+def _geometric(x: Array, lo: int, hi: int) -> Array:
     """Σ_{i=lo}^{hi} x^i by Horner's rule: exact at x = 1, no 1/(1 − x) cancellation."""
-    total = torch.zeros_like(x)
+    total = x * 0
     for _ in range(hi - lo + 1):
         total = total * x + 1
     return total * x**lo
@@ -228,7 +236,10 @@ def isd_tpf_uniform(r: torch.Tensor, stride: int) -> torch.Tensor: ...
 @overload
 def isd_tpf_uniform(r: ArrayInput, stride: int) -> FloatArray: ...
 def isd_tpf_uniform(r: ArrayInput | torch.Tensor, stride: int) -> FloatArray | torch.Tensor:
-    """ISD tokens per forward at uniform rejection rate r and stride N (paper eq. 1).
+    """ISD tokens per forward at uniform rejection rate r and stride N.
+
+    The paper's §2.2 display (it has no label; fig:tpf_rejection plots it), the uniform
+    case a_i = 1 − r of eq:idlm_tpf_instantiation:
 
         TPF_N(r) = (2 + Σ_{i=1}^{N−2} (1 − r)^i) / (2 − (1 − r)^{N−1})
 
@@ -239,10 +250,10 @@ def isd_tpf_uniform(r: ArrayInput | torch.Tensor, stride: int) -> FloatArray | t
     """
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 2:
         raise ValueError(f"stride: need an integer stride N ≥ 2, got {stride!r}")
-    t, kind = as_tensor(r, "r")
+    t, kind = as_array(r, "r")
     check_probabilities(t, "r")
     a = 1 - t
-    numerator = 2 + (_geometric(a, 1, stride - 2) if stride > 2 else torch.zeros_like(a))
+    numerator = 2 + (_geometric(a, 1, stride - 2) if stride > 2 else a * 0)
     return to_kind(numerator / (2 - a ** (stride - 1)), kind)  # type: ignore[no-any-return]
 
 
@@ -256,6 +267,6 @@ def speculative_tpf_uniform(alpha: ArrayInput | torch.Tensor, M: int) -> FloatAr
     Evaluated as Σ_{k=0}^{M} α^k, which is exact at α = 1. alpha: any shape, values in [0, 1].
     """
     _check_M(M)
-    t, kind = as_tensor(alpha, "alpha")
+    t, kind = as_array(alpha, "alpha")
     check_probabilities(t, "alpha")
     return to_kind(_geometric(t, 0, M), kind)  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""Marginal verified-progress weights (paper §3.2 eq. 3) and the baselines they replace.
+"""Marginal verified-progress weights (paper, eq:brisk_weighting) and the baselines they replace.
 
 BRISK weighs the proposal loss of position i by how much a step in its log-odds
 z_i = log(a_i / (1 − a_i)) lowers forwards per token:
@@ -23,32 +23,36 @@ log-odds there are infinite and a finite step in z moves nothing).
 from __future__ import annotations
 
 import math
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
-import torch
 
 from brisk.theory._arrays import (
+    Array,
     ArrayInput,
     FloatArray,
-    as_tensor,
+    as_array,
     check_positions,
     check_probabilities,
+    cumprod,
+    detach,
+    full_like,
+    is_tensor,
+    suffix_sum,
     to_kind,
 )
 from brisk.theory.tpf import CostModel, _check_M, _tpf, read_profile, resolve_cost
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["decay_weights", "dpace_weights", "progress_weights", "uniform_weights"]
 
 Method = Literal["analytic", "autodiff"]
 
 
-def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
-    return torch.flip(torch.cumsum(torch.flip(x, dims=(-1,)), dim=-1), dims=(-1,))
-
-
-def _analytic(a: torch.Tensor, cost: CostModel, normalize: bool, eps: float) -> torch.Tensor:
-    """Closed-form weights for a: ``[..., M]`` (module docstring).
+def _analytic(a: Array, cost: CostModel, normalize: bool, eps: float) -> Array:
+    """Closed-form weights for a: ``[..., M]`` (module docstring), numpy or torch.
 
     Works position-major on ``[M, B]``: every step is one contiguous vector operation over the
     batch, done in place, which runs several times faster than scans along a short last axis.
@@ -56,33 +60,42 @@ def _analytic(a: torch.Tensor, cost: CostModel, normalize: bool, eps: float) -> 
     g, c = cost.tensors(a)
     M = a.shape[-1]
     x = a.reshape(-1, M).T  # [M, B] view
-    A = torch.empty((M, x.shape[1]), dtype=a.dtype, device=a.device)  # A_1..A_M
+    A = full_like(a, (M, x.shape[1]), 0.0)  # A_1..A_M
     A[0] = x[0]
     for k in range(1, M):
-        torch.mul(A[k - 1], x[k], out=A[k])
+        A[k] = A[k - 1] * x[k]
     s_g = A * (g[1:] - g[:-1])[:, None]  # A_k Δg_k, then suffix sums S^g_k
-    s_c = A.mul_((c[1:] - c[:-1])[:, None])  # A_k Δc_k, then suffix sums S^c_k
+    A *= (c[1:] - c[:-1])[:, None]
+    s_c = A  # A_k Δc_k, then suffix sums S^c_k
     for k in range(M - 2, -1, -1):
         s_g[k] += s_g[k + 1]
         s_c[k] += s_c[k + 1]
     G = g[0] + s_g[0]  # [B]
     C = c[0] + s_c[0]  # [B]
-    w = s_g.mul_(C).sub_(s_c.mul_(G)).div_(G.square_()).mul_(1 - x)  # w^raw, [M, B]
+    s_g *= C
+    s_c *= G
+    s_g -= s_c
+    s_g /= G * G
+    s_g *= 1 - x
+    w = s_g  # w^raw, [M, B]
     if normalize:
-        w.mul_(M / (w.sum(0) + eps))
+        w *= M / (w.sum(0) + eps)
     return w.T.reshape(a.shape)
 
 
-def _raw_autodiff(a: torch.Tensor, cost: CostModel) -> torch.Tensor:
-    x = a.detach().clone().requires_grad_(True)
+def _raw_autodiff(a: Array, cost: CostModel) -> torch.Tensor:
+    """w^raw by torch.autograd (imports torch: a numpy caller asked for autodiff)."""
+    import torch
+
+    x = (a.detach().clone() if is_tensor(a) else torch.tensor(a)).requires_grad_(True)
     with torch.enable_grad():
         forwards_per_token = 1 / _tpf(x, cost)
         (grad,) = torch.autograd.grad(forwards_per_token.sum(), x)
     return -grad * x.detach() * (1 - x.detach())
 
 
-def _normalize(w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w.shape[-1] * w / (w.sum(-1, keepdim=True) + eps)
+def _normalize(w: Array, eps: float) -> Array:
+    return w.shape[-1] * w / (w.sum(-1, keepdims=True) + eps)
 
 
 @overload
@@ -114,8 +127,9 @@ def progress_weights(
     """BRISK weights w̄ (or w^raw with ``normalize=False``) for profiles a: ``[..., M]``.
 
     ``cost=None`` means ISD at stride M + 1. ``method="autodiff"`` differentiates FPT with
-    torch.autograd instead of the closed form; both agree to float64 rounding. The result
-    carries no gradient: the weights are fixed coefficients in the loss.
+    torch.autograd instead of the closed form (and so imports torch, whatever the input's
+    kind); both agree to float64 rounding. The result carries no gradient: the weights are
+    fixed coefficients in the loss.
 
     >>> progress_weights([0.5, 0.9, 0.9]).round(3)  # the weak first position dominates
     array([2.44 , 0.344, 0.215])
@@ -125,7 +139,7 @@ def progress_weights(
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps: must be finite and ≥ 0, got {eps!r}")
     if method == "analytic":
-        w = _analytic(t.detach(), cost, normalize, eps)
+        w = _analytic(detach(t), cost, normalize, eps)
     elif method == "autodiff":
         raw = _raw_autodiff(t, cost)
         w = _normalize(raw, eps) if normalize else raw
@@ -175,11 +189,11 @@ def dpace_weights(
     per row to mean one (the per-sequence normalization D-PACE adopted upstream). Computed
     without gradient.
     """
-    t, kind = as_tensor(token_probs, "token_probs")
+    t, kind = as_array(token_probs, "token_probs")
     check_positions(t, "token_probs")
     check_probabilities(t, "token_probs")
     if not (math.isfinite(alpha) and 0 <= alpha <= 1):
         raise ValueError(f"alpha: must lie in [0, 1], got {alpha!r}")
-    smoothed = (1 - alpha) * t.detach() + alpha
-    w = _suffix_sum(torch.cumprod(smoothed, dim=-1))
+    smoothed = (1 - alpha) * detach(t) + alpha
+    w = suffix_sum(cumprod(smoothed))
     return to_kind(_normalize(w, eps) if normalize else w, kind)  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""`brisk theory` from the command line."""
+"""`brisk theory` from the command line (bad arguments: test_cli_errors.py)."""
 
 from __future__ import annotations
 
@@ -22,30 +22,6 @@ def test_tpf_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_speculative_cost(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["theory", "tpf", "--a", "1,1", "--cost", "sd", "--draft-cost", "0.5"]) == 0
     assert "TPF = 2.0000" in capsys.readouterr().out  # 3 tokens per 1.5 forwards
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["theory", "tpf", "--a", "0.9,1.3"], "a: probabilities must lie in [0, 1]"),
-        (["theory", "tpf", "--a", "0.9", "--draft-cost", "1"], "--draft-cost"),
-    ],
-    ids=["out-of-range", "draft-cost-without-sd"],
-)
-def test_bad_input_is_one_line_and_exit_2(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("brisk: error: ")
-    assert message in err
-    assert err.count("\n") == 1
-
-
-def test_unparseable_profile_is_a_usage_error() -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["theory", "tpf", "--a", "0.9,abc"])
-    assert info.value.code == 2
 
 
 def test_figure(tmp_path: Path) -> None:

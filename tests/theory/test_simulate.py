@@ -1,4 +1,4 @@
-"""The Monte Carlo renewal process agrees with eq. 2 within 5 sigma."""
+"""The Monte Carlo renewal process agrees with eq:nonuniform_tpf within 5 sigma."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TPF against closed forms (eq. 1, eq. 2, appendix eq. 7) and input-kind contracts."""
+"""TPF against closed forms (the paper's §2.2 TPF_N(r), eq:nonuniform_tpf,
+eq:idlm_tpf_instantiation) and input-kind contracts."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.theory.strategies import profile_and_cost, profiles, rates
 
 @settings(max_examples=200)
 @given(r=rates, stride=st.integers(2, 16))
-def test_uniform_isd_profile_equals_eq1(r: float, stride: int) -> None:
+def test_uniform_isd_profile_equals_tpf_n_of_r(r: float, stride: int) -> None:
     a = np.full(stride - 1, 1.0 - r)
     closed = (2 + sum((1 - r) ** i for i in range(1, stride - 1))) / (2 - (1 - r) ** (stride - 1))
     assert isd_tpf_uniform(r, stride) == pytest.approx(closed, rel=1e-12)
@@ -33,7 +34,7 @@ def test_uniform_isd_profile_equals_eq1(r: float, stride: int) -> None:
 
 @settings(max_examples=200)
 @given(a=profiles())
-def test_isd_preset_equals_appendix_eq7(a: np.ndarray) -> None:
+def test_isd_preset_equals_idlm_tpf_instantiation(a: np.ndarray) -> None:
     A = np.cumprod(a)
     expected = (2 + A[:-1].sum()) / (2 - A[-1])
     assert tpf(a, CostModel.isd(a.size)) == pytest.approx(expected, rel=1e-12)

@@ -1,4 +1,4 @@
-"""Progress weights: closed form vs autodiff (eq. 3), normalization, baselines."""
+"""Progress weights: closed form vs autodiff (eq:brisk_weighting), normalization, baselines."""
 
 from __future__ import annotations
 
