@@ -59,7 +59,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     parser.add_argument("--out", type=Path, default=None, help="write completions (JSON Lines)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model weights and activations")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype")
     parser.add_argument(
         "--trust-remote-code",
         action="store_true",
