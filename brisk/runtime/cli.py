@@ -40,14 +40,20 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def run_base(args: argparse.Namespace) -> int:
-    from brisk.runtime.train.base import train_base
     from brisk.runtime.train.config import BaseTrainConfig
 
-    cfg = BaseTrainConfig.load(args.config)
+    try:
+        cfg = BaseTrainConfig.load(args.config)
+    except ValueError as err:
+        raise ValueError(f"--config: {err}") from None
     if args.out is not None:
         cfg = cfg.replace(out_dir=args.out)
     if args.steps is not None:
+        if args.steps < 1:
+            raise ValueError(f"--steps: must be ≥ 1, got {args.steps}")
         cfg = cfg.replace(steps=args.steps)
+    from brisk.runtime.train.base import train_base
+
     result = train_base(cfg, show_progress=not args.no_progress)
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.report is not None:
@@ -63,10 +69,16 @@ def run_eval(args: argparse.Namespace) -> int:
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.evaluate import evaluate
 
+    for flag, value in (("--problems", args.problems), ("--threads", args.threads)):
+        if value < 1:
+            raise ValueError(f"{flag}: must be an integer ≥ 1, got {value}")
     config_file = args.checkpoint / "train_config.json"
     if not config_file.exists():
         raise ValueError(f"--checkpoint: {args.checkpoint} has no train_config.json")
-    cfg = BaseTrainConfig.load(config_file)
+    try:
+        cfg = BaseTrainConfig.load(config_file)
+    except ValueError as err:
+        raise ValueError(f"--checkpoint: {err}") from None
     torch.set_num_threads(args.threads)
     backbone = HFBackbone.from_pretrained(args.checkpoint)
     from transformers import AutoTokenizer

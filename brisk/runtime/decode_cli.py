@@ -3,16 +3,38 @@
 Prompts come as JSON Lines, one object per request: ``{"prompt": str, "answer": ...}`` (the
 answer is optional; with it the output is graded by normalized answer matching), or as a plain
 text file with one prompt per line. ``brisk decode problems`` writes the tiny world's held-out
-problems in that format.
+problems in that format. Prompts are encoded and completions decoded by
+:mod:`brisk.runtime.prompts`, the same helpers the Python API offers.
+
+Every argument is checked before the model loads; bad input ends as one line naming the
+argument (and file and line) with exit code 2. ``--out`` is written atomically in prompt order
+when decoding ends; meanwhile each finished completion is appended to ``.<name>.partial``
+beside it, so a run killed outright keeps them. Ctrl-C stops decoding, closes the block log
+(its parts are written atomically, so every part on disk stays valid), writes the completions
+finished so far to ``--out``, prints one line and exits with 130.
+
+torch, transformers and the runtime are imported inside the run functions, so ``brisk --help``
+stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import IO, Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a run stopped by Ctrl-C
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +58,23 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "per verify round, not counted)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write completions (JSON Lines)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run model code shipped with the checkpoint (I-DLM's SDAR models)",
+    )
+    parser.add_argument(
+        "--mask-token-id",
+        type=int,
+        default=None,
+        help="MASK id (default: the tokenizer's mask token, else config.mask_token_id)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="hide the progress bar (shown on a terminal)"
+    )
     parser.set_defaults(run=run_decode)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("problems", help="write tiny-world problems as a prompt file")
@@ -48,47 +86,96 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:
-    """Requests from ``path``; a malformed JSON line is an error naming the file and line."""
+    """Requests from ``path``; anything malformed is an error naming the file and line."""
+    if not path.exists():
+        raise ValueError(f"--prompts: {path} does not exist")
     if not path.is_file():
-        raise ValueError(f"--prompts: {path} not found")
+        raise ValueError(f"--prompts: {path} is not a file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        number = data.count(b"\n", 0, err.start) + 1
+        detail = f"not UTF-8 text (byte 0x{data[err.start]:02x})"
+        raise ValueError(f"--prompts: {path} line {number}: {detail}") from None
     requests = []
-    lines = path.read_text().splitlines()
     as_json = path.suffix in {".jsonl", ".json"}
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
+        line = raw.removesuffix("\r")
         if not line.strip():
             continue
         if not as_json:
             requests.append({"prompt": line})
             continue
+        where = f"--prompts: {path} line {number}"
         try:
             item = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"--prompts: {path} line {number}: {err.msg}") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise ValueError(f"--prompts: {path} line {number}: expected an object with 'prompt'")
+            raise ValueError(f"{where}: {err.msg} (column {err.colno})") from None
+        if not isinstance(item, dict):
+            raise ValueError(f'{where}: expected a JSON object with a "prompt" string')
+        if "prompt" not in item:
+            raise ValueError(f'{where}: no "prompt" field (keys: {", ".join(item) or "none"})')
+        if not isinstance(item["prompt"], str):
+            raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
         requests.append(item)
     if not requests:
         raise ValueError(f"--prompts: {path} holds no prompts")
     return requests
 
 
+def check_output_file(path: Path, flag: str) -> None:
+    """Fail before any work if ``path`` cannot be written as a file."""
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag}: directory {parent} is not writable")
+
+
+def _positive(value: int, flag: str) -> None:
+    if value < 1:
+        raise ValueError(f"{flag}: must be an integer ≥ 1, got {value}")
+
+
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write all rows, atomically: readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, path)
+
+
+@contextmanager
+def _argument(flag: str | None = None) -> Iterator[None]:
+    """Name the command-line flag in errors of the runtime, which name its own argument
+    (``path: …``): ``flag``, or the argument's name spelt as a flag (``top_k`` → ``--top-k``)."""
+    try:
+        yield
+    except ValueError as err:
+        head, sep, rest = str(err).partition(": ")
+        if not (sep and head.isidentifier()):
+            raise ValueError(f"{flag}: {err}" if flag else str(err)) from None
+        raise ValueError(f"{flag or '--' + head.replace('_', '-')}: {rest}") from None
 
 
 def run_problems(args: argparse.Namespace) -> int:
     from brisk.runtime.tiny.task import make_split
     from brisk.runtime.train.config import BaseTrainConfig
 
+    _positive(args.n, "--n")
     config_file = args.checkpoint / "train_config.json"
     if not config_file.is_file():
         raise ValueError(f"--checkpoint: {args.checkpoint} has no train_config.json")
-    cfg = BaseTrainConfig.load(config_file)
+    check_output_file(args.out, "--out")
+    try:
+        cfg = BaseTrainConfig.load(config_file)
+    except ValueError as err:
+        raise ValueError(f"--checkpoint: {err}") from None
     seed = cfg.eval_seed if args.split == "test" else cfg.seed
-    problems = make_split(cfg.task, args.split, args.n, seed)
+    with _argument("--n"):
+        problems = make_split(cfg.task, args.split, args.n, seed)
     _write_jsonl(
         args.out,
         [{"id": i, "prompt": p.prompt, "answer": p.answer} for i, p in enumerate(problems)],
@@ -97,73 +184,334 @@ def run_problems(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_decode(args: argparse.Namespace) -> int:
-    if args.model is None or args.prompts is None:
-        raise ValueError("--model and --prompts are required")
+def _check_args(args: argparse.Namespace) -> None:
+    """Everything that can be checked without the model."""
+    if args.model is None:
+        raise ValueError("--model: required (a checkpoint directory)")
+    if not args.model.is_dir():
+        raise ValueError(f"--model: {args.model} is not a checkpoint directory")
+    if args.prompts is None:
+        raise ValueError("--prompts: required (brisk decode problems writes a prompt file)")
+    _positive(args.samples, "--samples")
+    _positive(args.batch_size, "--batch-size")
+    if args.threads is not None:
+        _positive(args.threads, "--threads")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ValueError(f"--temperature: must be a finite number ≥ 0, got {args.temperature}")
+    if args.top_k < 1:
+        why = (
+            " (0 does not mean 'no limit' here: drafts at T > 0 are drawn from q restricted to "
+            "its Top-K, so pass the vocabulary size for untruncated drafts)"
+        )
+        raise ValueError(
+            f"--top-k: need K ≥ 1 candidates per MASK position, got {args.top_k}"
+            + (why if args.top_k == 0 else "")
+        )
+    if args.corrector is not None and not args.corrector.is_dir():
+        raise ValueError(f"--corrector: {args.corrector} is not a directory")
+    if args.shadow and args.corrector is None:
+        raise ValueError("--shadow: needs --corrector (the head to run beside the base)")
+    if args.out is not None:
+        check_output_file(args.out, "--out")
+    log = args.log_blocks
+    if log is not None and log.exists() and (not log.is_dir() or any(log.iterdir())):
+        raise ValueError(f"--log-blocks: {log} exists and is not an empty directory")
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        detail = "is not a torch device (cpu, cuda, cuda:1, mps)"
+        raise ValueError(f"--device: {name!r} {detail}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device: {name} requested, but CUDA is not available here")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device: {name} requested, but there are {count} CUDA devices")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device: {name} requested, but MPS is not available here")
+    return device
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """Tokenizer, backbone and corrector (or None) as the arguments ask."""
     import torch
     from transformers import AutoTokenizer
 
     from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.blocklog import BlockLogger
     from brisk.runtime.corrector import Corrector
-    from brisk.runtime.isd import ISDOptions, decode
-    from brisk.runtime.tiny.grader import grade
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.samples < 1:
-        raise ValueError(f"--samples: need a positive integer, got {args.samples}")
-    requests = [{**r, "sample": k} for r in read_prompts(args.prompts) for k in range(args.samples)]
-    backbone = HFBackbone.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    device = _device(args.device)
+    with _quiet_loading():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                args.model, trust_remote_code=args.trust_remote_code, local_files_only=True
+            )
+        except (OSError, ValueError) as err:
+            raise ValueError(f"--model: no tokenizer in {args.model}: {_one_line(err)}") from None
+        # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
+        mask_id = args.mask_token_id if args.mask_token_id is not None else tokenizer.mask_token_id
+        try:
+            backbone = HFBackbone.from_pretrained(
+                args.model, mask_token_id=mask_id, trust_remote_code=args.trust_remote_code,
+                dtype=getattr(torch, args.dtype), device=device,
+            )  # fmt: skip
+        except ValueError as err:
+            if not str(err).startswith("mask_token_id:"):
+                raise ValueError(f"--model: {_one_line(err)}") from None
+            if args.mask_token_id is not None:  # outside the vocabulary
+                raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
+            raise ValueError(
+                f"--mask-token-id: {args.model} defines no MASK token (none in its tokenizer, "
+                "no mask_token_id in its config); pass --mask-token-id"
+            ) from None
+        except OSError as err:
+            raise ValueError(f"--model: {_one_line(err)}") from None
     corrector = None
     if args.corrector is not None:
-        corrector = Corrector.from_pretrained(args.corrector, backbone=backbone)
-    options = ISDOptions(
-        stride=args.stride,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        shadow=args.shadow,
-        top_k=args.top_k,
-        score_blocks=args.score_blocks,
-    )
-    prompts = [_encode(tokenizer, r["prompt"]) for r in requests]
-    seeds = [args.seed + i for i in range(len(prompts))]
-    K = corrector.config.K if corrector is not None else min(args.top_k, backbone.vocab_size)
-    logger = BlockLogger(args.log_blocks, options.M, K) if args.log_blocks else None
+        with _argument("--corrector"):
+            corrector = Corrector.from_pretrained(args.corrector, backbone=backbone, device=device)
+    return tokenizer, backbone, corrector
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No transformers progress bar while local files load: stderr carries brisk's own bar
+    and its one-line messages only."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        result = decode(backbone, prompts, options, corrector=corrector, seeds=seeds,
-                        logger=logger, batch_size=args.batch_size)  # fmt: skip
+        yield
     finally:
-        if logger is not None:
-            logger.close()
-    rows = []
-    for i, (req, out) in enumerate(zip(requests, result.requests, strict=True)):
-        tokens = [t for t in out.tokens if t != tokenizer.eos_token_id]
-        row = {
-            "id": req.get("id", i),
-            "sample": req["sample"],
-            "prompt": req["prompt"],
-            "completion": tokenizer.decode(tokens),
-            "forwards": out.forwards,
-            "tokens": out.committed,
-            "tpf": out.tpf,
-            "accept_hist": out.histogram(options.M),
-        }
-        if "answer" in req:
-            row["correct"] = grade(row["completion"], req["answer"])
-        rows.append(row)
-    if args.out is not None:
-        _write_jsonl(args.out, rows)
-    _print_summary(result, rows, options, logger)
+        if enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector: Any,
+               prompts: list[list[int]]) -> None:  # fmt: skip
+    """The stride and token budget against the model and the corrector, before decoding."""
+    M = options.M
+    if corrector is not None and corrector.config.M != M:
+        N = corrector.config.M + 1
+        raise ValueError(
+            f"--stride: the corrector at {args.corrector} was trained for stride N = {N} "
+            f"(M = {corrector.config.M}), got --stride {args.stride}"
+        )
+    limit = backbone.max_positions
+    longest = max(len(p) for p in prompts)
+    if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
+        return
+    if longest + 1 + 2 * M > limit:
+        raise ValueError(
+            f"--stride: N = {args.stride} needs 2M = {2 * M} positions after the longest prompt "
+            f"({longest} tokens); the model has {limit} positions"
+        )
+    raise ValueError(
+        f"--max-new-tokens: the longest prompt ({longest} tokens) + {options.max_new_tokens} "
+        f"new tokens + 2M = {2 * M} (stride {args.stride}) exceed the model's {limit} positions; "
+        f"at most {limit - longest - 2 * M} new tokens fit"
+    )
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    _check_args(args)
+    requests = [{**r, "sample": k} for r in read_prompts(args.prompts) for k in range(args.samples)]
+    with _sigint() as sigint:
+        try:
+            setup = _setup(args, requests)
+        except KeyboardInterrupt:
+            print(f"brisk: interrupted before decoding started (0/{len(requests)} requests); "
+                  "nothing written", file=sys.stderr)  # fmt: skip
+            return INTERRUPTED
+        result, rows = _decode(args, requests, setup, sigint)
+    if result is None:
+        saved = [f"{len(rows)} completions to {args.out}"] if args.out is not None and rows else []
+        if setup.logger is not None:
+            saved.append(f"{setup.logger.rows_written} blocks to {setup.logger.path}")
+        what = f"wrote {' and '.join(saved)}" if saved else "nothing written"
+        print(f"brisk: interrupted after {len(rows)}/{len(requests)} requests; {what}",
+              file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
+    _print_summary(result, rows, setup.options, setup.logger)
     return 0
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-    bos = tokenizer.bos_token_id
-    return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+@dataclass(frozen=True)
+class _Setup:
+    options: Any  # ISDOptions
+    tokenizer: Any
+    backbone: Any
+    corrector: Any
+    prompts: list[list[int]]
+    logger: Any  # BlockLogger | None
+
+
+def _setup(args: argparse.Namespace, requests: list[dict[str, Any]]) -> _Setup:
+    """Options, model, encoded prompts and block log, every check done before decoding."""
+    import dataclasses
+
+    import torch
+
+    from brisk.runtime.blocklog import BlockLogger
+    from brisk.runtime.isd import ISDOptions
+    from brisk.runtime.prompts import encode_prompt
+
+    with _argument():  # ISDOptions names its fields, which the flags spell with dashes
+        options = ISDOptions(stride=args.stride, temperature=args.temperature,
+                             max_new_tokens=args.max_new_tokens, shadow=args.shadow,
+                             top_k=args.top_k, score_blocks=args.score_blocks)  # fmt: skip
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer, backbone, corrector = _load(args)
+    options = dataclasses.replace(options, eos_token_id=tokenizer.eos_token_id)
+    prompts = [encode_prompt(tokenizer, r["prompt"]) for r in requests]
+    _check_fit(args, options, backbone, corrector, prompts)
+    K = corrector.config.K if corrector is not None else min(args.top_k, backbone.vocab_size)
+    logger = None
+    if args.log_blocks is not None:
+        with _argument("--log-blocks"):
+            logger = BlockLogger(args.log_blocks, options.M, K)
+    return _Setup(options, tokenizer, backbone, corrector, prompts, logger)
+
+
+def _decode(
+    args: argparse.Namespace, requests: list[dict[str, Any]], setup: _Setup, sigint: _SigInt
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Decode and save; the result is None when Ctrl-C stopped decoding. Rows are the finished
+    requests' completions in prompt order."""
+    from brisk.runtime.isd import RequestOutput, decode
+    from brisk.runtime.prompts import completion_text
+    from brisk.runtime.tiny.grader import grade
+
+    M, tokenizer = setup.options.M, setup.tokenizer
+    done: dict[int, dict[str, Any]] = {}
+    partial = _Partial(args.out) if args.out is not None else None
+    progress = _progress(len(requests), show=not args.no_progress and sys.stderr.isatty())
+
+    def on_finish(r: int, output: RequestOutput) -> None:
+        req = requests[r]
+        row = {
+            "id": req.get("id", r),
+            "sample": req["sample"],
+            "prompt": req["prompt"],
+            "completion": completion_text(tokenizer, output.tokens),
+            "forwards": output.forwards,
+            "tokens": output.committed,
+            "tpf": output.tpf,
+            "accept_hist": output.histogram(M),
+        }
+        if "answer" in req:
+            row["correct"] = grade(row["completion"], req["answer"])
+        done[r] = row
+        if partial is not None:
+            partial.add(row)
+        progress.advance(task)
+
+    result = None
+    try:
+        with progress:
+            task = progress.add_task("decoding", total=len(requests))
+            result = decode(
+                setup.backbone, setup.prompts, setup.options, corrector=setup.corrector,
+                seeds=[args.seed + i for i in range(len(requests))], logger=setup.logger,
+                batch_size=args.batch_size, on_finish=on_finish,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        pass  # save what finished
+    finally:
+        sigint.disarm()  # a Ctrl-C from here on must not cut the saving short
+        if setup.logger is not None:
+            setup.logger.close()
+        if partial is not None:
+            partial.close()
+    rows = [done[r] for r in sorted(done)]
+    if args.out is not None and (result is not None or rows):
+        _write_jsonl(args.out, rows)
+    if partial is not None:
+        partial.remove()
+    return result, rows
+
+
+class _Partial:
+    """Finished completions appended to ``.<name>.partial`` beside ``--out``, in finish order."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out.with_name(f".{out.name}.partial")
+        self.file: IO[str] | None = self.path.open("w")
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _progress(total: int, show: bool) -> Any:
+    """A progress bar over requests with an ETA on stderr (a no-op unless ``show``)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        console=Console(stderr=True, force_terminal=show or None), transient=True,
+        disable=not show,
+    )  # fmt: skip
+
+
+class _SigInt:
+    """SIGINT while armed raises :class:`KeyboardInterrupt` once, then nothing: the first Ctrl-C
+    stops decoding, later ones cannot interrupt saving what finished."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.armed = False
+
+
+@contextmanager
+def _sigint() -> Iterator[_SigInt]:
+    sigint = _SigInt()
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. a background job
+    if ignored or threading.current_thread() is not threading.main_thread():
+        yield sigint  # only the main thread can install handlers
+        return
+    previous = signal.signal(signal.SIGINT, sigint.handle)
+    try:
+        yield sigint
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger: Any) -> None:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from brisk.cli import main
 from brisk.mechanism.io import validate
+from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
 from brisk.runtime.tiny.tokenizer import char_tokenizer
@@ -62,3 +69,113 @@ def test_bad_prompt_file_is_one_line_and_exit_2(
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     assert main(["decode", "--model", str(checkpoint), "--prompts", str(bad)]) == 2
     assert f"{bad} line 2" in capsys.readouterr().err
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"Q: {a % 10}+{a % 7}=?\n"}) + "\n"
+                            for a in range(n)))  # fmt: skip
+    return path
+
+
+def test_device_dtype_and_mask_flags_reach_the_model(
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    calls: list[dict[str, Any]] = []
+    load = HFBackbone.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[HFBackbone], path: Path, /, **kwargs: Any) -> HFBackbone:
+        calls.append(kwargs)
+        backbone: HFBackbone = load(cls, path, **kwargs)
+        return backbone
+
+    monkeypatch.setattr(HFBackbone, "from_pretrained", classmethod(spy))
+    prompts, out = write_prompts(tmp_path / "p.jsonl", 3), tmp_path / "out.jsonl"
+    base = ["decode", "--model", str(checkpoint), "--prompts", str(prompts), "--max-new-tokens",
+            "8", "--out", str(out)]  # fmt: skip
+    flags = ["--device", "cpu", "--dtype", "bfloat16", "--trust-remote-code"]
+    flags += ["--mask-token-id", "4"]
+    assert main([*base, *flags]) == 0
+    assert main(base) == 0  # defaults: float32 on the CPU, the tokenizer's <|MASK|> (id 3)
+    assert calls == [
+        {"mask_token_id": 4, "trust_remote_code": True, "dtype": torch.bfloat16,
+         "device": torch.device("cpu")},
+        {"mask_token_id": 3, "trust_remote_code": False, "dtype": torch.float32,
+         "device": torch.device("cpu")},
+    ]  # fmt: skip
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_progress_bar_on_a_terminal_only(
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["decode", "--model", str(checkpoint), "--prompts",
+            str(write_prompts(tmp_path / "p.jsonl", 5)), "--max-new-tokens", "8"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "decoding" in err
+    assert "5/5" in err
+    assert main([*argv, "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_saves_the_finished_completions_and_the_block_log(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """SIGINT mid-run: exit 130, one stderr line, the finished completions in --out, a valid
+    block log."""
+    prompts = write_prompts(tmp_path / "many.jsonl", 2000)
+    out, log = tmp_path / "out.jsonl", tmp_path / "log"
+    partial = tmp_path / ".out.jsonl.partial"  # completions appear here as they finish
+    argv = [sys.executable, "-m", "brisk.cli", "decode", "--model", str(checkpoint), "--prompts",
+            str(prompts), "--max-new-tokens", "16", "--temperature", "1", "--batch-size", "2",
+            "--threads", "1", "--out", str(out), "--log-blocks", str(log)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if we ignore it
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no completion finished within 60 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stdout == ""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 1 <= len(rows) < 2000
+    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
+    blocks = validate(log)
+    assert lines[0] == (
+        f"brisk: interrupted after {len(rows)}/2000 requests; wrote {len(rows)} completions to "
+        f"{out} and {blocks} blocks to {log}"
+    )
+    assert not partial.exists()
+
+
+def test_command_modules_import_without_torch() -> None:
+    """`brisk --help` stays fast: the command modules load torch only inside their commands."""
+    heavy = "{'torch', 'transformers', 'brisk.runtime.isd'}"
+    imports = "import sys, brisk.runtime.cli, brisk.runtime.decode_cli"
+    code = f"{imports}; print(sys.modules.keys() & {heavy})"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert done.stdout.strip() == "set()"

@@ -19,7 +19,8 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from brisk.runtime.tiny.model import TinyModelConfig
 from brisk.runtime.tiny.task import TaskConfig
@@ -58,14 +59,23 @@ class BaseTrainConfig:
     max_minutes: float = 14.0  # wall-clock budget; training stops early and saves when exceeded
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps/batch_size: must be ≥ 1")
+        # Types are checked where configs are parsed (from_dict); these are the value ranges.
+        for name in ("steps", "batch_size", "log_every", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "eval_every", "eval_problems", "final_eval_problems",
+                     "save_every", "weight_decay"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
+        for name in ("lr", "grad_clip", "max_minutes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError(f"min_lr: need 0 < min_lr ≤ lr ({self.lr!r}), got {self.min_lr!r}")
         if not self.strides or any(n < 2 for n in self.strides):
             raise ValueError(f"strides: need strides N ≥ 2, got {self.strides}")
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
-        if not 0 < self.min_lr <= self.lr:
-            raise ValueError("min_lr: need 0 < min_lr ≤ lr")
 
     @classmethod
     def tiny(cls) -> BaseTrainConfig:
@@ -97,30 +107,37 @@ class BaseTrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BaseTrainConfig:
-        data = dict(data)
-        _check_keys(cls, data, "")
-        if "task" in data:
-            _check_keys(TaskConfig, data["task"], "task.")
-            data["task"] = TaskConfig(**data["task"])
-        if "model" in data:
-            _check_keys(TinyModelConfig, data["model"], "model.")
-            data["model"] = TinyModelConfig(**data["model"])
-        if "strides" in data:
-            data["strides"] = tuple(data["strides"])
-        return cls(**data)
+        """A config from parsed TOML/JSON: every key must be a field and every value of the
+        field's type (an error names the key, e.g. ``model.layers``); lists become tuples and
+        integers become floats where the field wants them."""
+        config = _parse(cls, data, "")
+        assert isinstance(config, BaseTrainConfig)
+        return config
 
     @classmethod
     def load(cls, path: str | Path) -> BaseTrainConfig:
+        """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
         path = Path(path)
+        if path.suffix not in (".toml", ".json"):
+            raise ValueError(f"{path}: expected a .toml or .json file")
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
-            raise ValueError(f"--config: cannot read {path}: {err.strerror}") from None
-        if path.suffix == ".toml":
-            return cls.from_dict(tomllib.loads(text))
-        if path.suffix == ".json":
-            return cls.from_dict(json.loads(text))
-        raise ValueError(f"--config: expected a .toml or .json file, got {path}")
+            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: invalid TOML: {err}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: invalid JSON: {err.msg} (at line {err.lineno}, column {err.colno})"
+            ) from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,10 +146,70 @@ class BaseTrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check_keys(cls: type, data: object, prefix: str) -> None:
+def _parse(cls: type, data: object, prefix: str) -> object:
+    """``cls(**data)`` after checking every key and value against ``cls``'s field types."""
     if not isinstance(data, dict):
-        raise ValueError(f"{prefix.rstrip('.')}: expected a table of settings")
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a table of settings")
+    types = get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
+    values = {}
+    for key, value in data.items():
         if key not in known:
             raise ValueError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
+        values[key] = _value(value, types[key], f"{prefix}{key}")
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise ValueError(f"{prefix}{err}") from None  # the nested config's own checks
+
+
+class _Mismatch(Exception):
+    """A value that is not of the wanted type (turned into an error naming the key)."""
+
+
+def _value(value: object, tp: Any, key: str) -> object:
+    if dataclasses.is_dataclass(tp):
+        return _parse(tp, value, f"{key}.")  # type: ignore[arg-type]
+    try:
+        return _convert(value, tp)
+    except _Mismatch:
+        raise ValueError(f"{key}: expected {_describe(tp)}, got {value!r}") from None
+
+
+def _convert(value: object, tp: Any) -> object:
+    """``value`` as type ``tp`` (bool, int, float, str, Literal, X | Y, tuple[X, ...])."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        for arm in args:
+            try:
+                return _convert(value, arm)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return value
+        raise _Mismatch
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        return tuple(_convert(v, args[0]) for v in value)
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp in (bool, int, str) and type(value) is tp:
+        return value
+    if tp in (bool, int, float, str):
+        raise _Mismatch
+    raise TypeError(f"config fields of type {tp!r} are not supported")  # a programming error
+
+
+def _describe(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, str(tp))
