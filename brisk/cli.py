@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from brisk._cli import OneLineErrors
 from brisk.mechanism import cli as mechanism_cli
 from brisk.runtime import cli as runtime_cli
 from brisk.runtime import decode_cli
@@ -16,7 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="brisk", description="BRISK-DLM: verified parallel decoding for diffusion LMs"
     )
-    layers = parser.add_subparsers(dest="layer", required=True, metavar="LAYER")
+    # Every layer's parser (and, by argparse's default, the parsers nested in it) reports a bad
+    # argument as one line naming it.
+    layers = parser.add_subparsers(
+        dest="layer", required=True, metavar="LAYER", parser_class=OneLineErrors
+    )
     theory_cli.register(layers)
     runtime_cli.register(layers)
     decode_cli.register(layers)
@@ -28,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; bad input ends as one line on stderr and exit code 2."""
     parser = build_parser()
     try:
-        # Parsers built with brisk._cli.OneLineErrors raise ValueError from parse_args too.
+        # The layers' parsers are OneLineErrors: they raise ValueError from parse_args too.
         args = parser.parse_args(argv)
         return int(args.run(args))
     except ValueError as err:

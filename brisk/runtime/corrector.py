@@ -1,4 +1,4 @@
-"""The prefix-conditioned corrector head (paper §3.3, appendix C.2).
+"""The prefix-conditioned corrector head (paper, sec:inference_head and app:head_implementation).
 
 The backbone proposes all M positions in parallel; the corrector reranks each position's Top-K
 candidates of the base proposal q sequentially, conditioning on the tokens it already chose in
@@ -38,7 +38,8 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class CorrectorConfig:
-    """Sizes of the head. Defaults are the paper's (appendix C.2 table) at Qwen3-8B sizes."""
+    """Sizes of the head. Defaults are the paper's (tab:head_implementation_details), at
+    Qwen3-8B sizes."""
 
     hidden_size: int = 4096  # backbone hidden size H
     vocab_size: int = 151936  # backbone vocabulary V

@@ -406,7 +406,7 @@ def _decode(
             "prompt": req["prompt"],
             "completion": completion_text(tokenizer, output.tokens),
             "forwards": output.forwards,
-            "tokens": output.committed,
+            "tokens": len(output.tokens),
             "tpf": output.tpf,
             "accept_hist": output.histogram(M),
         }
@@ -522,16 +522,26 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger
 
     console = Console()
     profile = result.profile()
-    interval = result.cycle_profile().tpf_interval(CostModel.isd(options.M))
     rounds = profile.n_blocks
     console.print(
         f"{len(rows)} requests, stride N = {options.stride}, temperature {options.temperature:g}: "
-        f"{result.committed} tokens in {result.forwards} forwards over {rounds} verify rounds"
+        f"{result.generated} output tokens in {result.forwards} decoding forwards "
+        f"(prefill excluded) over {rounds} verify rounds"
     )
-    console.print(
-        f"TPF measured [bold]{result.tpf:.3f}[/] (complete cycles {result.cycle_tpf:.3f}); "
-        f"theory at the measured profile {interval}"
-    )
+    console.print(f"TPF, whole run: [bold]{result.tpf:.3f}[/] (output tokens ÷ decoding forwards)")
+    if result.forwards and rounds:
+        predicted = result.predicted_run_tpf()
+        console.print(f"  predicted from the profile and the output lengths: {predicted}")
+    cycles = result.cycle_profile()
+    if cycles.n_blocks:
+        interval = cycles.tpf_interval(CostModel.isd(options.M))
+        console.print(
+            f"TPF, complete cycles: [bold]{result.cycle_tpf:.3f}[/] (renewal theory: {interval})"
+        )
+        console.print(
+            "  (the whole run also pays each request's opening one-token cold start and its "
+            "cut last cycle, which complete cycles leave out)"
+        )
     graded = [r["correct"] for r in rows if "correct" in r]
     if graded:
         console.print(f"answer accuracy: [bold]{sum(graded) / len(graded):.1%}[/] of {len(graded)}")

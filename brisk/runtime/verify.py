@@ -1,4 +1,5 @@
-"""Exact chain verification of M draft tokens per row (speculative sampling, paper §2.1).
+"""Exact chain verification of M draft tokens per row (speculative sampling; paper,
+sec:idlm_background).
 
 Row b drafted ``x_1..x_M`` with proposal law π_i (the law the draft was *actually* drawn from)
 and the verifier gives ``p_i = p(· | prefix, x_{<i})`` for i = 1..M plus a bonus row p_{M+1}:

@@ -1,8 +1,8 @@
 """Renewal-reward theory of verified parallel decoding.
 
-Paper §2.2, sec:proposal_learning (eq:nonuniform_tpf, eq:brisk_weighting) and
-app:training_details (eq:idlm_tpf_instantiation); :mod:`brisk.theory.horizon` adds the
-finite-horizon (whole-run) TPF that a decoder measures.
+Paper: the section of fig:tpf_rejection, sec:proposal_learning (eq:nonuniform_tpf,
+eq:brisk_weighting) and app:training_details (eq:idlm_tpf_instantiation);
+:mod:`brisk.theory.horizon` adds the finite-horizon (whole-run) TPF that a decoder measures.
 """
 
 from __future__ import annotations

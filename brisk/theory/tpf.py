@@ -1,4 +1,6 @@
-"""Renewal-reward tokens per forward (paper §2.2, eq:nonuniform_tpf, eq:idlm_tpf_instantiation).
+"""Renewal-reward tokens per forward.
+
+Paper: the section of fig:tpf_rejection; eq:nonuniform_tpf, eq:idlm_tpf_instantiation.
 
 A verifier checks M parallel proposals left to right; position i is accepted with probability
 a_i given that verification reached it. With survival A_k = ∏_{j≤k} a_j (A_0 = 1) the
@@ -13,7 +15,7 @@ renewal-reward theorem,
 
 Shapes: ``a`` is ``[..., M]``; results are batched over the leading dims.
 
->>> round(float(tpf([0.9] * 7)), 2)  # ISD at N = 8 with 10 % rejection (paper §2.2)
+>>> round(float(tpf([0.9] * 7)), 2)  # ISD at N = 8 with 10 % rejection
 4.09
 """
 
@@ -192,7 +194,9 @@ def expected_accept_length(a: torch.Tensor) -> torch.Tensor: ...
 @overload
 def expected_accept_length(a: ArrayInput) -> FloatArray: ...
 def expected_accept_length(a: ArrayInput | torch.Tensor) -> FloatArray | torch.Tensor:
-    """E[L] = Σ_{k=1}^{M} A_k (paper §2.2). a: ``[..., M]`` → ``[...]``."""
+    """E[L] = Σ_{k=1}^{M} A_k (paper, the section of fig:tpf_rejection).
+
+    a: ``[..., M]`` → ``[...]``."""
     t, kind = read_profile(a)
     return to_kind(_survival(t)[..., 1:].sum(-1), kind)  # type: ignore[no-any-return]
 
@@ -238,8 +242,8 @@ def isd_tpf_uniform(r: ArrayInput, stride: int) -> FloatArray: ...
 def isd_tpf_uniform(r: ArrayInput | torch.Tensor, stride: int) -> FloatArray | torch.Tensor:
     """ISD tokens per forward at uniform rejection rate r and stride N.
 
-    The paper's §2.2 display (it has no label; fig:tpf_rejection plots it), the uniform
-    case a_i = 1 − r of eq:idlm_tpf_instantiation:
+    The display in the paper's section of fig:tpf_rejection (it has no label; that figure plots
+    it), the uniform case a_i = 1 − r of eq:idlm_tpf_instantiation:
 
         TPF_N(r) = (2 + Σ_{i=1}^{N−2} (1 − r)^i) / (2 − (1 − r)^{N−1})
 

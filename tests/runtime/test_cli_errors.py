@@ -271,3 +271,24 @@ def test_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_train_steps_flag_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*train_config(tmp_path, "steps = 10\n"), "--steps", "0"]
     one_line_error(argv, capsys, "--steps")
+
+
+# -- argparse's own checks (type, choices, missing values) are one line as well
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["decode", "--top-k", "abc"], "--top-k"),
+        (["decode", "--batch-size", "1.5"], "--batch-size"),
+        (["decode", "--dtype", "float8"], "--dtype"),
+        (["decode", "problems", "--n", "many"], "--n"),
+        (["train", "base", "--config"], "--config"),
+        (["mechanism", "report", "log", "--bootstrap", "x"], "--bootstrap"),
+    ],
+    ids=["decode-type", "decode-int", "decode-choice", "problems-type", "train-missing", "mech"],
+)
+def test_parser_errors_are_one_line(
+    argv: list[str], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_line_error(argv, capsys, name)

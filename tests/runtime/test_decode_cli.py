@@ -47,7 +47,9 @@ def test_decode_logs_blocks_that_the_report_reads(
             "--max-new-tokens", "24", "--log-blocks", str(log), "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "TPF measured" in printed
+    assert "TPF, whole run" in printed
+    assert "predicted from the profile and the output lengths" in printed
+    assert "TPF, complete cycles" in printed
     assert "answer accuracy" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6

@@ -10,9 +10,9 @@ forward (the caller's: brisk's loop, SGLang's ``DllmAlgorithm.step`` or a CUDA g
   p_1..p_M for the drafts, slot M the bonus row p_{M+1}; accept x_i iff u_i · π_i(x_i) < p_i(x_i)
   (greedy: iff x_i = argmax p_i), L = leading acceptances. L = M commits x_1..x_M and a bonus token
   from p_{M+1}; L < M commits x_1..x_L and a correction from normalize([p_{L+1} − π_{L+1}]₊) and
-  the next forward is a cold start. The committed tokens are distributed exactly as autoregressive
-  sampling from p (paper §2.1), and these are the gains and costs of the ISD cost model
-  (eq:idlm_tpf_instantiation).
+  the next forward is a cold start. The committed tokens are distributed exactly as
+  autoregressive sampling from p (paper, sec:idlm_background), and these are the gains and
+  costs of the ISD cost model (eq:idlm_tpf_instantiation).
 - **cold start**: slot 0 gives the next token (a draw from p), committed.
 - **proposal**: the next block comes from the row's M MASK slots (slots 1..M after a cold start,
   M+1..2M after a full acceptance): x_j drawn from q_j restricted to its Top-K candidates C_j

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from brisk.theory import AcceptanceProfile, CostModel
+from brisk.theory import AcceptanceProfile, CostModel, RunTPFPrediction, predict_run_tpf
 
 __all__ = ["DecodeResult", "RequestOutput"]
 
@@ -17,7 +17,7 @@ class RequestOutput:
 
     tokens: list[int] = field(default_factory=list)  # output, cut at EOS / the token budget
     forwards: int = 0  # decoding forwards (prefill excluded)
-    committed: int = 0  # tokens committed by those forwards (before any cut)
+    committed: int = 0  # tokens committed by those forwards (before the cut at EOS / budget)
     accept_lengths: list[int] = field(default_factory=list)  # L of every verify round
     cycle_tokens: int = 0  # over complete renewal cycles: verify round (+ cold start)
     cycle_forwards: int = 0
@@ -26,7 +26,8 @@ class RequestOutput:
 
     @property
     def tpf(self) -> float:
-        return self.committed / self.forwards if self.forwards else float("nan")
+        """Whole-run tokens per forward: output tokens ÷ decoding forwards."""
+        return len(self.tokens) / self.forwards if self.forwards else float("nan")
 
     def profile(self, M: int) -> AcceptanceProfile:
         return AcceptanceProfile.from_accept_lengths(np.asarray(self.accept_lengths, int), M)
@@ -56,10 +57,21 @@ class DecodeResult:
         return sum(r.committed for r in self.requests)
 
     @property
+    def generated(self) -> int:
+        """Output tokens of all requests (cut at EOS, which is kept, or at the token budget)."""
+        return sum(len(r.tokens) for r in self.requests)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Each request's output length n_r."""
+        return [len(r.tokens) for r in self.requests]
+
+    @property
     def tpf(self) -> float:
-        """Measured tokens per forward over the whole run: committed tokens ÷ decoding forwards,
-        each request's start-up cold start and unfinished last cycle included."""
-        return self.committed / self.forwards if self.forwards else float("nan")
+        """Whole-run tokens per forward: Σ_r n_r ÷ Σ_r F_r, output tokens over decoding
+        forwards (prefill excluded). Each request's cold start and its unfinished last cycle
+        are in it, and drafts committed past EOS or the budget are not."""
+        return self.generated / self.forwards if self.forwards else float("nan")
 
     @property
     def cycle_tpf(self) -> float:
@@ -85,3 +97,21 @@ class DecodeResult:
         :attr:`cycle_tpf` by construction (the renewal-reward identity), so it checks the loop's
         bookkeeping, not a prediction; see :meth:`predicted_run_tpf` for one."""
         return self.cycle_profile().tpf(CostModel.isd(self.M))
+
+    def predicted_run_tpf(
+        self,
+        profile: AcceptanceProfile | None = None,
+        level: float = 0.95,
+        draws: int = 400,
+        seed: int = 0,
+    ) -> RunTPFPrediction:
+        """The whole-run TPF that finite-horizon renewal predicts for this run's output lengths.
+
+        ``profile`` defaults to this run's own (every verify round); pass one measured on
+        another run to predict this one. The interval covers the profile's posterior and the
+        randomness of the run (see :func:`brisk.theory.predict_run_tpf`).
+        """
+        use = self.profile() if profile is None else profile
+        if use.M != self.M:
+            raise ValueError(f"profile: has M = {use.M}, this run has M = {self.M}")
+        return predict_run_tpf(use, self.lengths, level=level, draws=draws, seed=seed)

@@ -1,4 +1,6 @@
-"""Prefix-conditioned candidate selection over one proposal block (paper §3.3, appendix C.2).
+"""Prefix-conditioned candidate selection over one proposal block.
+
+Paper: sec:inference_head, app:head_implementation.
 
 Pure-torch float32 reference, written like the equations. A fused Triton kernel shares this
 signature. Everything the recurrence needs that does not depend on earlier selections is
