@@ -50,6 +50,8 @@ test: lint typecheck
 bench: $(STAMP)
 	$(BIN)/python benchmarks/theory_bench.py
 	$(BIN)/python benchmarks/mechanism_bench.py
+	@test -d $(TINY)/base/final || { echo "decode_bench needs $(TINY)/base/final: run make tiny"; exit 1; }
+	$(BIN)/python benchmarks/decode_bench.py --model $(TINY)/base/final
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -531,7 +531,7 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger
     console.print(f"TPF, whole run: [bold]{result.tpf:.3f}[/] (output tokens ÷ decoding forwards)")
     if result.forwards and rounds:
         predicted = result.predicted_run_tpf()
-        console.print(f"  predicted from the profile and the output lengths: {predicted}")
+        console.print(f"  predicted from the in-output profile and the output lengths: {predicted}")
     cycles = result.cycle_profile()
     if cycles.n_blocks:
         interval = cycles.tpf_interval(CostModel.isd(options.M))

@@ -48,7 +48,7 @@ def test_decode_logs_blocks_that_the_report_reads(
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "TPF, whole run" in printed
-    assert "predicted from the profile and the output lengths" in printed
+    assert "predicted from the in-output profile and the output lengths" in printed
     assert "TPF, complete cycles" in printed
     assert "answer accuracy" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]

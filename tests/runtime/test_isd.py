@@ -24,7 +24,7 @@ from brisk.mechanism.report import analyze
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.isd import DecodeResult, ISDOptions, decode
+from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.isd import batched as isd_step
 
 V, MASK = 12, 11
@@ -269,7 +269,9 @@ def test_a_profile_from_one_run_predicts_another_runs_tpf(stride: int) -> None:
 
     a, b = run(60, 0), run(40, 1000)
     assert len(set(b.lengths)) > 3  # EOS and the budget give a spread of lengths
-    prediction = b.predicted_run_tpf(a.profile(), level=0.99, seed=0)
+    # every verify round reaches slot 1 inside the output; only later slots can be censored
+    assert a.output_profile().reached[0] == a.profile().reached[0]
+    prediction = b.predicted_run_tpf(a.output_profile(), level=0.99, seed=0)
     assert prediction.low <= b.tpf <= prediction.high, (prediction, b.tpf)
     assert a.cycle_tpf > prediction.high + 0.5, (prediction, a.cycle_tpf)
 
@@ -295,3 +297,19 @@ def test_block_log_validates_and_reports(
     assert report.n_blocks == rounds
     assert report.likelihood.pairs == rounds
     assert np.isfinite(report.likelihood.mean_delta.equal_request)
+
+
+def test_output_profile_leaves_out_slots_past_the_response_end() -> None:
+    """n = 3, M = 3: a cold start commits token 1, then a verify round with L = 2 commits
+    tokens 2..4, of which only 2..3 are output. Slot 3's rejection lies past the end: the
+    all-round profile counts it, the output profile does not."""
+    out = RequestOutput(tokens=[5, 6, 0], forwards=2, committed=4, accept_lengths=[2])
+    assert out.profile(3).reached.tolist() == [1, 1, 1]
+    assert out.profile(3).accepted.tolist() == [1, 1, 0]
+    assert out.output_profile(3).reached.tolist() == [1, 1, 0]
+    assert out.output_profile(3).accepted.tolist() == [1, 1, 0]
+    # a rejection inside the output counts: n = 5, rounds L = 1 (reject slot 2), then cold
+    # start, then L = 3 with one output token left (slots 2 and 3 are past the end)
+    out = RequestOutput(tokens=[1, 2, 3, 4, 0], forwards=4, accept_lengths=[1, 3])
+    assert out.output_profile(3).reached.tolist() == [2, 1, 0]
+    assert out.output_profile(3).accepted.tolist() == [2, 0, 0]

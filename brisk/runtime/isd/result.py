@@ -32,6 +32,32 @@ class RequestOutput:
     def profile(self, M: int) -> AcceptanceProfile:
         return AcceptanceProfile.from_accept_lengths(np.asarray(self.accept_lengths, int), M)
 
+    def output_profile(self, M: int) -> AcceptanceProfile:
+        """Acceptance counts over the positions that fall inside the output.
+
+        Replays the decoder's rounds (a cold start commits one token; a verify round with
+        accept length L commits L + 1): with c tokens committed before a verify round and a
+        response of n tokens, proposal slot i lands on output token c + i, so only slots
+        i ≤ r = n − c can matter; a rejection past the response's end (a round that drafts
+        beyond EOS or the budget) costs nothing and is not counted. This is the profile the
+        finite-horizon prediction needs: the all-round :meth:`profile` counts those free
+        rejections and understates whole-run TPF.
+        """
+        n, committed, warm, reached, accepted = len(self.tokens), 0, False, [], []
+        rounds = iter(self.accept_lengths)
+        while committed < n:
+            if not warm:
+                committed, warm = committed + 1, True
+                continue
+            L = next(rounds)
+            r = n - committed
+            reached.append(min(L + 1, M, r))
+            accepted.append(min(L, r))
+            committed, warm = committed + L + 1, L == M
+        i = np.arange(1, M + 1)
+        reach, acc = np.asarray(reached, int)[:, None], np.asarray(accepted, int)[:, None]
+        return AcceptanceProfile((i <= reach).sum(0), (i <= acc).sum(0))
+
     def histogram(self, M: int) -> list[int]:
         """Counts of accept lengths 0..M over verify rounds."""
         return np.bincount(np.asarray(self.accept_lengths, int), minlength=M + 1).tolist()
@@ -88,6 +114,14 @@ class DecodeResult:
             total = total + r.profile(self.M)
         return total
 
+    def output_profile(self) -> AcceptanceProfile:
+        """Acceptance counts inside the outputs (see :meth:`RequestOutput.output_profile`): the
+        profile that predicts whole-run TPF, here or on another run."""
+        total = AcceptanceProfile.empty(self.M)
+        for r in self.requests:
+            total = total + r.output_profile(self.M)
+        return total
+
     def cycle_profile(self) -> AcceptanceProfile:
         lengths = [L for r in self.requests for L in r.cycle_lengths]
         return AcceptanceProfile.from_accept_lengths(np.asarray(lengths, int), self.M)
@@ -107,11 +141,12 @@ class DecodeResult:
     ) -> RunTPFPrediction:
         """The whole-run TPF that finite-horizon renewal predicts for this run's output lengths.
 
-        ``profile`` defaults to this run's own (every verify round); pass one measured on
-        another run to predict this one. The interval covers the profile's posterior and the
-        randomness of the run (see :func:`brisk.theory.predict_run_tpf`).
+        ``profile`` defaults to this run's own :meth:`output_profile`; pass one measured on
+        another run (its ``output_profile()``) to predict this one. The interval covers the
+        profile's posterior and the randomness of the run (see
+        :func:`brisk.theory.predict_run_tpf`).
         """
-        use = self.profile() if profile is None else profile
+        use = self.output_profile() if profile is None else profile
         if use.M != self.M:
             raise ValueError(f"profile: has M = {use.M}, this run has M = {self.M}")
         return predict_run_tpf(use, self.lengths, level=level, draws=draws, seed=seed)
