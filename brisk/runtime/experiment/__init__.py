@@ -1,0 +1,22 @@
+"""Ablations: evaluate trained checkpoints in the paper's terms and report them across seeds."""
+
+from __future__ import annotations
+
+from brisk.runtime.experiment.evaluate import (
+    ArmSummary,
+    CheckpointEval,
+    Interval,
+    evaluate_checkpoint,
+    summarize,
+)
+from brisk.runtime.experiment.table import markdown_table, plot_summaries
+
+__all__ = [
+    "ArmSummary",
+    "CheckpointEval",
+    "Interval",
+    "evaluate_checkpoint",
+    "markdown_table",
+    "plot_summaries",
+    "summarize",
+]

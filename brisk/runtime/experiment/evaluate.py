@@ -1,0 +1,194 @@
+"""One evaluation of a checkpoint in the paper's terms, and the same numbers across seeds.
+
+An arm of an ablation (a training recipe) is trained with several seeds; each trained checkpoint
+is decoded once on the same held-out problems with the deployed decoder (ISD at stride N,
+temperature T) and scored by :func:`evaluate_checkpoint`:
+
+- **accuracy**: answers graded correct (the paper's normalized answer match),
+- **rejection %**: rejected proposals ÷ proposals that verification reached, pooled over every
+  verify round (the paper's per-position rate, app:training_details, summed over positions),
+- **mean accepted prefix** E[L] over verify rounds,
+- **TPF, whole run** (output tokens ÷ decoding forwards) and **TPF, complete cycles** (the
+  renewal quantity of eq:idlm_tpf_instantiation),
+- **tokens/s**: output tokens ÷ decoding wall seconds on this machine.
+
+:func:`summarize` turns the per-seed numbers of each arm into a mean with a Student-t interval
+across seeds (seeds are the replication unit: each is a separately trained model), and
+:func:`markdown_table` prints them in the shape of the paper's tab:ablation_breakdown.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ArmSummary", "CheckpointEval", "Interval", "evaluate_checkpoint", "summarize"]
+
+METRICS = ("accuracy", "rejection", "accept_length", "tpf_run", "tpf_cycles", "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class CheckpointEval:
+    """The paper's efficiency and quality numbers for one decoded checkpoint."""
+
+    arm: str
+    seed: int
+    problems: int
+    accuracy: float  # fraction in [0, 1]
+    rejection: float  # rejected ÷ reached proposal positions, in [0, 1]
+    accept_length: float  # mean accepted prefix E[L] per verify round
+    tpf_run: float
+    tpf_cycles: float
+    tokens_per_s: float
+    output_tokens: int
+    forwards: int
+    reached: tuple[int, ...]  # per proposal position, over every verify round
+    accepted: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    prompts: Sequence[str],
+    answers: Sequence[object],
+    *,
+    arm: str,
+    seed: int,
+    stride: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    batch_size: int = 64,
+    corrector: Any = None,
+) -> CheckpointEval:
+    """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
+
+    Request r is decoded with seed ``seed · len(prompts) + r`` and request id r, so two
+    checkpoints evaluated with the same ``seed`` see the same uniforms for the same problem.
+    """
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd import decode
+    from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options
+    from brisk.runtime.tiny.grader import grade
+
+    if len(prompts) != len(answers):
+        raise ValueError(f"answers: expected {len(prompts)} (one per prompt), got {len(answers)}")
+    if not prompts:
+        raise ValueError("prompts: need at least one prompt")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    backbone = HFBackbone.from_pretrained(checkpoint)
+    options = isd_options(
+        tokenizer, stride=stride, temperature=temperature, max_new_tokens=max_new_tokens
+    )
+    encoded = encode_prompts(tokenizer, prompts)
+    n = len(encoded)
+    results = []
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for lo in range(0, n, batch_size):
+            ids = list(range(lo, min(lo + batch_size, n)))
+            results.append(
+                decode(
+                    backbone,
+                    [encoded[r] for r in ids],
+                    options,
+                    corrector=corrector,
+                    seeds=[seed * n + r for r in ids],
+                    request_ids=ids,
+                )
+            )
+    wall = time.perf_counter() - start
+    requests = [out for res in results for out in res.requests]
+    texts = [t for res in results for t in completion_texts(tokenizer, res)]
+    correct = [grade(t, a) for t, a in zip(texts, answers, strict=True)]
+    lengths = np.concatenate([np.asarray(r.accept_lengths, int) for r in requests])
+    reached = sum((r.profile(options.M).reached for r in requests), np.zeros(options.M, int))
+    accepted = sum((r.profile(options.M).accepted for r in requests), np.zeros(options.M, int))
+    tokens = sum(len(r.tokens) for r in requests)
+    forwards = sum(r.forwards for r in requests)
+    cycle_tokens = sum(r.cycle_tokens for r in requests)
+    cycle_forwards = sum(r.cycle_forwards for r in requests)
+    rejected = int(reached.sum() - accepted.sum())
+    return CheckpointEval(
+        arm=arm,
+        seed=seed,
+        problems=n,
+        accuracy=sum(correct) / n,
+        rejection=rejected / int(reached.sum()) if reached.sum() else math.nan,
+        accept_length=float(lengths.mean()) if lengths.size else math.nan,
+        tpf_run=tokens / forwards if forwards else math.nan,
+        tpf_cycles=cycle_tokens / cycle_forwards if cycle_forwards else math.nan,
+        tokens_per_s=tokens / wall if wall > 0 else math.nan,
+        output_tokens=tokens,
+        forwards=forwards,
+        reached=tuple(int(x) for x in reached),
+        accepted=tuple(int(x) for x in accepted),
+    )
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of k per-seed values with a two-sided Student-t interval (NaN bounds when k = 1)."""
+
+    mean: float
+    low: float
+    high: float
+    k: int
+
+    @classmethod
+    def of(cls, values: Sequence[float], level: float = 0.95) -> Interval:
+        from scipy import stats
+
+        if not 0 < level < 1:
+            raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+        xs = [float(v) for v in values]
+        if not xs:
+            raise ValueError("values: need at least one value")
+        k = len(xs)
+        mean = sum(xs) / k
+        if k == 1:
+            return cls(mean, math.nan, math.nan, 1)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+        half = float(stats.t.ppf((1 + level) / 2, k - 1)) * sd / math.sqrt(k)
+        return cls(mean, mean - half, mean + half, k)
+
+    def format(self, scale: float = 1.0, digits: int = 2) -> str:
+        m = f"{self.mean * scale:.{digits}f}"
+        if self.k == 1:
+            return m
+        return f"{m} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    arm: str
+    seeds: tuple[int, ...]
+    metrics: dict[str, Interval]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "seeds": list(self.seeds),
+                **{k: asdict(v) for k, v in self.metrics.items()}}  # fmt: skip
+
+
+def summarize(evals: Sequence[CheckpointEval], level: float = 0.95) -> list[ArmSummary]:
+    """Per arm (in first-seen order): each metric's mean and t-interval across its seeds."""
+    arms: dict[str, list[CheckpointEval]] = {}
+    for e in evals:
+        arms.setdefault(e.arm, []).append(e)
+    out = []
+    for arm, rows in arms.items():
+        seeds = [e.seed for e in rows]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"evals: arm {arm!r} has seed(s) evaluated twice: {sorted(seeds)}")
+        metrics = {m: Interval.of([getattr(e, m) for e in rows], level) for m in METRICS}
+        out.append(ArmSummary(arm, tuple(seeds), metrics))
+    return out

@@ -1,0 +1,111 @@
+"""Ablation evaluation: the per-checkpoint numbers agree with their definitions, intervals
+across seeds are Student-t intervals with their stated coverage, and the table has the
+paper's shape."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import stats
+
+from brisk.runtime.experiment import (
+    CheckpointEval,
+    Interval,
+    evaluate_checkpoint,
+    markdown_table,
+    plot_summaries,
+    summarize,
+)
+from brisk.runtime.tiny.model import TinyModelConfig, build_model
+from brisk.runtime.tiny.task import TaskConfig, make_split
+from brisk.runtime.tiny.tokenizer import char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    tokenizer = char_tokenizer()
+    torch.manual_seed(0)
+    build_model(TinyModelConfig.micro(), tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@given(st.lists(st.floats(-1e3, 1e3), min_size=2, max_size=8), st.sampled_from([0.9, 0.95]))
+def test_interval_is_the_student_t_interval(values: list[float], level: float) -> None:
+    iv = Interval.of(values, level)
+    mean, sem = np.mean(values), stats.sem(values)
+    assert iv.mean == pytest.approx(mean, abs=1e-9)
+    if sem == 0:
+        assert iv.low == pytest.approx(mean, abs=1e-9)
+        assert iv.high == pytest.approx(mean, abs=1e-9)
+        return
+    low, high = stats.t.interval(level, len(values) - 1, loc=mean, scale=sem)
+    assert (iv.low, iv.high) == pytest.approx((low, high), rel=1e-9, abs=1e-9)
+
+
+def test_interval_covers_the_mean_at_its_level() -> None:
+    """3 seeds per arm, 4000 simulated arms: coverage 0.95 ± 3σ, σ = √(0.95·0.05/4000) ≈ 0.0034."""
+    rng = np.random.default_rng(0)
+    hits = sum(
+        (iv := Interval.of(rng.normal(1.0, 0.3, 3).tolist())).low <= 1.0 <= iv.high
+        for _ in range(4000)
+    )
+    assert abs(hits / 4000 - 0.95) <= 3 * math.sqrt(0.95 * 0.05 / 4000)
+
+
+def test_one_seed_has_no_interval() -> None:
+    iv = Interval.of([2.5])
+    assert iv.mean == 2.5
+    assert math.isnan(iv.low)
+    assert iv.format() == "2.50"
+
+
+def fake(arm: str, seed: int, tpf: float) -> CheckpointEval:
+    return CheckpointEval(arm, seed, 10, 0.9, 0.15, 2.0, tpf, tpf + 1, 100.0, 30, 10,
+                          (10, 8), (8, 6))  # fmt: skip
+
+
+def test_summaries_table_and_plot(tmp_path: Path) -> None:
+    evals = [fake("base", s, 3.0 + 0.1 * s) for s in range(3)]
+    evals += [fake("brisk", s, 3.9 + 0.1 * s) for s in range(3)]
+    summaries = summarize(evals)
+    assert [s.arm for s in summaries] == ["base", "brisk"]
+    assert summaries[1].metrics["tpf_run"].mean == pytest.approx(4.0)
+    labels = {"base": ("Base", "–"), "brisk": ("Self-gen. (corr.)", "D")}
+    table = markdown_table(summaries, labels, ("Training data", "W."), baseline="base")
+    lines = table.splitlines()
+    assert lines[0].startswith("| Training data | W. | Acc. (%) | Reject (%) |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert lines[3].endswith("| 3 | +29.0 % |")  # 4.0 / 3.1 − 1
+    assert "90.0 [90.0, 90.0]" in lines[2]
+    assert plot_summaries(summaries, tmp_path / "arms.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="baseline: no arm named 'x'"):
+        markdown_table(summaries, baseline="x")
+    with pytest.raises(ValueError, match="seed"):
+        summarize([fake("a", 0, 3.0), fake("a", 0, 3.1)])
+
+
+def test_checkpoint_numbers_follow_their_definitions(checkpoint: Path) -> None:
+    problems = make_split(TaskConfig.trivial(), "test", 12, seed=0)
+    prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
+    kw = dict(arm="base", stride=4, temperature=1.0, max_new_tokens=16, batch_size=5)
+    a = evaluate_checkpoint(checkpoint, prompts, answers, seed=0, **kw)  # type: ignore[arg-type]
+    b = evaluate_checkpoint(checkpoint, prompts, answers, seed=0, **kw)  # type: ignore[arg-type]
+    c = evaluate_checkpoint(checkpoint, prompts, answers, seed=1, **kw)  # type: ignore[arg-type]
+    assert a.problems == 12
+    assert len(a.reached) == 3
+    assert a.tpf_run == pytest.approx(a.output_tokens / a.forwards)
+    assert a.rejection == pytest.approx(1 - sum(a.accepted) / sum(a.reached))
+    assert 0 <= a.accuracy <= 1
+    # the same seed replays the same uniforms per problem (batching aside); another does not
+    assert (a.output_tokens, a.forwards, a.reached) == (b.output_tokens, b.forwards, b.reached)
+    assert (a.output_tokens, a.forwards, a.reached) != (c.output_tokens, c.forwards, c.reached)
+    with pytest.raises(ValueError, match="answers: expected 12"):
+        evaluate_checkpoint(checkpoint, prompts, answers[:3], seed=0, **kw)  # type: ignore[arg-type]
