@@ -1,4 +1,4 @@
-"""``brisk train``: train the tiny base model and evaluate a checkpoint.
+"""``brisk train``: the tiny base model, self-generated data, proposal training, evaluation.
 
 Heavy modules (torch models, transformers) are imported inside the run functions so that
 ``brisk --help`` stays fast.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from brisk._cli import comma_separated
@@ -23,6 +24,46 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b.add_argument("--steps", type=int, default=None, help="number of steps (overrides steps)")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     b.set_defaults(run=run_base)
+
+    s = commands.add_parser(
+        "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
+    )
+    s.add_argument("--checkpoint", type=Path, required=True, help="the model that samples")
+    s.add_argument("--out", type=Path, required=True, help="dataset directory (resumes a run)")
+    s.add_argument("--problems", type=int, default=1000, help="distinct training problems")
+    s.add_argument("--samples", type=int, default=4, help="responses R per problem")
+    s.add_argument("--stride", type=int, default=8, help="ISD stride N")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=16, help="candidates K of the base drafts")
+    s.add_argument("--max-new-tokens", type=int, default=160)
+    s.add_argument("--problem-seed", type=int, default=0, help="which training problems")
+    s.add_argument("--seed", type=int, default=0, help="decode seeds")
+    s.add_argument("--chunk", type=int, default=64, help="problems per Parquet part")
+    s.add_argument("--batch-size", type=int, default=128)
+    s.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    s.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    s.set_defaults(run=run_selfgen)
+
+    p = commands.add_parser(
+        "proposal", help="continued training with per-position proposal weights (BRISK)"
+    )
+    p.add_argument("--config", type=Path, default=None, help="TOML or JSON proposal config")
+    p.add_argument("--init", type=str, default=None, help="checkpoint to start from")
+    p.add_argument("--dataset", type=str, default=None, help="self-generated dataset")
+    p.add_argument("--out", type=str, default=None, help="output directory")
+    p.add_argument("--data", type=str, default=None,
+                   help="selfgen-correct | selfgen-all | reference")  # fmt: skip
+    p.add_argument("--weights", type=str, default=None, help="brisk | uniform | dpace | decay")
+    p.add_argument("--profile", type=str, default=None, help="dynamic | static")
+    p.add_argument("--token-budget", type=int, default=None, help="response tokens to train on")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(run=run_proposal)
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
@@ -58,6 +99,69 @@ def run_base(args: argparse.Namespace) -> int:
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.report is not None:
         _print_report(result.report)
+    return 0
+
+
+def run_selfgen(args: argparse.Namespace) -> int:
+    import torch
+
+    from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
+
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    try:
+        options = SelfGenOptions(
+            problems=args.problems, samples=args.samples, stride=args.stride,
+            temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+            problem_seed=args.problem_seed, seed=args.seed, chunk=args.chunk,
+            batch_size=args.batch_size,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"--{str(err).replace('_', '-')}") from None
+    if not (args.checkpoint / "config.json").is_file():
+        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    torch.set_num_threads(args.threads)
+    result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress)
+    print(
+        f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
+        f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
+    )
+    return 0
+
+
+def run_proposal(args: argparse.Namespace) -> int:
+    from brisk.runtime.train.proposal_config import ProposalTrainConfig
+
+    cfg = ProposalTrainConfig()
+    if args.config is not None:
+        try:
+            cfg = ProposalTrainConfig.load(args.config)
+        except ValueError as err:
+            raise ValueError(f"--config: {err}") from None
+    overrides = {
+        "init": args.init, "dataset": args.dataset, "out_dir": args.out, "data": args.data,
+        "weights": args.weights, "profile": args.profile, "token_budget": args.token_budget,
+        "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+        "save_every": args.save_every, "threads": args.threads,
+    }  # fmt: skip
+    flags = {"out_dir": "out"}
+    try:
+        cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as err:
+        key, _, rest = str(err).partition(":")
+        raise ValueError(f"--{flags.get(key, key).replace('_', '-')}:{rest}") from None
+    if not cfg.init:
+        raise ValueError("--init: proposal training needs a checkpoint to start from")
+    if not (Path(cfg.init) / "config.json").is_file():
+        raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
+    from brisk.runtime.train.proposal import train_proposal
+
+    result = train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"trained {result.steps} steps on {result.tokens:,} tokens in "
+            f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
+        )
     return 0
 
 

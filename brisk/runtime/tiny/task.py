@@ -11,6 +11,13 @@ step per line, carrying the running value, and ends with the answer line::
 The prompt is ``"Q: 17+5-8=?\\n"`` and the response is everything after it. Running values never go
 negative (subtractions that would are redrawn), so every number is a plain digit string.
 
+A solution can be written in several valid ways (:data:`STYLES`): compact ``17+5=22``, spaced
+``17 + 5 = 22``, in words ``17 plus 5 is 22``, or numbered ``Step 1: 17+5=22``; and an addition
+may name the new operand first (``5+17=22``). A corpus is a mixture of these: the base corpus a
+model learns from has the weights ``style_weights`` / ``swap_prob``, the "open-source" reference
+corpus has ``reference_weights`` / ``reference_swap_prob``. The canonical :attr:`Problem.response`
+is compact and unswapped (the tiny preset's only style).
+
 Train and test never share a problem: a problem belongs to the test split iff a hash of its
 canonical text falls in the held-out bucket, so the splits are disjoint whatever the seeds.
 """
@@ -23,9 +30,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Problem", "TaskConfig", "generate", "make_split"]
+__all__ = [
+    "STYLES",
+    "Problem",
+    "TaskConfig",
+    "generate",
+    "make_split",
+    "sample_response",
+    "solutions",
+]
 
 Split = Literal["train", "test"]
+Corpus = Literal["base", "reference"]
+STYLES = ("compact", "spaced", "words", "steps")
+_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 
 
 @dataclass(frozen=True)
@@ -38,8 +56,23 @@ class TaskConfig:
     max_digits: int = 1
     ops: str = "+-"
     test_fraction: float = 0.1
+    # Corpus mixtures over STYLES (weights, normalized) and the chance an addition is swapped.
+    style_weights: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
+    swap_prob: float = 0.0
+    reference_weights: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
+    reference_swap_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("style_weights", "reference_weights"):
+            w = getattr(self, name)
+            if len(w) != len(STYLES) or min(w) < 0 or not sum(w) > 0:
+                raise ValueError(
+                    f"{name}: need {len(STYLES)} weights ≥ 0 (for {', '.join(STYLES)}) with a "
+                    f"positive sum, got {w!r}"
+                )
+        for name in ("swap_prob", "reference_swap_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name}: must lie in [0, 1], got {getattr(self, name)!r}")
         if not 2 <= self.min_operands <= self.max_operands:
             raise ValueError("min_operands/max_operands: need 2 ≤ min_operands ≤ max_operands")
         if not 1 <= self.min_digits <= self.max_digits:
@@ -53,6 +86,31 @@ class TaskConfig:
     def tiny(cls) -> TaskConfig:
         """The preset the tiny base model is trained on."""
         return cls()
+
+    @classmethod
+    def paper(cls) -> TaskConfig:
+        """The paper-regime world: long multi-step chains of two-digit operands with carries,
+        written in a mixture of styles (the base corpus prefers words; the reference corpus is
+        mostly compact and numbered, with more swapped additions)."""
+        return cls(
+            min_operands=4,
+            max_operands=6,
+            min_digits=1,
+            max_digits=2,
+            ops="+-",
+            style_weights=(0.1, 0.2, 0.5, 0.2),
+            swap_prob=0.3,
+            reference_weights=(0.4, 0.25, 0.0, 0.35),
+            reference_swap_prob=0.6,
+        )
+
+    def corpus(self, corpus: Corpus) -> tuple[tuple[float, ...], float]:
+        """Style weights and swap probability of ``corpus``."""
+        if corpus == "base":
+            return self.style_weights, self.swap_prob
+        if corpus == "reference":
+            return self.reference_weights, self.reference_swap_prob
+        raise ValueError(f"corpus: expected 'base' or 'reference', got {corpus!r}")
 
     @classmethod
     def trivial(cls) -> TaskConfig:
@@ -80,12 +138,30 @@ class Problem:
 
     @property
     def steps(self) -> list[str]:
+        return self.write_steps("compact", (False,) * len(self.ops))
+
+    def write_steps(self, style: str, swaps: tuple[bool, ...]) -> list[str]:
+        """One line per operation in ``style``; ``swaps[k]`` writes addition k as ``x+value``."""
         value, lines = self.operands[0], []
-        for op, x in zip(self.ops, self.operands[1:], strict=True):
+        for k, (op, x) in enumerate(zip(self.ops, self.operands[1:], strict=True)):
             new = _apply(value, op, x)
-            lines.append(f"{value}{op}{x}={new}")
+            a, b = (x, value) if swaps[k] and op in "+*" else (value, x)
+            if style == "compact":
+                lines.append(f"{a}{op}{b}={new}")
+            elif style == "spaced":
+                lines.append(f"{a} {op} {b} = {new}")
+            elif style == "words":
+                lines.append(f"{a} {_WORDS[op]} {b} is {new}")
+            elif style == "steps":
+                lines.append(f"Step {k + 1}: {a}{op}{b}={new}")
+            else:
+                raise ValueError(f"style: expected one of {', '.join(STYLES)}, got {style!r}")
             value = new
         return lines
+
+    def write(self, style: str, swaps: tuple[bool, ...]) -> str:
+        """The whole response in ``style`` with ``swaps``, answer line included."""
+        return "\n".join([*self.write_steps(style, swaps), f"#### {self.answer}"])
 
     @property
     def answer(self) -> int:
@@ -137,6 +213,27 @@ def generate(cfg: TaskConfig, split: Split, seed: int) -> Iterator[Problem]:
         problem = _draw(cfg, rng)
         if _split_of(problem, cfg.test_fraction) == split:
             yield problem
+
+
+def sample_response(
+    problem: Problem, cfg: TaskConfig, rng: random.Random, corpus: Corpus = "base"
+) -> str:
+    """A response to ``problem`` drawn from ``corpus``'s mixture of styles and swaps."""
+    weights, swap_prob = cfg.corpus(corpus)
+    style = rng.choices(STYLES, weights=weights)[0]
+    swaps = tuple(rng.random() < swap_prob for _ in problem.ops)
+    return problem.write(style, swaps)
+
+
+def solutions(
+    cfg: TaskConfig, split: Split, seed: int, corpus: Corpus = "base"
+) -> Iterator[tuple[Problem, str]]:
+    """:func:`generate`'s problems, each with a response drawn from ``corpus``. Styles use their
+    own generator, so the problems are those of ``generate(cfg, split, seed)`` whatever the
+    corpus."""
+    rng = random.Random(f"{split}:{seed}:{corpus}:style")
+    for problem in generate(cfg, split, seed):
+        yield problem, sample_response(problem, cfg, rng, corpus)
 
 
 def make_split(

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.tiny.model import build_model
-from brisk.runtime.tiny.task import generate, make_split
+from brisk.runtime.tiny.task import make_split, solutions
 from brisk.runtime.tiny.tokenizer import char_tokenizer
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
@@ -106,7 +106,7 @@ def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
     tokenizer = char_tokenizer()
     model = build_model(cfg.model, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    train_stream = generate(cfg.task, "train", cfg.seed)
+    train_stream = solutions(cfg.task, "train", cfg.seed)  # (problem, base-corpus response)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems)
     held_out = make_split(cfg.task, "test", n_eval, cfg.eval_seed) if n_eval else []
     log({"event": "start", "params": n_params, "config": cfg.to_dict()})
@@ -142,7 +142,8 @@ def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
             # Batch: the curriculum's stride fixes the block size M = N − 1 of the mask.
             N = cfg.stride_at(step)
             M = N - 1
-            encoded = [encode_problem(next(train_stream), tokenizer) for _ in range(cfg.batch_size)]
+            drawn = [next(train_stream) for _ in range(cfg.batch_size)]
+            encoded = [encode_problem(p, tokenizer, response) for p, response in drawn]
             offset = rng.randrange(M) if cfg.random_block_offset else 0
             batch = build_batch(
                 [s for s, _ in encoded], [n for _, n in encoded], M,

@@ -25,14 +25,32 @@ from brisk.runtime.tiny.grader import grade
 from brisk.runtime.tiny.task import Problem
 from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward
 
-__all__ = ["EvalReport", "encode_problem", "evaluate", "greedy_decode", "proposal_accuracy"]
+__all__ = [
+    "EvalReport",
+    "encode_example",
+    "encode_problem",
+    "evaluate",
+    "greedy_decode",
+    "proposal_accuracy",
+]
 
 
-def encode_problem(problem: Problem, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
+def encode_problem(
+    problem: Problem, tokenizer: PreTrainedTokenizerBase, response: str | None = None
+) -> tuple[list[int], int]:
+    """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included); the
+    response defaults to the problem's canonical one."""
+    return encode_example(problem.prompt, problem.response if response is None else response,
+                          tokenizer)  # fmt: skip
+
+
+def encode_example(
+    prompt: str, response: str, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], int]:
     """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included)."""
-    prompt = [tokenizer.bos_token_id, *tokenizer.encode(problem.prompt)]
-    response = tokenizer.encode(problem.response)
-    return [*prompt, *response, tokenizer.eos_token_id], len(prompt)
+    ids = [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    out = tokenizer.encode(response, add_special_tokens=False)
+    return [*ids, *out, tokenizer.eos_token_id], len(ids)
 
 
 @torch.no_grad()

@@ -1,0 +1,130 @@
+"""Configuration of proposal training (``brisk train proposal``): one frozen dataclass.
+
+Loaded from TOML/JSON like :class:`~brisk.runtime.train.config.BaseTrainConfig` (unknown keys
+are errors naming the key); the command line overrides single fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from brisk.runtime.train.config import _parse
+
+__all__ = ["DATA_MODES", "PROFILE_MODES", "WEIGHT_SCHEMES", "ProposalTrainConfig"]
+
+DataMode = Literal["selfgen-correct", "selfgen-all", "reference"]
+WeightScheme = Literal["brisk", "uniform", "dpace", "decay"]
+ProfileMode = Literal["dynamic", "static"]
+DATA_MODES: tuple[str, ...] = ("selfgen-correct", "selfgen-all", "reference")
+WEIGHT_SCHEMES: tuple[str, ...] = ("brisk", "uniform", "dpace", "decay")
+PROFILE_MODES: tuple[str, ...] = ("dynamic", "static")
+
+
+@dataclass(frozen=True)
+class ProposalTrainConfig:
+    """Continued I-DLM training with per-position proposal weights (eq:brisk_weighting).
+
+    The run consumes ``token_budget`` response tokens (the same for every arm of an ablation,
+    whatever the data's lengths); the learning rate follows warmup then cosine over that budget.
+    """
+
+    init: str = ""  # the checkpoint training starts from
+    dataset: str = ""  # self-generated dataset (reference data uses its prompts)
+    out_dir: str = "runs/proposal"
+    data: DataMode = "selfgen-correct"
+    weights: WeightScheme = "brisk"
+    profile: ProfileMode = "dynamic"
+    seed: int = 0
+    stride: int = 8  # N of the blocks the loss is laid out in (M = N − 1 proposal positions)
+    token_budget: int = 200_000
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: float = 0.05  # share of the budget spent warming up
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    alpha: float | Literal["auto"] = "auto"
+    # The ISD rule the batch's own proposals are verified with (the deployed decoder's).
+    temperature: float = 1.0
+    top_k: int = 16
+    profile_decay: float = 0.9  # ProfileTracker: an effective window of ~10 batches
+    static_batches: int = 8  # batches the static profile is estimated on, before training
+    gamma: float = 7.0  # DFlash decay constant
+    random_block_offset: bool = True
+    log_every: int = 1
+    save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "batch_size", "log_every", "threads", "static_batches",
+                     "top_k"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
+        if self.save_every < 0:
+            raise ValueError(f"save_every: must be ≥ 0, got {self.save_every!r}")
+        if self.stride < 2:
+            raise ValueError(f"stride: need N ≥ 2, got {self.stride!r}")
+        for name in ("lr", "grad_clip", "gamma"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError(f"min_lr: need 0 < min_lr ≤ lr ({self.lr!r}), got {self.min_lr!r}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup: must lie in [0, 1), got {self.warmup!r}")
+        if not 0 <= self.profile_decay < 1:
+            raise ValueError(f"profile_decay: must lie in [0, 1), got {self.profile_decay!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+        if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
+            raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
+        for name, allowed in (("data", DATA_MODES), ("weights", WEIGHT_SCHEMES),
+                              ("profile", PROFILE_MODES)):  # fmt: skip
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def M(self) -> int:
+        return self.stride - 1
+
+    def lr_at(self, progress: float) -> float:
+        """Linear warmup over ``warmup`` of the budget, then cosine from ``lr`` to ``min_lr``."""
+        import math
+
+        if progress < self.warmup:
+            return self.lr * max(progress / self.warmup, 1e-3)
+        t = min((progress - self.warmup) / (1 - self.warmup), 1.0)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProposalTrainConfig:
+        config = _parse(cls, data, "")
+        assert isinstance(config, ProposalTrainConfig)
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProposalTrainConfig:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: cannot read ({err})") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: invalid {path.suffix[1:].upper()}: {err}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ProposalTrainConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,273 @@
+"""Self-generated training data (``brisk train selfgen``): the deployed decoder's own samples.
+
+For each of ``n`` distinct training problems, ``R`` responses are decoded from a checkpoint with
+ISD at stride N and temperature T (head off, exact verification), graded by normalized answer
+matching and written as a Parquet dataset: a directory of ``part-NNNNN.parquet`` files, one per
+chunk of problems, readable by ``pandas.read_parquet(DIR)`` and by
+``datasets.load_dataset("parquet", data_dir=DIR)``. Columns:
+
+``problem`` (index of the problem), ``sample`` (0..R−1), ``seed`` (the decode seed of the
+response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the reference answer),
+``correct``, ``finished`` ("eos" or "length"), ``accept_lengths`` (L of every verify round) and
+``reached`` / ``accepted`` (the response's acceptance counts per proposal position under the
+native ISD rule: positions after the first rejection are not reached).
+
+Provenance (checkpoint hash, tokenizer hash, decoder options, task, problem seed) is written to
+``dataset.json`` before the first part and into every part's schema metadata; a rerun into the
+same directory resumes after the last complete part and refuses a directory made with other
+settings. Parts are written to a temporary file and renamed, so a kill loses at most the chunk
+being decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SelfGenOptions",
+    "SelfGenResult",
+    "checkpoint_hash",
+    "dataset_profile",
+    "generate_dataset",
+    "read_dataset",
+    "read_provenance",
+]
+
+PROVENANCE = "dataset.json"
+META_KEY = b"brisk.selfgen"
+FORMAT = "brisk-selfgen/1"
+
+
+@dataclass(frozen=True)
+class SelfGenOptions:
+    """What to sample: ``problems`` training problems (seed ``problem_seed``), ``samples`` each."""
+
+    problems: int = 1000
+    samples: int = 4
+    stride: int = 8
+    temperature: float = 1.0
+    top_k: int = 16
+    max_new_tokens: int = 160
+    problem_seed: int = 0
+    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·R + r
+    chunk: int = 64  # problems per part (the unit of resumption)
+    batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("problems", "samples", "max_new_tokens", "chunk", "batch_size", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 2:
+            raise ValueError(f"stride: need an integer N ≥ 2, got {self.stride!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+
+    def decode_seed(self, problem: int, sample: int) -> int:
+        return self.seed * 10**6 + problem * self.samples + sample
+
+
+def _hash_files(files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def checkpoint_hash(checkpoint: str | Path) -> str:
+    """sha256 (16 hex digits) over a checkpoint's weights and config files."""
+    path = Path(checkpoint)
+    files = [*path.glob("*.safetensors"), *path.glob("*.bin"), path / "config.json"]
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise ValueError(f"{path}: no model weights (*.safetensors) or config.json")
+    return _hash_files(files)
+
+
+def tokenizer_hash(checkpoint: str | Path) -> str:
+    files = [f for f in Path(checkpoint).glob("tokenizer*.json") if f.is_file()]
+    return _hash_files(files) if files else ""
+
+
+@dataclass(frozen=True)
+class SelfGenResult:
+    out: Path
+    rows: int
+    correct: int
+    parts_written: int
+    parts_skipped: int
+
+
+def _provenance(checkpoint: Path, options: SelfGenOptions) -> dict[str, Any]:
+    from brisk.runtime.train.config import BaseTrainConfig
+
+    cfg_file = checkpoint / "train_config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{checkpoint}: no train_config.json (not a brisk tiny-world checkpoint)")
+    cfg = BaseTrainConfig.load(cfg_file)
+    return {
+        "format": FORMAT,
+        "checkpoint": str(checkpoint),
+        "checkpoint_hash": checkpoint_hash(checkpoint),
+        "tokenizer_hash": tokenizer_hash(checkpoint),
+        "task": asdict(cfg.task),
+        "decoder": {
+            "algorithm": "isd",
+            "head": "off",
+            "stride": options.stride,
+            "M": options.stride - 1,
+            "temperature": options.temperature,
+            "top_k": options.top_k,
+            "max_new_tokens": options.max_new_tokens,
+        },
+        "options": asdict(options),
+    }
+
+
+def read_provenance(out: str | Path) -> dict[str, Any]:
+    """The ``dataset.json`` of a self-generated dataset (errors name the file)."""
+    file = Path(out) / PROVENANCE
+    if not file.is_file():
+        raise ValueError(f"{out}: not a self-generated dataset (no {PROVENANCE})")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: invalid JSON ({err.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{file}: not a {FORMAT} provenance file")
+    return data
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def generate_dataset(
+    checkpoint: str | Path, out: str | Path, options: SelfGenOptions, show_progress: bool = True
+) -> SelfGenResult:
+    """Decode, grade and write the dataset (module docstring); resumes an interrupted run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from rich.progress import Progress
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd import decode
+    from brisk.runtime.prompts import completion_text, encode_prompts, isd_options
+    from brisk.runtime.tiny.grader import grade
+    from brisk.runtime.tiny.task import TaskConfig, make_split
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if not checkpoint.is_dir():
+        raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
+    provenance = _provenance(checkpoint, options)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / PROVENANCE).exists():
+        old = read_provenance(out)
+        if {k: old.get(k) for k in provenance if k != "checkpoint"} != {
+            k: v for k, v in provenance.items() if k != "checkpoint"
+        }:
+            raise ValueError(
+                f"--out: {out} holds a dataset made with another checkpoint or other options; "
+                "use a new directory"
+            )
+    else:
+        _atomic_write(out / PROVENANCE, json.dumps(provenance, indent=2).encode())
+
+    task = TaskConfig(**{k: tuple(v) if isinstance(v, list) else v
+                         for k, v in provenance["task"].items()})  # fmt: skip
+    problems = make_split(task, "train", options.problems, options.problem_seed)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    backbone = HFBackbone.from_pretrained(checkpoint)
+    backbone.model.eval()
+    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
+                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
+    M, R = dec.M, options.samples
+    meta = {META_KEY: json.dumps(provenance).encode()}
+    chunks = range(0, len(problems), options.chunk)
+    rows = correct = written = skipped = 0
+    with Progress(disable=not show_progress) as progress:
+        bar = progress.add_task("selfgen", total=len(problems) * R)
+        for c, lo in enumerate(chunks):
+            part = out / f"part-{c:05d}.parquet"
+            chunk = problems[lo : lo + options.chunk]
+            if part.exists():
+                n = pq.ParquetFile(part).metadata.num_rows
+                if n != len(chunk) * R:
+                    raise ValueError(f"{part}: holds {n} rows, expected {len(chunk) * R}")
+                rows += n
+                correct += int(np.sum(pq.read_table(part, columns=["correct"])["correct"]))
+                skipped += 1
+                progress.advance(bar, n)
+                continue
+            index = [(lo + i, r) for i in range(len(chunk)) for r in range(R)]
+            prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
+            seeds = [options.decode_seed(i, r) for i, r in index]
+            with torch.inference_mode():
+                result = decode(backbone, prompts, dec, seeds=seeds, request_ids=seeds,
+                                batch_size=options.batch_size,
+                                on_finish=lambda _r, _o: progress.advance(bar))  # fmt: skip
+            texts = [completion_text(tokenizer, t) for t in result.tokens]
+            grades = [grade(t, problems[i].answer) for t, (i, _) in zip(texts, index, strict=True)]
+            profiles = [req.profile(M) for req in result.requests]
+            table = pa.table(
+                {
+                    "problem": pa.array([i for i, _ in index], pa.int32()),
+                    "sample": pa.array([r for _, r in index], pa.int16()),
+                    "seed": pa.array(seeds, pa.int64()),
+                    "prompt": [problems[i].prompt for i, _ in index],
+                    "response": texts,
+                    "answer": [str(problems[i].answer) for i, _ in index],
+                    "correct": pa.array(grades, pa.bool_()),
+                    "finished": [req.finished for req in result.requests],
+                    "accept_lengths": pa.array(
+                        [req.accept_lengths for req in result.requests], pa.list_(pa.int8())
+                    ),
+                    "reached": pa.array(
+                        [p.reached.tolist() for p in profiles], pa.list_(pa.int32(), M)
+                    ),
+                    "accepted": pa.array(
+                        [p.accepted.tolist() for p in profiles], pa.list_(pa.int32(), M)
+                    ),
+                }
+            ).replace_schema_metadata(meta)
+            tmp = part.with_name(f".{part.name}.tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, part)
+            rows += len(index)
+            correct += sum(grades)
+            written += 1
+    return SelfGenResult(out, rows, correct, written, skipped)
+
+
+def read_dataset(out: str | Path) -> Any:
+    """The dataset as a pyarrow Table (all parts, in order); errors name the directory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    read_provenance(out)
+    parts = sorted(Path(out).glob("part-*.parquet"))
+    if not parts:
+        raise ValueError(f"{out}: the dataset has no parts (was generation interrupted early?)")
+    return pa.concat_tables([pq.read_table(p) for p in parts])
+
+
+def dataset_profile(table: Any, M: int) -> Any:
+    """The acceptance profile of a dataset's rows (sum of their per-response counts)."""
+    from brisk.theory import AcceptanceProfile
+
+    reached = np.asarray(table["reached"].to_pylist(), np.int64).reshape(-1, M).sum(0)
+    accepted = np.asarray(table["accepted"].to_pylist(), np.int64).reshape(-1, M).sum(0)
+    return AcceptanceProfile(reached, accepted)
