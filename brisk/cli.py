@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     theory_cli.register(layers)
     runtime_cli.register(layers)
+    runtime_cli.register_experiment(layers)
     decode_cli.register(layers)
     mechanism_cli.register(layers)
     return parser

@@ -216,3 +216,35 @@ def _print_report(report: object) -> None:
         console.print(table)
     for prompt, text in report.samples:
         console.print(f"[dim]{prompt!r} → {text!r}[/]")
+
+
+def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = layers.add_parser("experiment", help="reproducible ablations across seeds")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    x = commands.add_parser(
+        "proposal", help="the proposal-training ablation: arms × seeds, table, plots, report"
+    )
+    x.add_argument("--config", type=Path, required=True, help="TOML experiment config")
+    x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
+    x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
+    x.add_argument("--no-progress", action="store_true", help="quiet")
+    x.set_defaults(run=run_experiment_proposal)
+
+
+def run_experiment_proposal(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
+
+    try:
+        cfg = ExperimentConfig.load(args.config)
+    except ValueError as err:
+        raise ValueError(f"--config: {err}") from None
+    changes = {"out_dir": args.out, "workers": args.workers}
+    try:
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    summary = run_experiment(cfg, show_progress=not args.no_progress)
+    print(f"best arm by whole-run TPF: {summary['best_arm']}; summary in {cfg.out_dir}")
+    return 0

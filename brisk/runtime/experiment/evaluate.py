@@ -65,17 +65,21 @@ def evaluate_checkpoint(
     max_new_tokens: int = 256,
     batch_size: int = 64,
     corrector: Any = None,
+    log_blocks: str | Path | None = None,
 ) -> CheckpointEval:
     """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
 
     Request r is decoded with seed ``seed · len(prompts) + r`` and request id r, so two
     checkpoints evaluated with the same ``seed`` see the same uniforms for the same problem.
+    With ``log_blocks`` every verify round is written to that block-log directory (for
+    ``brisk mechanism report``).
     """
     import numpy as np
     import torch
     from transformers import AutoTokenizer
 
     from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.blocklog import BlockLogger
     from brisk.runtime.isd import decode
     from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options
     from brisk.runtime.tiny.grader import grade
@@ -92,6 +96,8 @@ def evaluate_checkpoint(
     encoded = encode_prompts(tokenizer, prompts)
     n = len(encoded)
     results = []
+    K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
+    logger = BlockLogger(log_blocks, options.M, K) if log_blocks is not None else None
     start = time.perf_counter()
     with torch.inference_mode():
         for lo in range(0, n, batch_size):
@@ -104,9 +110,12 @@ def evaluate_checkpoint(
                     corrector=corrector,
                     seeds=[seed * n + r for r in ids],
                     request_ids=ids,
+                    logger=logger,
                 )
             )
     wall = time.perf_counter() - start
+    if logger is not None:
+        logger.close()
     requests = [out for res in results for out in res.requests]
     texts = [t for res in results for t in completion_texts(tokenizer, res)]
     correct = [grade(t, a) for t, a in zip(texts, answers, strict=True)]

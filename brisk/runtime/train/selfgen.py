@@ -172,7 +172,7 @@ def generate_dataset(
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
-    provenance = _provenance(checkpoint, options)
+    provenance = json.loads(json.dumps(_provenance(checkpoint, options)))  # as it reads back
     out.mkdir(parents=True, exist_ok=True)
     if (out / PROVENANCE).exists():
         old = read_provenance(out)

@@ -1,0 +1,288 @@
+"""The proposal-training ablation, one command (``brisk experiment proposal --config FILE``).
+
+Steps, each skipped when its output already exists (so a rerun resumes):
+
+1. the base checkpoint (trained from ``base_config`` if ``base`` does not exist yet);
+2. the self-generated dataset of the base (``brisk train selfgen``);
+3. every trained arm × seed: ``brisk train proposal`` from the same base, with the same token
+   budget and schedule (:data:`ARMS`), then an evaluation on held-out problems at stride N and
+   temperature T (accuracy, rejection %, E[L], whole-run and complete-cycle TPF, tokens/s, with
+   every verify round logged); the base arm is evaluated with the same decode seeds;
+4. the table across seeds (markdown shaped like tab:ablation_breakdown, JSON, a plot), the
+   weight-evolution figure of the BRISK arm, and ``brisk mechanism report`` on the logs of the
+   arm with the highest whole-run TPF.
+
+Jobs run ``workers`` at a time in separate processes with one torch thread each (the arms are
+independent; nothing distributed). Outputs under ``out_dir``: ``data/``, ``arms/<arm>/seed<s>/``
+(checkpoint, metrics, ``eval.json``, ``blocks/``), ``summary.md``, ``summary.json``,
+``arms.png``, ``weights_<arm>.png``, ``mechanism/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import tomllib
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from brisk.runtime.train.config import _parse
+
+__all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    data: str  # "base" for the untrained base
+    weights: str
+    profile: str
+    labels: tuple[str, str]  # (training data, W.) columns of the table
+
+
+ARMS: tuple[Arm, ...] = (
+    Arm("base", "base", "-", "-", ("Base (no continued training)", "–")),
+    Arm("reference-dynamic", "reference", "brisk", "dynamic", ("Open-source (reference)", "D")),
+    Arm("selfgen-all-dynamic", "selfgen-all", "brisk", "dynamic", ("Self-gen. (all)", "D")),
+    Arm("selfgen-correct-uniform", "selfgen-correct", "uniform", "dynamic",
+        ("Self-gen. (corr.)", "U")),
+    Arm("selfgen-correct-dynamic", "selfgen-correct", "brisk", "dynamic",
+        ("Self-gen. (corr.)", "D")),
+    Arm("selfgen-correct-static", "selfgen-correct", "brisk", "static",
+        ("Self-gen. (corr.)", "S")),
+    Arm("selfgen-correct-dpace", "selfgen-correct", "dpace", "dynamic",
+        ("Self-gen. (corr.)", "D-PACE")),
+    Arm("selfgen-correct-decay", "selfgen-correct", "decay", "dynamic",
+        ("Self-gen. (corr.)", "decay")),
+)  # fmt: skip
+BRISK_ARM = "selfgen-correct-dynamic"
+
+
+@dataclass(frozen=True)
+class SelfGenSection:
+    problems: int = 1000
+    samples: int = 4
+    temperature: float = 1.0
+    max_new_tokens: int = 160
+    problem_seed: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    token_budget: int = 200_000
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: float = 0.05
+    alpha: float | str = "auto"
+    profile_decay: float = 0.9
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    problems: int = 200
+    temperature: float = 1.0
+    max_new_tokens: int = 160
+    problem_seed: int = 1
+    batch_size: int = 100
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    out_dir: str = "runs/paper/ablation"
+    base: str = "runs/paper/base/final"
+    base_config: str = "configs/paper_base.toml"
+    stride: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2)
+    arms: tuple[str, ...] = tuple(a.name for a in ARMS)
+    workers: int = 2
+    selfgen: SelfGenSection = field(default_factory=SelfGenSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def __post_init__(self) -> None:
+        known = {a.name for a in ARMS}
+        for name in self.arms:
+            if name not in known:
+                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExperimentConfig:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: cannot read ({err})") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: invalid TOML: {err}") from None
+        try:
+            config = _parse(cls, data, "")
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        assert isinstance(config, ExperimentConfig)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _arm(name: str) -> Arm:
+    return next(a for a in ARMS if a.name == name)
+
+
+def _job(cfg: ExperimentConfig, arm_name: str, seed: int, data_dir: str) -> dict[str, Any]:
+    """Train (unless the base arm) and evaluate one arm × seed; returns the evaluation."""
+    import torch
+
+    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.runtime.tiny.task import TaskConfig, make_split
+    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.proposal import train_proposal
+    from brisk.runtime.train.proposal_config import ProposalTrainConfig
+
+    torch.set_num_threads(1)
+    arm = _arm(arm_name)
+    run = Path(cfg.out_dir) / "arms" / arm.name / f"seed{seed}"
+    result_file = run / "eval.json"
+    if result_file.exists():
+        return dict(json.loads(result_file.read_text()))
+    run.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(cfg.base)
+    if arm.data != "base":
+        t = cfg.train
+        pcfg = ProposalTrainConfig(
+            init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,  # type: ignore[arg-type]
+            weights=arm.weights, profile=arm.profile, seed=seed,  # type: ignore[arg-type]
+            stride=cfg.stride, token_budget=t.token_budget, batch_size=t.batch_size, lr=t.lr,
+            min_lr=t.min_lr, warmup=t.warmup, alpha=t.alpha,  # type: ignore[arg-type]
+            profile_decay=t.profile_decay, temperature=cfg.selfgen.temperature, log_every=1,
+        )  # fmt: skip
+        checkpoint = run / "final"
+        if not (checkpoint / "trainer_state.pt").exists():
+            train_proposal(pcfg, resume=True, show_progress=False)
+    task: TaskConfig = BaseTrainConfig.load(Path(cfg.base) / "train_config.json").task
+    problems = make_split(task, "test", cfg.eval.problems, cfg.eval.problem_seed)
+    blocks = run / "blocks"
+    shutil.rmtree(blocks, ignore_errors=True)
+    ev = evaluate_checkpoint(
+        checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=arm.name,
+        seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, log_blocks=blocks,
+    )  # fmt: skip
+    tmp = result_file.with_name(".eval.json.tmp")
+    tmp.write_text(json.dumps(ev.to_dict(), indent=2))
+    os.replace(tmp, result_file)
+    return ev.to_dict()
+
+
+def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds."""
+    from rich.console import Console
+
+    from brisk.runtime.experiment.evaluate import CheckpointEval, summarize
+    from brisk.runtime.experiment.table import markdown_table, plot_summaries
+    from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
+
+    console = Console(stderr=True, quiet=not show_progress)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+
+    # 1. The base checkpoint.
+    if not (Path(cfg.base) / "config.json").is_file():
+        from brisk.runtime.train.base import train_base
+        from brisk.runtime.train.config import BaseTrainConfig
+
+        console.print(f"training the base model ({cfg.base_config}) → {cfg.base}")
+        base_cfg = BaseTrainConfig.load(cfg.base_config).replace(out_dir=str(Path(cfg.base).parent))
+        trained = train_base(base_cfg, show_progress=show_progress)
+        if trained.checkpoint.resolve() != Path(cfg.base).resolve():
+            raise ValueError(f"base: training wrote {trained.checkpoint}, expected {cfg.base}")
+    timings["base_s"] = time.monotonic() - t0
+
+    # 2. Self-generated data from the base, with the deployed decoder.
+    data_dir = out / "data"
+    s = cfg.selfgen
+    console.print(f"self-generated data → {data_dir}")
+    t = time.monotonic()
+    generate_dataset(cfg.base, data_dir, SelfGenOptions(
+        problems=s.problems, samples=s.samples, stride=cfg.stride, temperature=s.temperature,
+        max_new_tokens=s.max_new_tokens, problem_seed=s.problem_seed, seed=s.seed,
+    ), show_progress=show_progress)  # fmt: skip
+    timings["selfgen_s"] = time.monotonic() - t
+
+    # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).
+    jobs = [(a, seed) for a in cfg.arms if a != "base" for seed in cfg.seeds]
+    jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
+    t = time.monotonic()
+    evals: dict[tuple[str, int], CheckpointEval] = {}
+    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_job, cfg, a, seed, str(data_dir)): (a, seed) for a, seed in jobs}
+        for done, future in enumerate(as_completed(futures), 1):
+            a, seed = futures[future]
+            ev = future.result()
+            evals[(a, seed)] = CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v
+                                                 for k, v in ev.items()})  # fmt: skip
+            console.print(
+                f"[{done}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
+                f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+                f"({(time.monotonic() - t0) / 60:.1f} min)"
+            )
+    timings["arms_s"] = time.monotonic() - t
+
+    # 4. The table, the plots and the mechanism report of the best arm.
+    ordered = [evals[(a, seed)] for a in cfg.arms for seed in cfg.seeds]
+    summaries = summarize(ordered)
+    labels = {a.name: a.labels for a in ARMS}
+    table = markdown_table(summaries, labels, ("Training data", "W."),
+                           baseline="base" if "base" in cfg.arms else None)  # fmt: skip
+    plot_summaries(summaries, out / "arms.png")
+    trained = [sm for sm in summaries if sm.arm != "base"]
+    best = max(trained, key=lambda sm: sm.metrics["tpf_run"].mean).arm if trained else "base"
+    from brisk.runtime.train.plots import plot_weight_evolution
+
+    for a in cfg.arms:
+        metrics = out / "arms" / a / f"seed{cfg.seeds[0]}" / "metrics.jsonl"
+        if metrics.exists():
+            plot_weight_evolution(metrics, out / f"weights_{a}.png")
+    from brisk.cli import main as brisk_main
+
+    blocks = out / "arms" / best / f"seed{cfg.seeds[0]}" / "blocks"
+    brisk_main(["mechanism", "report", str(blocks), "--out", str(out / "mechanism"),
+                "--bootstrap", "200"])  # fmt: skip
+    timings["total_s"] = time.monotonic() - t0
+    summary = {
+        "config": cfg.to_dict(),
+        "arms": [sm.to_dict() for sm in summaries],
+        "evals": [e.to_dict() for e in ordered],
+        "best_arm": best,
+        "timings": timings,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(
+        f"# Proposal-training ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
+        f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems)\n\n{table}\n"
+        f"Cells: mean over seeds [95 % Student-t interval]. tok/s on one CPU thread with block "
+        f"logging on. W.: D = BRISK dynamic, S = BRISK static, U = uniform. Best arm by "
+        f"whole-run TPF: {best}.\n"
+    )
+    console.print(table)
+    return summary
+
+
+def arm_names() -> Sequence[str]:
+    return [a.name for a in ARMS]
