@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test lint typecheck bench tiny venv clean
+.PHONY: demo test lint typecheck bench tiny paper reproduce-proposal venv clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,20 @@ tiny: $(STAMP)
 	    --out $(TINY)/out_N$$N.jsonl --log-blocks $(TINY)/blocks_N$$N || exit 1; \
 	  $(BIN)/brisk mechanism report $(TINY)/blocks_N$$N --out $(TINY)/report_N$$N --bootstrap 200 \
 	    || exit 1; done
+
+# The paper-regime world (≤ 20 min of training on this CPU), decoded with ISD at N = 8, T = 1,
+# head off, on 200 held-out problems.
+PAPER := runs/paper
+paper: $(STAMP)
+	$(BIN)/brisk train base --config configs/paper_base.toml --out $(PAPER)/base
+	$(BIN)/brisk decode problems --checkpoint $(PAPER)/base/final --n 200 --out $(PAPER)/test.jsonl
+	$(BIN)/brisk decode --model $(PAPER)/base/final --prompts $(PAPER)/test.jsonl --stride 8 \
+	  --temperature 1 --max-new-tokens 160 --batch-size 200 --out $(PAPER)/out_N8.jsonl
+
+# The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
+# plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).
+reproduce-proposal: $(STAMP)
+	$(BIN)/brisk experiment proposal --config configs/proposal_experiment.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -55,6 +55,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="selfgen-correct | selfgen-all | reference")  # fmt: skip
     p.add_argument("--weights", type=str, default=None, help="brisk | uniform | dpace | decay")
     p.add_argument("--profile", type=str, default=None, help="dynamic | static")
+    p.add_argument(
+        "--stride", type=int, default=None, help="ISD stride N of the blocks (M = N − 1)"
+    )
     p.add_argument("--token-budget", type=int, default=None, help="response tokens to train on")
     p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences)")
     p.add_argument("--lr", type=float, default=None)
@@ -140,7 +143,8 @@ def run_proposal(args: argparse.Namespace) -> int:
             raise ValueError(f"--config: {err}") from None
     overrides = {
         "init": args.init, "dataset": args.dataset, "out_dir": args.out, "data": args.data,
-        "weights": args.weights, "profile": args.profile, "token_budget": args.token_budget,
+        "weights": args.weights, "profile": args.profile, "stride": args.stride,
+        "token_budget": args.token_budget,
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "save_every": args.save_every, "threads": args.threads,
     }  # fmt: skip

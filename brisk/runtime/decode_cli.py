@@ -514,6 +514,12 @@ def _sigint() -> Iterator[_SigInt]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _rejection(profile: Any) -> float:
+    """Rejected ÷ reached proposal positions, pooled over positions (the paper's Reject %)."""
+    reached = int(profile.reached.sum())
+    return (reached - int(profile.accepted.sum())) / reached if reached else math.nan
+
+
 def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger: Any) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -527,6 +533,11 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger
         f"{len(rows)} requests, stride N = {options.stride}, temperature {options.temperature:g}: "
         f"{result.generated} output tokens in {result.forwards} decoding forwards "
         f"(prefill excluded) over {rounds} verify rounds"
+    )
+    lengths = result.lengths
+    console.print(
+        f"mean output length: [bold]{sum(lengths) / len(lengths):.1f}[/] tokens per request "
+        f"(EOS included); rejection: [bold]{_rejection(profile):.2%}[/] of reached proposals"
     )
     console.print(f"TPF, whole run: [bold]{result.tpf:.3f}[/] (output tokens ÷ decoding forwards)")
     if result.forwards and rounds:

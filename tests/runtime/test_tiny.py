@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,14 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from brisk.runtime.tiny.grader import extract_answer, grade, normalize_answer
-from brisk.runtime.tiny.task import TaskConfig, generate, make_split
+from brisk.runtime.tiny.task import (
+    STYLES,
+    TaskConfig,
+    generate,
+    make_split,
+    sample_response,
+    solutions,
+)
 from brisk.runtime.tiny.tokenizer import CHARS, MASK, char_tokenizer
 
 
@@ -22,6 +32,48 @@ def test_solutions_are_gsm8k_shaped_and_correct() -> None:
         assert problem.answer == eval(problem.expression)  # left-to-right ± chains
         assert grade(problem.text, problem.answer)
         assert all(int(x) >= 0 for line in lines[:-1] for x in line.split("=")[1:])
+
+
+def test_every_style_is_a_valid_solution() -> None:
+    """Each style, swapped or not, writes the same chain and the grader accepts it; swaps only
+    reorder additions; ``solutions`` keeps generate()'s problems whatever the corpus."""
+    cfg = TaskConfig.paper()
+    for problem in make_split(cfg, "train", 200, seed=0):
+        for style in STYLES:
+            for swaps in ((False,) * len(problem.ops), (True,) * len(problem.ops)):
+                text = problem.write(style, swaps)
+                assert grade(text, problem.answer)
+                assert text.count("\n") == len(problem.ops)
+        plain = problem.write_steps("compact", (False,) * len(problem.ops))
+        swapped = problem.write_steps("compact", (True,) * len(problem.ops))
+        for a, b, op in zip(plain, swapped, problem.ops, strict=True):
+            left, result = a.split("=")
+            if op == "+":
+                x, y = left.split("+")
+                assert b == f"{y}+{x}={result}"
+            else:
+                assert b == a  # a subtraction has one order
+        assert all(x <= 9 for x in problem.operands[1:])  # step_max_digits = 1
+    base = [p for p, _ in itertools.islice(solutions(cfg, "train", 3), 50)]
+    ref = [p for p, _ in itertools.islice(solutions(cfg, "train", 3, "reference"), 50)]
+    assert base == ref == list(itertools.islice(generate(cfg, "train", 3), 50))
+
+
+def test_corpora_follow_their_style_mixtures() -> None:
+    """Style shares over 4000 responses within 5σ of the configured weights (σ ≤ 0.008)."""
+    cfg = TaskConfig.paper()
+    n = 4000
+    for corpus, weights in (("base", cfg.style_weights), ("reference", cfg.reference_weights)):
+        rng = random.Random(0)
+        counts = dict.fromkeys(STYLES, 0)
+        for problem in make_split(cfg, "train", n, seed=0):
+            text = sample_response(problem, cfg, rng, corpus)  # type: ignore[arg-type]
+            style = ("steps" if text.startswith("Step") else "words" if " is " in text else
+                     "spaced" if " = " in text else "compact")  # fmt: skip
+            counts[style] += 1
+        for s, w in zip(STYLES, weights, strict=True):
+            share = w / sum(weights)
+            assert abs(counts[s] / n - share) <= 5 * math.sqrt(share * (1 - share) / n) + 1e-9
 
 
 def test_difficulty_knobs_are_respected() -> None:

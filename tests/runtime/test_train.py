@@ -80,6 +80,11 @@ def test_the_shipped_config_is_the_tiny_preset() -> None:
     assert BaseTrainConfig.load(shipped) == BaseTrainConfig.tiny()
 
 
+def test_the_shipped_paper_config_is_the_paper_preset() -> None:
+    shipped = Path(__file__).parents[2] / "configs" / "paper_base.toml"
+    assert BaseTrainConfig.load(shipped) == BaseTrainConfig.paper()
+
+
 def test_cli_trains_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "smoke.json"
     config.write_text(json.dumps(BaseTrainConfig.smoke(out_dir=str(tmp_path / "run")).to_dict()))

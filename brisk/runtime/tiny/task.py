@@ -56,6 +56,8 @@ class TaskConfig:
     max_digits: int = 1
     ops: str = "+-"
     test_fraction: float = 0.1
+    # Digits of the operands after the first (None: min_digits..max_digits like the first).
+    step_max_digits: int | None = None
     # Corpus mixtures over STYLES (weights, normalized) and the chance an addition is swapped.
     style_weights: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
     swap_prob: float = 0.0
@@ -63,6 +65,8 @@ class TaskConfig:
     reference_swap_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.step_max_digits is not None and self.step_max_digits < 1:
+            raise ValueError(f"step_max_digits: must be ≥ 1, got {self.step_max_digits!r}")
         for name in ("style_weights", "reference_weights"):
             w = getattr(self, name)
             if len(w) != len(STYLES) or min(w) < 0 or not sum(w) > 0:
@@ -89,19 +93,21 @@ class TaskConfig:
 
     @classmethod
     def paper(cls) -> TaskConfig:
-        """The paper-regime world: long multi-step chains of two-digit operands with carries,
-        written in a mixture of styles (the base corpus prefers words; the reference corpus is
-        mostly compact and numbered, with more swapped additions)."""
+        """The paper-regime world: chains of 3–5 steps on a running value with carries and
+        borrows (a one- or two-digit start, one-digit operands), written in a mixture of styles
+        (the base corpus prefers words; the reference corpus is mostly compact and numbered,
+        with most additions swapped)."""
         return cls(
             min_operands=4,
             max_operands=6,
             min_digits=1,
             max_digits=2,
             ops="+-",
-            style_weights=(0.1, 0.2, 0.5, 0.2),
-            swap_prob=0.3,
+            step_max_digits=1,
+            style_weights=(0.05, 0.15, 0.55, 0.25),
+            swap_prob=0.25,
             reference_weights=(0.4, 0.25, 0.0, 0.35),
-            reference_swap_prob=0.6,
+            reference_swap_prob=0.75,
         )
 
     def corpus(self, corpus: Corpus) -> tuple[tuple[float, ...], float]:
@@ -189,15 +195,17 @@ def _split_of(problem: Problem, test_fraction: float) -> Split:
 
 
 def _draw(cfg: TaskConfig, rng: random.Random) -> Problem:
-    def number() -> int:
-        d = rng.randint(cfg.min_digits, cfg.max_digits)
+    def number(low: int, high: int) -> int:
+        d = rng.randint(low, high)
         return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
 
     n = rng.randint(cfg.min_operands, cfg.max_operands)
-    operands, ops = [number()], []
+    operands, ops = [number(cfg.min_digits, cfg.max_digits)], []
+    step_low, step_high = (cfg.min_digits, cfg.max_digits) if cfg.step_max_digits is None else (
+        1, cfg.step_max_digits)  # fmt: skip
     value = operands[0]
     while len(operands) < n:
-        op, x = rng.choice(cfg.ops), number()
+        op, x = rng.choice(cfg.ops), number(step_low, step_high)
         if _apply(value, op, x) < 0:
             continue  # keep every running value a plain digit string
         operands.append(x)

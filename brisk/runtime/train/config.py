@@ -83,6 +83,20 @@ class BaseTrainConfig:
         return cls()
 
     @classmethod
+    def paper(cls) -> BaseTrainConfig:
+        """The preset behind ``configs/paper_base.toml``: the paper-regime world (≤ 20 min on
+        the 2-core CPU, both threads)."""
+        return cls(
+            out_dir="runs/paper/base",
+            task=TaskConfig.paper(),
+            model=TinyModelConfig(max_positions=256),
+            steps=1650,
+            eval_problems=200,
+            threads=2,
+            max_minutes=19.5,
+        )
+
+    @classmethod
     def smoke(cls, out_dir: str = "runs/smoke") -> BaseTrainConfig:
         """A few seconds on the trivial task with the micro model (the test suite's budget)."""
         return cls(

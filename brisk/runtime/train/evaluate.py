@@ -135,10 +135,15 @@ def evaluate(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     strides: Sequence[int] = (4, 8),
-    max_new: int = 64,
+    max_new: int | None = None,
 ) -> EvalReport:
+    """Greedy answer accuracy and MASK-stream accuracy at each stride. ``max_new`` defaults to
+    what the model's positions leave after the longest prompt (at most 256 tokens)."""
     encoded = [encode_problem(p, tokenizer) for p in problems]
     prompts = [ids[:n] for ids, n in encoded]
+    if max_new is None:
+        room = (backbone.max_positions or 10**9) - max((len(p) for p in prompts), default=0)
+        max_new = max(1, min(256, room))
     outputs = greedy_decode(backbone, prompts, max_new, tokenizer.eos_token_id)
     texts = [str(tokenizer.decode(o)) for o in outputs]
     correct = sum(grade(t, p.answer) for t, p in zip(texts, problems, strict=True))

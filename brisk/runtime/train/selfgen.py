@@ -4,7 +4,7 @@ For each of ``n`` distinct training problems, ``R`` responses are decoded from a
 ISD at stride N and temperature T (head off, exact verification), graded by normalized answer
 matching and written as a Parquet dataset: a directory of ``part-NNNNN.parquet`` files, one per
 chunk of problems, readable by ``pandas.read_parquet(DIR)`` and by
-``datasets.load_dataset("parquet", data_dir=DIR)``. Columns:
+``datasets.load_dataset("parquet", data_files="DIR/*.parquet")``. Columns:
 
 ``problem`` (index of the problem), ``sample`` (0..R−1), ``seed`` (the decode seed of the
 response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the reference answer),
@@ -13,7 +13,7 @@ response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the referen
 native ISD rule: positions after the first rejection are not reached).
 
 Provenance (checkpoint hash, tokenizer hash, decoder options, task, problem seed) is written to
-``dataset.json`` before the first part and into every part's schema metadata; a rerun into the
+``_provenance.json`` before the first part and into every part's schema metadata; a rerun into the
 same directory resumes after the last complete part and refuses a directory made with other
 settings. Parts are written to a temporary file and renamed, so a kill loses at most the chunk
 being decoded.
@@ -41,7 +41,7 @@ __all__ = [
     "read_provenance",
 ]
 
-PROVENANCE = "dataset.json"
+PROVENANCE = "_provenance.json"  # "_" so Parquet readers skip it
 META_KEY = b"brisk.selfgen"
 FORMAT = "brisk-selfgen/1"
 
@@ -134,7 +134,7 @@ def _provenance(checkpoint: Path, options: SelfGenOptions) -> dict[str, Any]:
 
 
 def read_provenance(out: str | Path) -> dict[str, Any]:
-    """The ``dataset.json`` of a self-generated dataset (errors name the file)."""
+    """The ``_provenance.json`` of a self-generated dataset (errors name the file)."""
     file = Path(out) / PROVENANCE
     if not file.is_file():
         raise ValueError(f"{out}: not a self-generated dataset (no {PROVENANCE})")
