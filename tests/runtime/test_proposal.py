@@ -28,8 +28,8 @@ from brisk.runtime.train.proposal_data import load_examples
 from brisk.theory import AcceptanceProfile, CostModel, progress_weights
 
 
-def config(base: Path, data: Path, out: Path, **kw: object) -> ProposalTrainConfig:
-    values: dict[str, object] = dict(init=str(base), dataset=str(data), out_dir=str(out),
+def config(base: Path, dataset: Path, out: Path, **kw: object) -> ProposalTrainConfig:
+    values: dict[str, object] = dict(init=str(base), dataset=str(dataset), out_dir=str(out),
                                      data="selfgen-all", stride=4, token_budget=2500,
                                      batch_size=16, lr=1e-3)  # fmt: skip
     values.update(kw)

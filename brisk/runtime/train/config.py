@@ -212,6 +212,8 @@ def _convert(value: object, tp: Any) -> object:
         return float(value)
     if tp in (bool, int, str) and type(value) is tp:
         return value
+    if tp is type(None) and value is None:  # JSON null (TOML has none: a key left out)
+        return None
     if tp in (bool, int, float, str):
         raise _Mismatch
     raise TypeError(f"config fields of type {tp!r} are not supported")  # a programming error
@@ -225,5 +227,6 @@ def _describe(tp: Any) -> str:
         return " or ".join(repr(a) for a in args)
     if origin is tuple:
         return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}  # fmt: skip
     return names.get(tp, str(tp))

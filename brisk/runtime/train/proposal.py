@@ -265,7 +265,7 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
         kept = []
         if start is not None and metrics_path.exists():  # drop records past the checkpoint
             kept = [line for line in metrics_path.read_text().splitlines()
-                    if json.loads(line).get("step", -1) < step]  # fmt: skip
+                    if json.loads(line).get("step", -1) <= step]  # fmt: skip
         metrics_path.write_text("".join(line + "\n" for line in kept))
     metrics = metrics_path.open("a") if dist.rank == 0 else None
 
