@@ -260,6 +260,28 @@ class ProfileTracker:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self._reached > 0, self._accepted / self._reached, np.nan)
 
+    def posterior_mean(self) -> FloatArray:
+        """Jeffreys posterior mean over the weighted counts, (accepted + ½) / (reached + 1):
+        defined at every position, recent batches weighing most (the profile BRISK weights
+        are computed from during training)."""
+        return (self._accepted + 0.5) / (self._reached + 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume the tracker exactly (for training checkpoints)."""
+        return {"M": self.M, "decay": self.decay, "updates": self.updates,
+                "reached": self._reached.tolist(), "accepted": self._accepted.tolist()}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state (its M and decay must match this tracker's)."""
+        if (state["M"], state["decay"]) != (self.M, self.decay):
+            raise ValueError(
+                f"state: tracker of M = {state['M']}, decay {state['decay']}; this one has "
+                f"M = {self.M}, decay {self.decay}"
+            )
+        self.updates = int(state["updates"])
+        self._reached = np.asarray(state["reached"], dtype=np.float64)
+        self._accepted = np.asarray(state["accepted"], dtype=np.float64)
+
     def profile(self) -> AcceptanceProfile:
         """The weighted counts rounded to integers (rounding keeps accepted ≤ reached)."""
         return AcceptanceProfile(

@@ -142,3 +142,21 @@ def test_tracker_is_an_exponential_average() -> None:
         forgetful.update(AcceptanceProfile.from_accept_lengths(lengths, 3))
     assert forgetful.profile() == AcceptanceProfile.from_accept_lengths(batches[-1], 3)
     assert np.isnan(ProfileTracker(M=2).rates()).all()
+
+
+def test_tracker_state_round_trips_and_posterior_mean() -> None:
+    """A tracker restored from its state continues exactly like the original; its posterior
+    mean is (accepted + ½)/(reached + 1) over the discounted counts."""
+    a, b = ProfileTracker(M=3, decay=0.7), ProfileTracker(M=3, decay=0.7)
+    batches = [AcceptanceProfile.from_accept_lengths(L, M=3) for L in ([0, 3, 1], [3, 3], [2])]
+    a.update(batches[0])
+    b.load_state_dict(a.state_dict())
+    for batch in batches[1:]:
+        a.update(batch)
+        b.update(batch)
+    assert a.state_dict() == b.state_dict()
+    r = 0.7 * (0.7 * batches[0].reached + batches[1].reached) + batches[2].reached
+    acc = 0.7 * (0.7 * batches[0].accepted + batches[1].accepted) + batches[2].accepted
+    np.testing.assert_allclose(a.posterior_mean(), (acc + 0.5) / (r + 1), rtol=1e-15)
+    with pytest.raises(ValueError, match="state: tracker of M = 3, decay 0.7"):
+        ProfileTracker(M=3, decay=0.9).load_state_dict(a.state_dict())

@@ -149,10 +149,6 @@ def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer:
                        offset=offset, device=device)  # fmt: skip
 
 
-def _posterior_rates(reached: np.ndarray, accepted: np.ndarray) -> np.ndarray:
-    return (accepted + 0.5) / (reached + 1.0)
-
-
 def _profile_counts(acc: BlockAcceptance, M: int, dist: _Dist) -> tuple[np.ndarray, np.ndarray,
                                                                          np.ndarray]:  # fmt: skip
     """Global reached/accepted counts [M] and the accept-length histogram [M + 1]."""
@@ -234,8 +230,7 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
         optimizer.load_state_dict(st["optimizer"])
         step, tokens, static_rates = st["step"], st["tokens"], st["static_rates"]
         stream = ExampleStream(examples, cfg.seed, **st["cursor"])
-        tracker._reached, tracker._accepted = st["tracker"]["reached"], st["tracker"]["accepted"]
-        tracker.updates = st["tracker"]["updates"]
+        tracker.load_state_dict(st["tracker"])
         torch.set_rng_state(st["rng"]["torch"])
         random.setstate(st["rng"]["python"])
     net: Any = model
@@ -256,7 +251,7 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
                                        cfg.temperature, cfg.top_k)  # fmt: skip
                 r, a, _ = _profile_counts(acc, M, dist)
                 reached, accepted = reached + r, accepted + a
-        static_rates = _posterior_rates(reached, accepted).tolist()
+        static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
     metrics_path = out / "metrics.jsonl"
     history: list[dict[str, Any]] = []
@@ -273,8 +268,7 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
         return {
             "optimizer": optimizer.state_dict(), "step": step, "tokens": tokens,
             "static_rates": static_rates, "cursor": stream.cursor,
-            "tracker": {"reached": tracker._reached.copy(), "accepted": tracker._accepted.copy(),
-                        "updates": tracker.updates},
+            "tracker": tracker.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }  # fmt: skip
 
@@ -305,7 +299,7 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
                                    cfg.temperature, cfg.top_k)  # fmt: skip
             reached, accepted, hist = _profile_counts(acc, M, dist)
             tracker.update(AcceptanceProfile(reached, accepted))
-            rates = _posterior_rates(tracker._reached, tracker._accepted)
+            rates = tracker.posterior_mean()
             if cfg.profile == "static" and static_rates is not None:
                 rates = np.asarray(static_rates)
 
