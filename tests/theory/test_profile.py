@@ -158,5 +158,5 @@ def test_tracker_state_round_trips_and_posterior_mean() -> None:
     r = 0.7 * (0.7 * batches[0].reached + batches[1].reached) + batches[2].reached
     acc = 0.7 * (0.7 * batches[0].accepted + batches[1].accepted) + batches[2].accepted
     np.testing.assert_allclose(a.posterior_mean(), (acc + 0.5) / (r + 1), rtol=1e-15)
-    with pytest.raises(ValueError, match="state: tracker of M = 3, decay 0.7"):
+    with pytest.raises(ValueError, match=r"state: tracker of M = 3, decay 0\.7"):
         ProfileTracker(M=3, decay=0.9).load_state_dict(a.state_dict())
