@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from brisk.runtime.tiny.grader import extract_answer, grade, normalize_answer
 from brisk.runtime.tiny.task import (
     STYLES,
+    VERBS,
     TaskConfig,
     generate,
     make_split,
@@ -41,9 +42,11 @@ def test_every_style_is_a_valid_solution() -> None:
     for problem in make_split(cfg, "train", 200, seed=0):
         for style in STYLES:
             for swaps in ((False,) * len(problem.ops), (True,) * len(problem.ops)):
-                text = problem.write(style, swaps)
-                assert grade(text, problem.answer)
-                assert text.count("\n") == len(problem.ops)
+                for verb in VERBS:
+                    text = problem.write(style, swaps, (verb,) * len(problem.ops))
+                    assert grade(text, problem.answer)
+                    assert text.count("\n") == len(problem.ops)
+                    assert (f" {verb} " in text) == (style == "words")
         plain = problem.write_steps("compact", (False,) * len(problem.ops))
         swapped = problem.write_steps("compact", (True,) * len(problem.ops))
         for a, b, op in zip(plain, swapped, problem.ops, strict=True):
@@ -68,7 +71,7 @@ def test_corpora_follow_their_style_mixtures() -> None:
         counts = dict.fromkeys(STYLES, 0)
         for problem in make_split(cfg, "train", n, seed=0):
             text = sample_response(problem, cfg, rng, corpus)  # type: ignore[arg-type]
-            style = ("steps" if text.startswith("Step") else "words" if " is " in text else
+            style = ("steps" if text.startswith("Step") else "words" if " plus " in text or " minus " in text else
                      "spaced" if " = " in text else "compact")  # fmt: skip
             counts[style] += 1
         for s, w in zip(STYLES, weights, strict=True):

@@ -278,11 +278,24 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems)\n\n{table}\n"
         f"Cells: mean over seeds [95 % Student-t interval]. tok/s on one CPU thread with block "
         f"logging on. W.: D = BRISK dynamic, S = BRISK static, U = uniform. Best arm by "
-        f"whole-run TPF: {best}.\n"
+        f"whole-run TPF: {best}.\n\n{_profile_table(cfg, ordered)}"
     )
     console.print(table)
     return summary
 
 
-def arm_names() -> Sequence[str]:
-    return [a.name for a in ARMS]
+def _profile_table(cfg: ExperimentConfig, evals: Sequence[Any]) -> str:
+    """Per arm, the acceptance rate a_i at each position pooled over seeds' verify rounds."""
+    import numpy as np
+
+    M = cfg.stride - 1
+    lines = ["Acceptance profile a_i (pooled over seeds)\n",
+             "| arm | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
+             "|---|" + "---:|" * M]  # fmt: skip
+    for arm in cfg.arms:
+        rows = [e for e in evals if e.arm == arm]
+        reached = np.sum([e.reached for e in rows], axis=0)
+        accepted = np.sum([e.accepted for e in rows], axis=0)
+        rates = accepted / np.maximum(reached, 1)
+        lines.append(f"| {arm} | " + " | ".join(f"{r:.3f}" for r in rates) + " |")
+    return "\n".join(lines) + "\n"

@@ -12,8 +12,9 @@ The prompt is ``"Q: 17+5-8=?\\n"`` and the response is everything after it. Runn
 negative (subtractions that would are redrawn), so every number is a plain digit string.
 
 A solution can be written in several valid ways (:data:`STYLES`): compact ``17+5=22``, spaced
-``17 + 5 = 22``, in words ``17 plus 5 is 22``, or numbered ``Step 1: 17+5=22``; and an addition
-may name the new operand first (``5+17=22``). A corpus is a mixture of these: the base corpus a
+``17 + 5 = 22``, in words ``17 plus 5 is 22`` (each line's verb drawn from :data:`VERBS`:
+``is``, ``gives``, ``makes``), or numbered ``Step 1: 17+5=22``; and an addition may name the new
+operand first (``5+17=22``). A corpus is a mixture of these: the base corpus a
 model learns from has the weights ``style_weights`` / ``swap_prob``, the "open-source" reference
 corpus has ``reference_weights`` / ``reference_swap_prob``. The canonical :attr:`Problem.response`
 is compact and unswapped (the tiny preset's only style).
@@ -32,6 +33,7 @@ from typing import Literal
 
 __all__ = [
     "STYLES",
+    "VERBS",
     "Problem",
     "TaskConfig",
     "generate",
@@ -43,6 +45,7 @@ __all__ = [
 Split = Literal["train", "test"]
 Corpus = Literal["base", "reference"]
 STYLES = ("compact", "spaced", "words", "steps")
+VERBS = ("is", "gives", "makes")  # how a line in words states its result
 _WORDS = {"+": "plus", "-": "minus", "*": "times"}
 
 
@@ -63,15 +66,18 @@ class TaskConfig:
     swap_prob: float = 0.0
     reference_weights: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0)
     reference_swap_prob: float = 0.0
+    # Words style: each line draws its verb from VERBS with these weights (both corpora).
+    verb_weights: tuple[float, ...] = (1.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         if self.step_max_digits is not None and self.step_max_digits < 1:
             raise ValueError(f"step_max_digits: must be ≥ 1, got {self.step_max_digits!r}")
-        for name in ("style_weights", "reference_weights"):
+        for name, names in (("style_weights", STYLES), ("reference_weights", STYLES),
+                            ("verb_weights", VERBS)):  # fmt: skip
             w = getattr(self, name)
-            if len(w) != len(STYLES) or min(w) < 0 or not sum(w) > 0:
+            if len(w) != len(names) or min(w) < 0 or not sum(w) > 0:
                 raise ValueError(
-                    f"{name}: need {len(STYLES)} weights ≥ 0 (for {', '.join(STYLES)}) with a "
+                    f"{name}: need {len(names)} weights ≥ 0 (for {', '.join(names)}) with a "
                     f"positive sum, got {w!r}"
                 )
         for name in ("swap_prob", "reference_swap_prob"):
@@ -94,9 +100,9 @@ class TaskConfig:
     @classmethod
     def paper(cls) -> TaskConfig:
         """The paper-regime world: chains of 3–5 steps on a running value with carries and
-        borrows (a one- or two-digit start, one-digit operands), written in a mixture of styles
-        (the base corpus prefers words; the reference corpus is mostly compact and numbered,
-        with most additions swapped)."""
+        borrows (a one- or two-digit start, one-digit operands), written in a mixture of styles,
+        and in words with a verb drawn per line (the base corpus prefers words and never swaps;
+        the reference corpus is mostly compact and numbered, with most additions swapped)."""
         return cls(
             min_operands=4,
             max_operands=6,
@@ -105,9 +111,10 @@ class TaskConfig:
             ops="+-",
             step_max_digits=1,
             style_weights=(0.05, 0.15, 0.55, 0.25),
-            swap_prob=0.25,
+            swap_prob=0.0,
             reference_weights=(0.4, 0.25, 0.0, 0.35),
             reference_swap_prob=0.75,
+            verb_weights=(0.6, 0.25, 0.15),
         )
 
     def corpus(self, corpus: Corpus) -> tuple[tuple[float, ...], float]:
@@ -146,8 +153,11 @@ class Problem:
     def steps(self) -> list[str]:
         return self.write_steps("compact", (False,) * len(self.ops))
 
-    def write_steps(self, style: str, swaps: tuple[bool, ...]) -> list[str]:
-        """One line per operation in ``style``; ``swaps[k]`` writes addition k as ``x+value``."""
+    def write_steps(
+        self, style: str, swaps: tuple[bool, ...], verbs: tuple[str, ...] | None = None
+    ) -> list[str]:
+        """One line per operation in ``style``; ``swaps[k]`` writes addition k as ``x+value``;
+        ``verbs[k]`` states line k's result in the words style (default "is")."""
         value, lines = self.operands[0], []
         for k, (op, x) in enumerate(zip(self.ops, self.operands[1:], strict=True)):
             new = _apply(value, op, x)
@@ -157,7 +167,7 @@ class Problem:
             elif style == "spaced":
                 lines.append(f"{a} {op} {b} = {new}")
             elif style == "words":
-                lines.append(f"{a} {_WORDS[op]} {b} is {new}")
+                lines.append(f"{a} {_WORDS[op]} {b} {verbs[k] if verbs else 'is'} {new}")
             elif style == "steps":
                 lines.append(f"Step {k + 1}: {a}{op}{b}={new}")
             else:
@@ -165,9 +175,11 @@ class Problem:
             value = new
         return lines
 
-    def write(self, style: str, swaps: tuple[bool, ...]) -> str:
-        """The whole response in ``style`` with ``swaps``, answer line included."""
-        return "\n".join([*self.write_steps(style, swaps), f"#### {self.answer}"])
+    def write(
+        self, style: str, swaps: tuple[bool, ...], verbs: tuple[str, ...] | None = None
+    ) -> str:
+        """The whole response in ``style`` with ``swaps`` (and ``verbs``), answer included."""
+        return "\n".join([*self.write_steps(style, swaps, verbs), f"#### {self.answer}"])
 
     @property
     def answer(self) -> int:
@@ -230,7 +242,8 @@ def sample_response(
     weights, swap_prob = cfg.corpus(corpus)
     style = rng.choices(STYLES, weights=weights)[0]
     swaps = tuple(rng.random() < swap_prob for _ in problem.ops)
-    return problem.write(style, swaps)
+    verbs = tuple(rng.choices(VERBS, weights=cfg.verb_weights)[0] for _ in problem.ops)
+    return problem.write(style, swaps, verbs)
 
 
 def solutions(
