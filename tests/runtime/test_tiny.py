@@ -71,7 +71,8 @@ def test_corpora_follow_their_style_mixtures() -> None:
         counts = dict.fromkeys(STYLES, 0)
         for problem in make_split(cfg, "train", n, seed=0):
             text = sample_response(problem, cfg, rng, corpus)  # type: ignore[arg-type]
-            style = ("steps" if text.startswith("Step") else "words" if " plus " in text or " minus " in text else
+            in_words = " plus " in text or " minus " in text
+            style = ("steps" if text.startswith("Step") else "words" if in_words else
                      "spaced" if " = " in text else "compact")  # fmt: skip
             counts[style] += 1
         for s, w in zip(STYLES, weights, strict=True):
