@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import time
-import tomllib
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from brisk.runtime.train.config import _parse
+from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
 
@@ -120,17 +119,8 @@ class ExperimentConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentConfig:
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: cannot read ({err})") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ValueError(f"{path}: invalid TOML: {err}") from None
-        try:
-            config = _parse(cls, data, "")
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+        """Read a ``.toml`` or ``.json`` experiment config; errors start with the path."""
+        config = load_config(cls, path)
         assert isinstance(config, ExperimentConfig)
         return config
 

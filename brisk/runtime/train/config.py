@@ -25,7 +25,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from brisk.runtime.tiny.model import TinyModelConfig
 from brisk.runtime.tiny.task import TaskConfig
 
-__all__ = ["BaseTrainConfig"]
+__all__ = ["BaseTrainConfig", "load_config"]
 
 
 @dataclass(frozen=True)
@@ -131,33 +131,41 @@ class BaseTrainConfig:
     @classmethod
     def load(cls, path: str | Path) -> BaseTrainConfig:
         """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
-        path = Path(path)
-        if path.suffix not in (".toml", ".json"):
-            raise ValueError(f"{path}: expected a .toml or .json file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-        try:
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise ValueError(f"{path}: invalid TOML: {err}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}: invalid JSON: {err.msg} (at line {err.lineno}, column {err.colno})"
-            ) from None
-        try:
-            return cls.from_dict(data)
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+        config = load_config(cls, path)
+        assert isinstance(config, BaseTrainConfig)
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> BaseTrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+def load_config(cls: type, path: str | Path) -> object:
+    """``cls`` (a config dataclass) from a ``.toml`` or ``.json`` file, every key and value
+    checked against its fields; errors start with the file's path."""
+    path = Path(path)
+    if path.suffix not in (".toml", ".json"):
+        raise ValueError(f"{path}: expected a .toml or .json file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: invalid TOML: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path}: invalid JSON: {err.msg} (at line {err.lineno}, column {err.colno})"
+        ) from None
+    try:
+        return _parse(cls, data, "")
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _parse(cls: type, data: object, prefix: str) -> object:

@@ -7,13 +7,11 @@ are errors naming the key); the command line overrides single fields.
 from __future__ import annotations
 
 import dataclasses
-import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from brisk.runtime.train.config import _parse
+from brisk.runtime.train.config import _parse, load_config
 
 __all__ = ["DATA_MODES", "PROFILE_MODES", "WEIGHT_SCHEMES", "ProposalTrainConfig"]
 
@@ -110,18 +108,10 @@ class ProposalTrainConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> ProposalTrainConfig:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: cannot read ({err})") from None
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: invalid {path.suffix[1:].upper()}: {err}") from None
-        try:
-            return cls.from_dict(data)
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+        """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
+        config = load_config(cls, path)
+        assert isinstance(config, ProposalTrainConfig)
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
