@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -60,6 +61,26 @@ def test_every_style_is_a_valid_solution() -> None:
     base = [p for p, _ in itertools.islice(solutions(cfg, "train", 3), 50)]
     ref = [p for p, _ in itertools.islice(solutions(cfg, "train", 3, "reference"), 50)]
     assert base == ref == list(itertools.islice(generate(cfg, "train", 3), 50))
+
+
+def test_styles_drawn_per_line() -> None:
+    """With ``style_per_line`` each line has its own style (numbered lines keep their index) and
+    the response still grades correct; without it one style serves the whole solution."""
+    cfg = dataclasses.replace(TaskConfig.paper(), style_per_line=True)
+    rng = random.Random(0)
+    mixed = 0
+    for problem in make_split(cfg, "train", 300, seed=0):
+        text = sample_response(problem, cfg, rng)
+        assert grade(text, problem.answer)
+        lines = text.split("\n")[:-1]
+        for k, line in enumerate(lines):
+            assert not line.startswith("Step") or line.startswith(f"Step {k + 1}: ")
+        mixed += len({line[:4] == "Step" for line in lines}) > 1
+    assert mixed > 50
+    one = dataclasses.replace(cfg, style_per_line=False)
+    for problem in make_split(one, "train", 100, seed=0):
+        lines = sample_response(problem, one, rng).split("\n")[:-1]
+        assert len({line.startswith("Step") for line in lines}) == 1
 
 
 def test_corpora_follow_their_style_mixtures() -> None:

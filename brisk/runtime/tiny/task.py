@@ -68,6 +68,8 @@ class TaskConfig:
     reference_swap_prob: float = 0.0
     # Words style: each line draws its verb from VERBS with these weights (both corpora).
     verb_weights: tuple[float, ...] = (1.0, 0.0, 0.0)
+    # Draw the style of every line, not once per solution (every line start is a choice).
+    style_per_line: bool = False
 
     def __post_init__(self) -> None:
         if self.step_max_digits is not None and self.step_max_digits < 1:
@@ -154,29 +156,37 @@ class Problem:
         return self.write_steps("compact", (False,) * len(self.ops))
 
     def write_steps(
-        self, style: str, swaps: tuple[bool, ...], verbs: tuple[str, ...] | None = None
+        self,
+        style: str | tuple[str, ...],
+        swaps: tuple[bool, ...],
+        verbs: tuple[str, ...] | None = None,
     ) -> list[str]:
-        """One line per operation in ``style``; ``swaps[k]`` writes addition k as ``x+value``;
-        ``verbs[k]`` states line k's result in the words style (default "is")."""
+        """One line per operation in ``style`` (one for all lines, or one per line);
+        ``swaps[k]`` writes addition k as ``x+value``; ``verbs[k]`` states line k's result in
+        the words style (default "is")."""
         value, lines = self.operands[0], []
         for k, (op, x) in enumerate(zip(self.ops, self.operands[1:], strict=True)):
             new = _apply(value, op, x)
             a, b = (x, value) if swaps[k] and op in "+*" else (value, x)
-            if style == "compact":
+            line_style = style if isinstance(style, str) else style[k]
+            if line_style == "compact":
                 lines.append(f"{a}{op}{b}={new}")
-            elif style == "spaced":
+            elif line_style == "spaced":
                 lines.append(f"{a} {op} {b} = {new}")
-            elif style == "words":
+            elif line_style == "words":
                 lines.append(f"{a} {_WORDS[op]} {b} {verbs[k] if verbs else 'is'} {new}")
-            elif style == "steps":
+            elif line_style == "steps":
                 lines.append(f"Step {k + 1}: {a}{op}{b}={new}")
             else:
-                raise ValueError(f"style: expected one of {', '.join(STYLES)}, got {style!r}")
+                raise ValueError(f"style: expected one of {', '.join(STYLES)}, got {line_style!r}")
             value = new
         return lines
 
     def write(
-        self, style: str, swaps: tuple[bool, ...], verbs: tuple[str, ...] | None = None
+        self,
+        style: str | tuple[str, ...],
+        swaps: tuple[bool, ...],
+        verbs: tuple[str, ...] | None = None,
     ) -> str:
         """The whole response in ``style`` with ``swaps`` (and ``verbs``), answer included."""
         return "\n".join([*self.write_steps(style, swaps, verbs), f"#### {self.answer}"])
@@ -240,7 +250,9 @@ def sample_response(
 ) -> str:
     """A response to ``problem`` drawn from ``corpus``'s mixture of styles and swaps."""
     weights, swap_prob = cfg.corpus(corpus)
-    style = rng.choices(STYLES, weights=weights)[0]
+    style: str | tuple[str, ...] = rng.choices(STYLES, weights=weights)[0]
+    if cfg.style_per_line:  # the first line's style drawn above, then one per further line
+        style = (style, *rng.choices(STYLES, weights=weights, k=len(problem.ops) - 1))
     swaps = tuple(rng.random() < swap_prob for _ in problem.ops)
     verbs = tuple(rng.choices(VERBS, weights=cfg.verb_weights)[0] for _ in problem.ops)
     return problem.write(style, swaps, verbs)
