@@ -102,9 +102,10 @@ class TaskConfig:
     @classmethod
     def paper(cls) -> TaskConfig:
         """The paper-regime world: chains of 3–5 steps on a running value with carries and
-        borrows (a one- or two-digit start, one-digit operands), written in a mixture of styles,
-        and in words with a verb drawn per line (the base corpus prefers words and never swaps;
-        the reference corpus is mostly compact and numbered, with most additions swapped)."""
+        borrows (a one- or two-digit start, one-digit operands), each line in a style drawn from
+        a mixture, words lines with a verb drawn per line (the base corpus prefers words and
+        never swaps; the reference corpus is mostly compact and numbered, with most additions
+        swapped)."""
         return cls(
             min_operands=4,
             max_operands=6,
@@ -117,6 +118,7 @@ class TaskConfig:
             reference_weights=(0.4, 0.25, 0.0, 0.35),
             reference_swap_prob=0.75,
             verb_weights=(0.6, 0.25, 0.15),
+            style_per_line=True,
         )
 
     def corpus(self, corpus: Corpus) -> tuple[tuple[float, ...], float]:
