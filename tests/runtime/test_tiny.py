@@ -84,18 +84,20 @@ def test_styles_drawn_per_line() -> None:
 
 
 def test_corpora_follow_their_style_mixtures() -> None:
-    """Style shares over 4000 responses within 5σ of the configured weights (σ ≤ 0.008)."""
+    """Line style shares (the paper preset draws a style per line) within 5σ of the configured
+    weights, σ = √(w(1 − w)/n) over n ≈ 4000 × 3.5 lines."""
     cfg = TaskConfig.paper()
-    n = 4000
     for corpus, weights in (("base", cfg.style_weights), ("reference", cfg.reference_weights)):
         rng = random.Random(0)
         counts = dict.fromkeys(STYLES, 0)
-        for problem in make_split(cfg, "train", n, seed=0):
+        for problem in make_split(cfg, "train", 4000, seed=0):
             text = sample_response(problem, cfg, rng, corpus)  # type: ignore[arg-type]
-            in_words = " plus " in text or " minus " in text
-            style = ("steps" if text.startswith("Step") else "words" if in_words else
-                     "spaced" if " = " in text else "compact")  # fmt: skip
-            counts[style] += 1
+            for line in text.split("\n")[:-1]:
+                in_words = " plus " in line or " minus " in line
+                style = ("steps" if line.startswith("Step") else "words" if in_words else
+                         "spaced" if " = " in line else "compact")  # fmt: skip
+                counts[style] += 1
+        n = sum(counts.values())
         for s, w in zip(STYLES, weights, strict=True):
             share = w / sum(weights)
             assert abs(counts[s] / n - share) <= 5 * math.sqrt(share * (1 - share) / n) + 1e-9
