@@ -24,7 +24,6 @@ token, per block) and DFlash's decay. All are constants in backprop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -32,6 +31,7 @@ from torch import Tensor
 
 from brisk.runtime.sampling import counter_uniforms
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch
+from brisk.runtime.train.proposal_config import WeightScheme
 from brisk.theory import (
     AcceptanceProfile,
     CostModel,
@@ -42,7 +42,7 @@ from brisk.theory import (
 
 __all__ = ["BlockAcceptance", "Weighting", "block_acceptance", "position_weights", "slot_table"]
 
-Weighting = Literal["brisk", "uniform", "dpace", "decay"]
+Weighting = WeightScheme
 
 
 @dataclass(frozen=True)

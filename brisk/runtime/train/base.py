@@ -33,7 +33,7 @@ from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.idlm import build_batch, idlm_forward, idlm_loss
 
-__all__ = ["TrainResult", "save_checkpoint", "train_base"]
+__all__ = ["TrainResult", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ def save_checkpoint(
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    return replace_dir(tmp, path)
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``path``, replacing what was there: a reader
+    sees the old or the new directory, never half of one."""
     old = path.with_name(f".{path.name}.old")
     if path.exists():
         path.rename(old)
@@ -70,7 +76,7 @@ def save_checkpoint(
 
 
 @contextmanager
-def _cpu_settings(threads: int) -> Iterator[None]:
+def cpu_settings(threads: int) -> Iterator[None]:
     """Thread count and denormal flushing for the run, restored afterwards (tests share a
     process)."""
     before = torch.get_num_threads()
@@ -84,7 +90,7 @@ def _cpu_settings(threads: int) -> Iterator[None]:
 
 
 def train_base(cfg: BaseTrainConfig, show_progress: bool = True) -> TrainResult:
-    with _cpu_settings(cfg.threads):
+    with cpu_settings(cfg.threads):
         return _train(cfg, show_progress)
 
 

@@ -49,6 +49,7 @@ from brisk.runtime.train.acceptance import (
     position_weights,
     slot_table,
 )
+from brisk.runtime.train.base import cpu_settings, replace_dir
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch, idlm_forward
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
@@ -173,26 +174,15 @@ def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
     shutil.copy(Path(cfg.init) / "train_config.json", tmp / "train_config.json")
     (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     torch.save(state, tmp / STATE)
-    old = path.with_name(f".{path.name}.old")
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
-    return path
+    return replace_dir(tmp, path)
 
 
 def train_proposal(
     cfg: ProposalTrainConfig, *, resume: bool = False, show_progress: bool = True
 ) -> ProposalResult:
     """Train (or, with ``resume``, continue) a proposal model; see the module docstring."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    torch.set_flush_denormal(True)
-    try:
+    with cpu_settings(cfg.threads):
         return _train(cfg, resume, show_progress)
-    finally:
-        torch.set_flush_denormal(False)
-        torch.set_num_threads(before)
 
 
 def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> ProposalResult:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
-from brisk.runtime.train.selfgen import read_dataset, read_provenance, tokenizer_hash
+from brisk.runtime.train.selfgen import (
+    provenance_task,
+    read_dataset,
+    read_provenance,
+    tokenizer_hash,
+)
 
 __all__ = ["Example", "ExampleStream", "load_examples"]
 
@@ -30,7 +35,7 @@ class Example:
 
 def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
     """The training examples of ``cfg.data``; every problem is checked against the checkpoint."""
-    from brisk.runtime.tiny.task import TaskConfig, make_split, sample_response
+    from brisk.runtime.tiny.task import make_split, sample_response
 
     if not cfg.dataset:
         raise ValueError("--dataset: proposal training needs a self-generated dataset")
@@ -48,8 +53,7 @@ def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
             f"training uses stride {cfg.stride}"
         )
     if cfg.data == "reference":
-        task = TaskConfig(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in provenance["task"].items()})  # fmt: skip
+        task = provenance_task(provenance)
         options = provenance["options"]
         problems = make_split(task, "train", options["problems"], options["problem_seed"])
         out = []

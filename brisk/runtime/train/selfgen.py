@@ -37,6 +37,7 @@ __all__ = [
     "checkpoint_hash",
     "dataset_profile",
     "generate_dataset",
+    "provenance_task",
     "read_dataset",
     "read_provenance",
 ]
@@ -133,6 +134,14 @@ def _provenance(checkpoint: Path, options: SelfGenOptions) -> dict[str, Any]:
     }
 
 
+def provenance_task(provenance: dict[str, Any]) -> Any:
+    """The :class:`TaskConfig` a dataset's problems were drawn from (checked like a config)."""
+    from brisk.runtime.tiny.task import TaskConfig
+    from brisk.runtime.train.config import _parse
+
+    return _parse(TaskConfig, provenance["task"], "task.")
+
+
 def read_provenance(out: str | Path) -> dict[str, Any]:
     """The ``_provenance.json`` of a self-generated dataset (errors name the file)."""
     file = Path(out) / PROVENANCE
@@ -167,7 +176,7 @@ def generate_dataset(
     from brisk.runtime.isd import decode
     from brisk.runtime.prompts import completion_text, encode_prompts, isd_options
     from brisk.runtime.tiny.grader import grade
-    from brisk.runtime.tiny.task import TaskConfig, make_split
+    from brisk.runtime.tiny.task import make_split
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
@@ -186,8 +195,7 @@ def generate_dataset(
     else:
         _atomic_write(out / PROVENANCE, json.dumps(provenance, indent=2).encode())
 
-    task = TaskConfig(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in provenance["task"].items()})  # fmt: skip
+    task = provenance_task(provenance)
     problems = make_split(task, "train", options.problems, options.problem_seed)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     backbone = HFBackbone.from_pretrained(checkpoint)
