@@ -89,9 +89,16 @@ class BlockRecord:
 class BlockLogger(BlockLogWriter):
     """A :class:`brisk.mechanism.io.BlockLogWriter` at ``path`` that takes :class:`BlockRecord`."""
 
+    collects = False  # the decoder keeps the head's inputs on its drafts for :meth:`log_round`
+
     def __init__(self, path: str | Path, M: int, K: int, rows_per_group: int = 4096) -> None:
         super().__init__(path, M, K, rows_per_group=rows_per_group)
         self.M, self.K = M, K
+
+    def log_round(self, record: BlockRecord, draft: Draft) -> None:
+        """One verify round's rows; ``draft`` is the verified draft (rows as in ``record``).
+        Subclasses that set ``collects`` also store what only the draft holds."""
+        self.log(record)
 
     def log(self, record: BlockRecord) -> None:
         if record.cand_ids.shape[1:] != (self.M, self.K):

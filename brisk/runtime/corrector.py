@@ -52,6 +52,7 @@ class CorrectorConfig:
     feature_dim: int = 16  # projection of the 5 confidence features
     rank: int = 64  # rank of the candidate residual
     init_identity: bool = True  # zero W_s so an untrained head keeps the base ranking
+    prefix_feedback: bool = True  # feed x_{j−1} back (False: the position-wise ablation)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -188,6 +189,7 @@ class Corrector(nn.Module):
             temperature=temperature,
             u=u,
             forced_prev=forced_prev,
+            feedback=self.config.prefix_feedback,
         )
 
     def forward(

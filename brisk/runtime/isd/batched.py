@@ -75,6 +75,10 @@ class Draft(_Rows):
     q: Tensor | None = None  # [B, M, K] q_i(C_i), full-vocab normalized (logs only)
     alt_tokens: Tensor | None = None  # [B, M] the other selector's whole block (ΔL scoring)
     head_drafted: bool = False  # the head chose ``tokens`` (else the base did)
+    # What the head's forward needs, kept only when collecting corrector training events:
+    anchor_hidden: Tensor | None = None  # [B, H] hidden state of the slot that produced x_0
+    mask_hidden: Tensor | None = None  # [B, M, H] hidden states of the MASK slots
+    cand_logits: Tensor | None = None  # [B, M, K] base logits of C_i, descending
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class StepContext:
     backbone: Backbone | None = None
     corrector: Corrector | None = None
     log: bool = False  # fill the logs-only fields of the draft
+    collect: bool = False  # keep the head's inputs on the draft (corrector training events)
 
     @property
     def M(self) -> int:
@@ -267,6 +272,7 @@ def propose(
             head_block, alt = free.ranks, free.tokens
     if T == 0 and head_drafted:
         law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
+    kept = (anchor_hidden, mask_hidden, cand_logits) if ctx.collect else (None, None, None)
     q = None
     if ctx.log:  # q over C_i, normalized over the full vocabulary
         scaled = _float(mask_logits) / (T if T > 0 else 1.0)
@@ -275,6 +281,7 @@ def propose(
         tokens=cand_ids.gather(-1, ranks[..., None])[..., 0], ranks=ranks, cand_ids=cand_ids,
         law=law, anchor=anchor, offset=offset, base_choice=base_rank, head_choice=head_choice,
         head_block=head_block, q=q, alt_tokens=alt, head_drafted=head_drafted,
+        anchor_hidden=kept[0], mask_hidden=kept[1], cand_logits=kept[2],
     )  # fmt: skip
 
 

@@ -131,7 +131,8 @@ def decode(
         raise ValueError(
             f"logger: holds M = {logger.M}, K = {logger.K}; decoding uses {options.M}, {K}"
         )
-    ctx = StepContext(options, K, backbone, corrector, log=logger is not None)
+    ctx = StepContext(options, K, backbone, corrector, log=logger is not None,
+                      collect=logger is not None and logger.collects)  # fmt: skip
     outputs: list[RequestOutput | None] = [None] * len(prompts)
 
     def finish(r: int, output: RequestOutput) -> None:
@@ -302,13 +303,14 @@ class _Batch:
             other = alt_logp[rows]
             base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
         st = self.state
-        self.logger.log(
+        self.logger.log_round(
             BlockRecord.from_round(
                 request_id=st.request[rows], block_index=st.block_index[rows], draft=draft,
                 verifier_logits=logits[rows, : M + 1], temperature=T,
                 u=result.u[rows, 1 : 1 + M], accept_len=result.accept_len[rows],
                 base_logp=base_logp, head_logp=head_logp,
-            )
+            ),
+            draft,
         )  # fmt: skip
 
 

@@ -21,6 +21,10 @@ x_j is the argmax of ℓ̃_j (greedy) or a draw from π_j = softmax(ℓ̃_j / T)
 CDF with the given uniforms, and feeds position j + 1. x_0 is the anchor token. When x_{j−1} is
 not among C_j its logit is taken as the K-th candidate's, so the last feature saturates at the
 top-1 − top-K gap (only candidate logits are needed, which is what a fused kernel reads).
+
+Without prefix feedback (``feedback=False``, an ablation) the head is never told x_{j−1}: its
+embedding input is zero and x_{j−1} counts as outside C_j in φ_j, so every decision depends on
+the parallel inputs alone (a position-wise reranker).
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ def corrector_select(
     temperature: float,
     u: Tensor | None,
     forced_prev: tuple[Tensor, Tensor] | None = None,
+    feedback: bool = True,
 ) -> SelectOutput:
     """Select one token per position, left to right, feeding each choice into the next step.
 
@@ -99,7 +104,8 @@ def corrector_select(
     cand_logits ``[B, M, K]`` descending; cand_ids ``[B, M, K]``; anchor_ids ``[B]``.
     ``temperature`` 0 selects the argmax; otherwise ``u`` ``[B, M]`` uniforms drive the draw.
     ``forced_prev`` = (ids ``[B, M]``, P_e E(ids) ``[B, M, De]``) replaces the fed-back previous
-    token x_{j−1} at every position (teacher forcing on a recorded trajectory).
+    token x_{j−1} at every position (teacher forcing on a recorded trajectory). ``feedback``
+    False hides x_{j−1} from the head (module docstring).
     """
     B, M, _K = cand_logits.shape
     if temperature > 0 and u is None:
@@ -111,6 +117,8 @@ def corrector_select(
     for j in range(M):
         if forced_prev is not None and j > 0:
             prev_ids, prev_e = forced_prev[0][:, j - 1], forced_prev[1][:, j - 1]
+        if not feedback:
+            prev_ids, prev_e = torch.full_like(prev_ids, -1), torch.zeros_like(prev_e)
         phi = confidence_features(cand_logits[:, j], cand_ids[:, j], prev_ids)  # [B, 5]
         inputs = torch.cat(
             [

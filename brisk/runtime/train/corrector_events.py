@@ -1,0 +1,384 @@
+"""Corrector training events (``brisk train corrector collect``): policy-reached blocks of a frozen
+backbone, with everything the head's forward needs and the verifier's targets.
+
+An *event* is one verify round of the deployed decoder (ISD at stride N, temperature T, head
+off, exact verification): the block the base proposed and what verification made of it. An
+event store is a directory::
+
+    _events.json      provenance: checkpoint and tokenizer hashes, sizes (H, V, M, K), decoder
+                      options, feature dtype, the number of events; written last
+    blocks/           the block log (brisk.mechanism's Parquet format, one row per event):
+                      anchor x_0, Top-K candidates C_i, q and the verifier's p over them (p
+                      under the block's own recorded prefix, NaN after the first rejection),
+                      the base's choices, L, request id, block index, token offset
+    features/         what the log lacks, one fixed-size row per event, raw little-endian so it
+                      can be memory-mapped: anchor_hidden [n, H], mask_hidden [n, M, H] (float32
+                      or float16), cand_logits [n, M, K] (float32: the base logits of C_i,
+                      descending), keys [n, 2] (int64 request id and block index: aligns the rows
+                      with the log)
+    requests.parquet  one row per decoded response: request id, problem, sample, correct
+
+Collection writes into a hidden temporary directory, appending feature rows as rounds are
+verified (memory stays bounded by one batch), and renames it into place when complete, so a
+store is either whole or absent. The head's training then streams the feature files through
+``numpy.memmap``. The Top-K of q is a prefix of the Top-K' of q for K < K', so one store
+collected at K' serves heads of every K ≤ K' (they read the leading K candidates).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+
+from brisk.runtime.blocklog import BlockLogger, BlockRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from brisk.runtime.backbone import Backbone
+    from brisk.runtime.isd.batched import Draft
+    from brisk.runtime.isd.options import ISDOptions
+
+__all__ = [
+    "CollectOptions",
+    "EventStore",
+    "EventWriter",
+    "collect_events",
+    "collect_from_checkpoint",
+]
+
+META = "_events.json"
+FORMAT = "brisk-corrector-events/1"
+FEATURE_DTYPES = ("float32", "float16")
+
+
+def _feature_shapes(meta: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Per-event shape and dtype of every feature file."""
+    H, M, K = meta["hidden_size"], meta["M"], meta["K"]
+    dtype = meta["feature_dtype"]
+    return {
+        "anchor_hidden": ((H,), dtype),
+        "mask_hidden": ((M, H), dtype),
+        "cand_logits": ((M, K), "float32"),
+        "keys": ((2,), "int64"),
+    }
+
+
+class EventWriter(BlockLogger):
+    """A block logger that also appends the head's inputs of every verified block."""
+
+    collects = True
+
+    def __init__(
+        self, path: str | Path, M: int, K: int, hidden_size: int, feature_dtype: str = "float32"
+    ) -> None:
+        if feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {feature_dtype!r}")
+        path = Path(path)
+        super().__init__(path / "blocks", M, K)
+        self.hidden_size, self.feature_dtype = hidden_size, feature_dtype
+        self.meta = {"hidden_size": hidden_size, "M": M, "K": K, "feature_dtype": feature_dtype}
+        (path / "features").mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, BinaryIO] = {
+            name: open(path / "features" / f"{name}.bin", "wb")  # noqa: SIM115 (closed in close)
+            for name in _feature_shapes(self.meta)
+        }
+        self.events = 0
+
+    def log_round(self, record: BlockRecord, draft: Draft) -> None:
+        if draft.mask_hidden is None or draft.anchor_hidden is None or draft.cand_logits is None:
+            raise ValueError("draft: proposed without collect=True (no head inputs kept)")
+        self.log(record)
+        keys = np.stack(
+            [record.request_id.cpu().numpy(), record.block_index.cpu().numpy()], 1
+        ).astype(np.int64)
+        rows = {
+            "anchor_hidden": draft.anchor_hidden,
+            "mask_hidden": draft.mask_hidden,
+            "cand_logits": draft.cand_logits,
+        }
+        shapes = _feature_shapes(self.meta)
+        for name, tensor in rows.items():
+            array = tensor.detach().float().cpu().numpy().astype(shapes[name][1])
+            self._files[name].write(array.astype(array.dtype.newbyteorder("<")).tobytes())
+        self._files["keys"].write(keys.astype("<i8").tobytes())
+        self.events += len(keys)
+
+    def close(self) -> None:
+        super().close()
+        for f in self._files.values():
+            if not f.closed:
+                f.close()
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """Which training problems to decode, and how (the deployed decoder, head off)."""
+
+    problems: int = 1000
+    samples: int = 2  # responses per problem
+    stride: int = 8
+    temperature: float = 1.0
+    top_k: int = 32  # candidates kept per position: serves heads with K ≤ top_k
+    max_new_tokens: int = 160
+    problem_seed: int = 0  # which training problems (the train split: never the held-out ones)
+    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·samples + r
+    batch_size: int = 128
+    feature_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("problems", "samples", "max_new_tokens", "batch_size", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 2:
+            raise ValueError(f"stride: need an integer N ≥ 2, got {self.stride!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+        if self.feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
+
+    def decode_seed(self, problem: int, sample: int) -> int:
+        return self.seed * 10**6 + problem * self.samples + sample
+
+
+def collect_events(
+    backbone: Backbone,
+    prompts: Sequence[Sequence[int]],
+    options: ISDOptions,
+    out: str | Path,
+    *,
+    seeds: Sequence[int] | None = None,
+    request_ids: Sequence[int] | None = None,
+    correct: Any = None,
+    provenance: dict[str, Any] | None = None,
+    feature_dtype: str = "float32",
+    batch_size: int = 64,
+    on_finish: Any = None,
+) -> EventStore:
+    """Decode ``prompts`` head-off with ``options`` and write an event store at ``out``.
+
+    ``correct(r, output) -> bool`` grades request r (default: every response counts as correct);
+    ``provenance`` is merged into ``_events.json``. ``out`` must not exist yet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from brisk.runtime.isd import decode
+
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"out: {out} already exists")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    K = min(options.top_k, backbone.vocab_size)
+    writer = EventWriter(tmp, options.M, K, backbone.hidden_size, feature_dtype)
+    ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
+    grades: dict[int, bool] = {}
+
+    def finished(r: int, output: Any) -> None:
+        grades[r] = True if correct is None else bool(correct(r, output))
+        if on_finish is not None:
+            on_finish(r, output)
+
+    try:
+        with torch.inference_mode():
+            result = decode(backbone, prompts, options, seeds=seeds, request_ids=ids,
+                            logger=writer, batch_size=batch_size, on_finish=finished)  # fmt: skip
+    finally:
+        writer.close()
+    requests = pa.table(
+        {
+            "request_id": pa.array(ids, pa.int64()),
+            "correct": pa.array([grades[r] for r in range(len(ids))], pa.bool_()),
+            "tokens": pa.array([len(t) for t in result.tokens], pa.int32()),
+        }
+    )
+    pq.write_table(requests, tmp / "requests.parquet")
+    meta = {
+        "format": FORMAT,
+        **(provenance or {}),
+        "hidden_size": backbone.hidden_size,
+        "vocab_size": backbone.vocab_size,
+        "M": options.M,
+        "K": K,
+        "stride": options.stride,
+        "temperature": options.temperature,
+        "feature_dtype": feature_dtype,
+        "events": writer.events,
+        "requests": len(ids),
+    }
+    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.rename(out)
+    return EventStore.open(out)
+
+
+def collect_from_checkpoint(
+    checkpoint: str | Path, out: str | Path, options: CollectOptions, show_progress: bool = True
+) -> EventStore:
+    """Events of a tiny-world checkpoint on its training problems, graded by answer match."""
+    from rich.progress import Progress
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.prompts import completion_text, encode_prompts, isd_options
+    from brisk.runtime.tiny.grader import grade
+    from brisk.runtime.tiny.task import make_split
+    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.selfgen import checkpoint_hash, tokenizer_hash
+
+    checkpoint = Path(checkpoint)
+    cfg_file = checkpoint / "train_config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"--checkpoint: {checkpoint} has no train_config.json (not a brisk "
+                         "tiny-world checkpoint)")  # fmt: skip
+    task = BaseTrainConfig.load(cfg_file).task
+    problems = make_split(task, "train", options.problems, options.problem_seed)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    backbone = HFBackbone.from_pretrained(checkpoint)
+    backbone.model.eval()
+    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
+                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
+    index = [(i, s) for i in range(len(problems)) for s in range(options.samples)]
+    prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
+    seeds = [options.decode_seed(i, s) for i, s in index]
+
+    def correct(r: int, output: Any) -> bool:
+        return grade(completion_text(tokenizer, output.tokens), problems[index[r][0]].answer)
+
+    provenance = {
+        "checkpoint": str(checkpoint),
+        "checkpoint_hash": checkpoint_hash(checkpoint),
+        "tokenizer_hash": tokenizer_hash(checkpoint),
+        "task": asdict(task),
+        "decoder": {"algorithm": "isd", "head": "off"},
+        "options": asdict(options),
+    }
+    with Progress(disable=not show_progress) as progress:
+        bar = progress.add_task("collect", total=len(index))
+        return collect_events(
+            backbone, prompts, dec, out, seeds=seeds, correct=correct, provenance=provenance,
+            feature_dtype=options.feature_dtype, batch_size=options.batch_size,
+            on_finish=lambda _r, _o: progress.advance(bar),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EventStore:
+    """An event store opened for training: log columns in memory, features memory-mapped.
+
+    Arrays, n events: ``anchor`` [n], ``cand_ids`` [n, M, K] int64, ``p`` / ``q`` [n, M, K]
+    (p NaN where not reached), ``base_choice`` [n, M], ``accept_len`` [n], ``request_id`` [n],
+    ``correct`` [n] (the event's response was graded correct); memory-mapped ``anchor_hidden``
+    [n, H], ``mask_hidden`` [n, M, H], ``cand_logits`` [n, M, K].
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    anchor: np.ndarray
+    cand_ids: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
+    base_choice: np.ndarray
+    accept_len: np.ndarray
+    request_id: np.ndarray
+    correct: np.ndarray
+    anchor_hidden: np.ndarray
+    mask_hidden: np.ndarray
+    cand_logits: np.ndarray
+
+    @property
+    def M(self) -> int:
+        return int(self.meta["M"])
+
+    @property
+    def K(self) -> int:
+        return int(self.meta["K"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.meta["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+    @classmethod
+    def open(cls, path: str | Path) -> EventStore:
+        """Open and check a store; every error names the file and what is wrong."""
+        import pyarrow.parquet as pq
+
+        from brisk.mechanism.io import read_blocks
+
+        path = Path(path)
+        meta_file = path / META
+        if not meta_file.is_file():
+            raise ValueError(f"{path}: not a corrector event store (no {META}; was collection "
+                             "interrupted?)")  # fmt: skip
+        try:
+            meta = json.loads(meta_file.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{meta_file}: invalid JSON ({err.msg})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise ValueError(f"{meta_file}: not a {FORMAT} file")
+        n = int(meta["events"])
+        if n == 0:
+            raise ValueError(f"{meta_file}: the store holds no events")
+        features: dict[str, np.ndarray] = {}
+        for name, (shape, dtype) in _feature_shapes(meta).items():
+            file = path / "features" / f"{name}.bin"
+            row = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            size = file.stat().st_size if file.is_file() else -1
+            if size != n * row:
+                found = "missing" if size < 0 else f"{size} bytes"
+                raise ValueError(
+                    f"{file}: {found}, expected {n * row} ({n} events × {row} bytes; truncated "
+                    "or from another store)"
+                )
+            features[name] = np.memmap(file, dtype=np.dtype(dtype).newbyteorder("<"), mode="r",
+                                       shape=(n, *shape))  # fmt: skip
+        columns = ["request_id", "block_index", "anchor", "cand_ids", "q", "p", "base_choice",
+                   "accept_len"]  # fmt: skip
+        batches = list(read_blocks(path / "blocks", columns=columns, prefetch=False))
+        log = {c: np.concatenate([b[c] for b in batches]) for c in columns}
+        if len(log["anchor"]) != n:
+            raise ValueError(f"{path / 'blocks'}: {len(log['anchor'])} rows, {meta_file} says {n}")
+        if log["cand_ids"].shape[1:] != (meta["M"], meta["K"]):
+            raise ValueError(f"{path / 'blocks'}: M, K = {log['cand_ids'].shape[1:]}, "
+                             f"{meta_file} says {meta['M']}, {meta['K']}")  # fmt: skip
+        keys = np.stack([log["request_id"], log["block_index"]], 1)
+        if not np.array_equal(keys, np.asarray(features["keys"])):
+            bad = int(np.argmax((keys != np.asarray(features["keys"])).any(1)))
+            raise ValueError(
+                f"{path / 'features' / 'keys.bin'}: row {bad} is not the log's row {bad} "
+                "(features and block log out of step)"
+            )
+        requests = pq.read_table(path / "requests.parquet").to_pydict()
+        good = {r for r, ok in zip(requests["request_id"], requests["correct"], strict=True) if ok}
+        return cls(
+            path=path, meta=meta, anchor=log["anchor"].astype(np.int64),
+            cand_ids=log["cand_ids"].astype(np.int64), p=log["p"].astype(np.float32),
+            q=log["q"].astype(np.float32), base_choice=log["base_choice"].astype(np.int64),
+            accept_len=log["accept_len"].astype(np.int64),
+            request_id=log["request_id"].astype(np.int64),
+            correct=np.isin(log["request_id"], list(good)),
+            anchor_hidden=features["anchor_hidden"], mask_hidden=features["mask_hidden"],
+            cand_logits=features["cand_logits"],
+        )  # fmt: skip
+
+    def check_backbone(self, backbone: Backbone) -> None:
+        """The store must come from a backbone of this hidden size and vocabulary."""
+        if (backbone.hidden_size, backbone.vocab_size) != (self.hidden_size, self.vocab_size):
+            raise ValueError(
+                f"{self.path / META}: events of a backbone with hidden {self.hidden_size} / vocab "
+                f"{self.vocab_size}, this one has {backbone.hidden_size} / {backbone.vocab_size}"
+            )
