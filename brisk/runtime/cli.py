@@ -68,6 +68,10 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run_proposal)
 
+    from brisk.runtime.cli_corrector import register_train
+
+    register_train(commands)
+
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
     e.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
@@ -233,6 +237,9 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
     x.set_defaults(run=run_experiment_proposal)
+    from brisk.runtime.cli_corrector import register_experiment
+
+    register_experiment(commands)
 
 
 def run_experiment_proposal(args: argparse.Namespace) -> int:

@@ -30,3 +30,39 @@ def micro_dataset(micro_base: Path, tmp_path_factory: pytest.TempPathFactory) ->
     out = tmp_path_factory.mktemp("selfgen") / "data"
     generate_dataset(micro_base, out, MICRO_SELFGEN, show_progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def micro_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object, object]:
+    """A head trained (≈ 5 s) on events of test_isd's micro backbone (V = 12, a random,
+    peaked Qwen3) at stride 4, T = 1: (backbone, trained head with K = 4, event store)."""
+    import torch
+
+    from brisk.runtime.corrector import Corrector
+    from brisk.runtime.isd import ISDOptions
+    from brisk.runtime.train.corrector import train_corrector
+    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
+    from brisk.runtime.train.corrector_events import collect_events
+    from tests.runtime.test_isd import micro_backbone
+
+    backbone = micro_backbone()
+    out = tmp_path_factory.mktemp("micro_head")
+    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=16, top_k=6)
+    store = collect_events(backbone, micro_prompts(600, seed=0), options, out / "events",
+                           seeds=range(600), batch_size=600)  # fmt: skip
+    cfg = CorrectorTrainConfig(events=str(store.path), out_dir=str(out / "head"), K=4,
+                               head="small", epochs=10, batch_size=128, lr=3e-3)  # fmt: skip
+    with torch.random.fork_rng():
+        result = train_corrector(cfg, show_progress=False, backbone=backbone, store=store)
+    return backbone, Corrector.from_pretrained(result.checkpoint), store
+
+
+def micro_prompts(n: int, seed: int) -> list[list[int]]:
+    """Random prompts of 1–6 non-MASK tokens for test_isd's micro backbone (MASK = 11)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(0, 11, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]

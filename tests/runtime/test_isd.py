@@ -93,16 +93,26 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize(
-    ("stride", "with_head"),
-    [pytest.param(3, False, id="N3-head-off"), pytest.param(4, True, id="N4-head-on")],
+    ("stride", "head_kind"),
+    [
+        pytest.param(3, "off", id="N3-head-off"),
+        pytest.param(4, "random", id="N4-random-head"),
+        pytest.param(4, "trained", id="N4-trained-head"),
+    ],
 )
 def test_sampling_matches_autoregressive_law(
-    backbone: HFBackbone, stride: int, with_head: bool
+    backbone: HFBackbone, stride: int, head_kind: str, request: pytest.FixtureRequest
 ) -> None:
     """Chi-square does not reject at 1e-3, and TV stays below τ + t where τ = ½Σ sqrt(J(1−J)/n)
     bounds E[TV] (Jensen per cell) and t = sqrt(ln(1e6)/2n) is the McDiarmid deviation that TV
-    (1/n-Lipschitz in each sample) exceeds with probability ≤ 1e-6."""
-    head = random_corrector(stride - 1, K=4) if with_head else None
+    (1/n-Lipschitz in each sample) exceeds with probability ≤ 1e-6. The trained head is the one
+    distilled from this backbone's verifier (conftest ``micro_head``): its law π is far from q."""
+    head = {
+        "off": lambda: None,
+        "random": lambda: random_corrector(stride - 1, K=4),
+        "trained": lambda: request.getfixturevalue("micro_head")[1],
+    }[head_kind]()
+    with_head = head is not None
     options = ISDOptions(stride=stride, temperature=1.0, max_new_tokens=3)
     statistic, dof = 0.0, 0
     for k, prompt in enumerate(PROMPTS):
@@ -174,11 +184,19 @@ def test_greedy_isd_equals_greedy_autoregressive(backbone: HFBackbone, stride: i
     assert out.tokens == ar_greedy(backbone, prompts, 16)
 
 
-def test_head_on_greedy_is_still_greedy_decoding(backbone: HFBackbone) -> None:
-    prompts = [[1, 2], [3], [4, 4, 4, 9]]
-    out = decode(backbone, prompts, ISDOptions(stride=4, max_new_tokens=12),
-                 corrector=random_corrector(3, K=4))  # fmt: skip
+@pytest.mark.parametrize("head_kind", ["random", "trained"])
+def test_head_on_greedy_is_still_greedy_decoding(
+    backbone: HFBackbone, head_kind: str, request: pytest.FixtureRequest
+) -> None:
+    prompts = [[1, 2], [3], [4, 4, 4, 9], [7, 0, 10, 2, 5]]
+    head = (
+        random_corrector(3, K=4)
+        if head_kind == "random"
+        else request.getfixturevalue("micro_head")[1]
+    )
+    out = decode(backbone, prompts, ISDOptions(stride=4, max_new_tokens=12), corrector=head)
     assert out.tokens == ar_greedy(backbone, prompts, 12)
+    assert out.profile().n_blocks > 0
 
 
 def test_outputs_do_not_depend_on_the_batch(backbone: HFBackbone) -> None:

@@ -10,7 +10,9 @@ temperature T) and scored by :func:`evaluate_checkpoint`:
 - **mean accepted prefix** E[L] over verify rounds,
 - **TPF, whole run** (output tokens ÷ decoding forwards) and **TPF, complete cycles** (the
   renewal quantity of eq:idlm_tpf_instantiation),
-- **tokens/s**: output tokens ÷ decoding wall seconds on this machine.
+- **tokens/s**: output tokens ÷ decoding wall seconds on this machine; with a corrector also
+  the same without the head's own time (``tokens_per_s_net``: what a free head would give) and
+  that time (``head_s``).
 
 :func:`summarize` turns the per-seed numbers of each arm into a mean with a Student-t interval
 across seeds (seeds are the replication unit: each is a separately trained model), and
@@ -48,6 +50,8 @@ class CheckpointEval:
     forwards: int
     reached: tuple[int, ...]  # per proposal position, over every verify round
     accepted: tuple[int, ...]
+    head_s: float = 0.0  # seconds spent in the corrector's selection (0 head-off)
+    tokens_per_s_net: float = math.nan  # output tokens ÷ (wall − head_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,13 +70,16 @@ def evaluate_checkpoint(
     batch_size: int = 64,
     corrector: Any = None,
     log_blocks: str | Path | None = None,
+    shadow: bool = False,
 ) -> CheckpointEval:
     """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
 
     Request r is decoded with seed ``seed · len(prompts) + r`` and request id r, so two
     checkpoints evaluated with the same ``seed`` see the same uniforms for the same problem.
     With ``log_blocks`` every verify round is written to that block-log directory (for
-    ``brisk mechanism report``).
+    ``brisk mechanism report``). ``shadow`` decodes head-off with the corrector run beside the
+    base and both blocks scored by the verifier (the mechanism diagnostics' same-state logs; an
+    extra forward per round, so its TPF and speed are the head-off decoder's, not the head's).
     """
     import numpy as np
     import torch
@@ -90,14 +97,29 @@ def evaluate_checkpoint(
         raise ValueError("prompts: need at least one prompt")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     backbone = HFBackbone.from_pretrained(checkpoint)
+    if shadow and (corrector is None or log_blocks is None):
+        raise ValueError("shadow: needs a corrector and log_blocks")
     options = isd_options(
-        tokenizer, stride=stride, temperature=temperature, max_new_tokens=max_new_tokens
-    )
+        tokenizer, stride=stride, temperature=temperature, max_new_tokens=max_new_tokens,
+        shadow=shadow, score_blocks=shadow,
+    )  # fmt: skip
     encoded = encode_prompts(tokenizer, prompts)
     n = len(encoded)
     results = []
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     logger = BlockLogger(log_blocks, options.M, K) if log_blocks is not None else None
+    head_s = 0.0
+    if corrector is not None:  # time the head's own work (CPU: synchronous)
+        select = corrector.select
+
+        def timed_select(*args: Any, **kwargs: Any) -> Any:
+            nonlocal head_s
+            t = time.perf_counter()
+            out = select(*args, **kwargs)
+            head_s += time.perf_counter() - t
+            return out
+
+        corrector.select = timed_select
     start = time.perf_counter()
     with torch.inference_mode():
         for lo in range(0, n, batch_size):
@@ -114,6 +136,8 @@ def evaluate_checkpoint(
                 )
             )
     wall = time.perf_counter() - start
+    if corrector is not None:
+        del corrector.select  # the class's method again
     if logger is not None:
         logger.close()
     requests = [out for res in results for out in res.requests]
@@ -141,6 +165,8 @@ def evaluate_checkpoint(
         forwards=forwards,
         reached=tuple(int(x) for x in reached),
         accepted=tuple(int(x) for x in accepted),
+        head_s=head_s,
+        tokens_per_s_net=tokens / (wall - head_s) if wall > head_s else math.nan,
     )
 
 
@@ -188,7 +214,9 @@ class ArmSummary:
                 **{k: asdict(v) for k, v in self.metrics.items()}}  # fmt: skip
 
 
-def summarize(evals: Sequence[CheckpointEval], level: float = 0.95) -> list[ArmSummary]:
+def summarize(
+    evals: Sequence[CheckpointEval], level: float = 0.95, metrics: Sequence[str] = METRICS
+) -> list[ArmSummary]:
     """Per arm (in first-seen order): each metric's mean and t-interval across its seeds."""
     arms: dict[str, list[CheckpointEval]] = {}
     for e in evals:
@@ -198,6 +226,6 @@ def summarize(evals: Sequence[CheckpointEval], level: float = 0.95) -> list[ArmS
         seeds = [e.seed for e in rows]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"evals: arm {arm!r} has seed(s) evaluated twice: {sorted(seeds)}")
-        metrics = {m: Interval.of([getattr(e, m) for e in rows], level) for m in METRICS}
-        out.append(ArmSummary(arm, tuple(seeds), metrics))
+        values = {m: Interval.of([getattr(e, m) for e in rows], level) for m in metrics}
+        out.append(ArmSummary(arm, tuple(seeds), values))
     return out

@@ -277,8 +277,8 @@ def train_corrector(
                     step += 1
                     progress.update(bar, advance=1, loss=float(loss.loss.detach()))
                     if step % cfg.log_every == 0 or step == total:
-                        record = {"step": step, "epoch": epoch, "loss": float(loss.loss),
-                                  "ce": float(loss.ce), "kl": float(loss.kl),
+                        record = {"step": step, "epoch": epoch, "loss": float(loss.loss.detach()),
+                                  "ce": float(loss.ce.detach()), "kl": float(loss.kl.detach()),
                                   "positions": loss.positions, "grad_norm": float(grad_norm),
                                   "gate": float(torch.sigmoid(head.alpha))}  # fmt: skip
                         metrics.write(json.dumps(record) + "\n")

@@ -1,0 +1,155 @@
+"""``brisk train corrector [collect]`` and ``brisk experiment corrector``: the verifier-distilled
+head (issue: corrector training). Heavy modules are imported inside the run functions."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register_experiment", "register_train"]
+
+
+def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    c = commands.add_parser(
+        "corrector",
+        help="train the verifier-distilled corrector on collected events ('collect' first)",
+        description="Train the corrector (eq. 6 of the appendix) on an event store. "
+        "'brisk train corrector collect' makes the store.",
+    )
+    c.add_argument("--config", type=Path, default=None, help="TOML or JSON corrector config")
+    c.add_argument("--events", type=str, default=None, help="event store (from 'collect')")
+    c.add_argument("--out", type=str, default=None, help="output directory")
+    c.add_argument("--K", type=int, default=None, help="candidates per position (≤ the store's)")
+    c.add_argument("--target", type=str, default=None, help="verifier | top1")
+    c.add_argument("--beta", type=float, default=None, help="anchor KL weight (paper: 0.01)")
+    c.add_argument("--no-feedback", action="store_true", help="hide x_{j−1} (ablation)")
+    c.add_argument("--epochs", type=int, default=None)
+    c.add_argument("--batch-size", type=int, default=None, help="events per step")
+    c.add_argument("--lr", type=float, default=None)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
+    c.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    c.set_defaults(run=run_train)
+    sub = c.add_subparsers(dest="action", metavar="ACTION")
+    k = sub.add_parser(
+        "collect", help="decode training problems head-off and store policy-reached events"
+    )
+    k.add_argument("--checkpoint", type=Path, required=True, help="the frozen backbone")
+    k.add_argument("--out", type=Path, required=True, help="event store directory (new)")
+    k.add_argument("--problems", type=int, default=1000, help="distinct training problems")
+    k.add_argument("--samples", type=int, default=2, help="responses per problem")
+    k.add_argument("--stride", type=int, default=8, help="ISD stride N")
+    k.add_argument("--temperature", type=float, default=1.0)
+    k.add_argument("--top-k", type=int, default=32, help="candidates kept (serves K ≤ this)")
+    k.add_argument("--max-new-tokens", type=int, default=160)
+    k.add_argument("--problem-seed", type=int, default=0, help="which training problems")
+    k.add_argument("--seed", type=int, default=0, help="decode seeds")
+    k.add_argument("--batch-size", type=int, default=128)
+    k.add_argument("--feature-dtype", type=str, default="float32", help="float32 | float16")
+    k.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    k.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    k.set_defaults(run=run_collect)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    import torch
+
+    from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
+
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    try:
+        options = CollectOptions(
+            problems=args.problems, samples=args.samples, stride=args.stride,
+            temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+            problem_seed=args.problem_seed, seed=args.seed, batch_size=args.batch_size,
+            feature_dtype=args.feature_dtype,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"--{str(err).replace('_', '-')}") from None
+    if not (args.checkpoint / "config.json").is_file():
+        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    if args.out.exists():
+        raise ValueError(f"--out: {args.out} already exists (an event store is written once)")
+    torch.set_num_threads(args.threads)
+    store = collect_from_checkpoint(args.checkpoint, args.out, options, not args.no_progress)
+    print(
+        f"{len(store)} events from {store.meta['requests']} responses "
+        f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "
+        f"K = {store.K}, H = {store.hidden_size} in {args.out}"
+    )
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
+
+    cfg = CorrectorTrainConfig()
+    if args.config is not None:
+        try:
+            cfg = CorrectorTrainConfig.load(args.config)
+        except ValueError as err:
+            raise ValueError(f"--config: {err}") from None
+    overrides = {
+        "events": args.events, "out_dir": args.out, "K": args.K, "target": args.target,
+        "beta": args.beta, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "save_every": args.save_every, "threads": args.threads,
+        "feedback": False if args.no_feedback else None,
+    }  # fmt: skip
+    flags = {"out_dir": "out"}
+    try:
+        cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as err:
+        key, _, rest = str(err).partition(":")
+        raise ValueError(f"--{flags.get(key, key).replace('_', '-')}:{rest}") from None
+    if not cfg.events:
+        raise ValueError("--events: corrector training needs an event store (train corrector "
+                         "collect makes one)")  # fmt: skip
+    from brisk.runtime.train.corrector import train_corrector
+    from brisk.runtime.train.corrector_events import EventStore
+
+    try:
+        store = EventStore.open(cfg.events)
+    except ValueError as err:
+        raise ValueError(f"--events: {err}") from None
+    result = train_corrector(cfg, show_progress=not args.no_progress, store=store)
+    print(
+        f"trained {result.steps} steps on {result.train_events:,} events in "
+        f"{result.wall_s / 60:.2f} min; held-out loss {result.val_loss_init:.4f} → "
+        f"{result.val_loss:.4f}; head {result.checkpoint}"
+    )
+    return 0
+
+
+def register_experiment(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    x = commands.add_parser(
+        "corrector", help="the corrector ablation: head off vs heads, seeds, table, diagnostics"
+    )
+    x.add_argument("--config", type=Path, required=True, help="TOML experiment config")
+    x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
+    x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
+    x.add_argument("--no-progress", action="store_true", help="quiet")
+    x.set_defaults(run=run_experiment)
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from brisk.runtime.experiment.corrector import (
+        CorrectorExperimentConfig,
+        run_corrector_experiment,
+    )
+
+    try:
+        cfg = CorrectorExperimentConfig.load(args.config)
+    except ValueError as err:
+        raise ValueError(f"--config: {err}") from None
+    changes = {"out_dir": args.out, "workers": args.workers}
+    try:
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    run_corrector_experiment(cfg, show_progress=not args.no_progress)
+    print(f"summary in {cfg.out_dir}/summary.md")
+    return 0

@@ -1,0 +1,419 @@
+"""The corrector ablation and the head-on/head-off measurement, one command
+(``brisk experiment corrector --config FILE``).
+
+Steps, each skipped when its output already exists (so a rerun resumes):
+
+1. the frozen backbone (trained from ``base_config`` if ``backbone`` does not exist yet);
+2. one event store of that backbone on training problems (``brisk train corrector collect``,
+   Top-``collect.top_k`` candidates so every arm's K is a prefix of it);
+3. every arm × seed (:data:`ARMS`) trained on the same events and evaluated on the same
+   held-out problems with the same decode seeds at stride N, temperature T, head on:
+   accuracy, rejection %, E[L], TPF, tokens/s with and without the head's own time; then the
+   same problems decoded in shadow mode (head beside the base, both blocks scored) for the
+   same-state diagnostics: rescue per 100 first breakers, regression per 100 accepted
+   positions, intervention, coverage@K', ΔL. The head-off arm is evaluated with the same seeds;
+4. the table across seeds (markdown, JSON), plots (TPF, rescue vs regression, validation loss)
+   and ``brisk mechanism report`` on the shadow logs of the paper's head (first seed).
+
+Jobs run ``workers`` at a time in separate processes with one torch thread each. Outputs under
+``out_dir``: ``events/``, ``arms/<arm>/seed<s>/`` (head checkpoint, metrics, ``eval.json``,
+``shadow/``), ``summary.md``, ``summary.json``, ``arms.png``, ``rescue.png``,
+``val_loss.png``, ``mechanism/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from brisk.runtime.train.config import load_config
+
+__all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
+
+
+@dataclass(frozen=True)
+class CorrectorArm:
+    name: str
+    label: str  # the table's "Head" column
+    train: dict[str, Any]  # CorrectorTrainConfig fields that differ from the paper's head
+    trained: bool = True
+
+
+ARMS: tuple[CorrectorArm, ...] = (
+    CorrectorArm("off", "No corrector (head off)", {}, trained=False),
+    CorrectorArm("distilled", "**BRISK: verifier-distilled, K = 16**", {}),
+    CorrectorArm("top1", "Verifier top-1 only (hard CE)", {"target": "top1"}),
+    CorrectorArm("no-kl", "Without KL anchor (β = 0)", {"beta": 0.0}),
+    CorrectorArm("no-prefix", "Without prefix feedback", {"feedback": False}),
+    CorrectorArm("k4", "Verifier-distilled, K = 4", {"K": 4}),
+    CorrectorArm("k8", "Verifier-distilled, K = 8", {"K": 8}),
+    CorrectorArm("k32", "Verifier-distilled, K = 32", {"K": 32}),
+)
+PAPER_ARM = "distilled"
+
+
+@dataclass(frozen=True)
+class CollectSection:
+    problems: int = 2000
+    samples: int = 2
+    temperature: float = 1.0
+    top_k: int = 32
+    max_new_tokens: int = 160
+    problem_seed: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class HeadTrainSection:
+    epochs: int = 4
+    batch_size: int = 256
+    lr: float = 3e-4
+    beta: float = 0.01
+    head: str = "paper"
+    only_correct: bool = True
+
+
+@dataclass(frozen=True)
+class HeadEvalSection:
+    problems: int = 200
+    temperature: float = 1.0
+    max_new_tokens: int = 160
+    problem_seed: int = 1
+    batch_size: int = 100
+    shadow: bool = True  # the same-state diagnostics of every trained arm × seed
+
+
+@dataclass(frozen=True)
+class CorrectorExperimentConfig:
+    out_dir: str = "runs/paper/corrector"
+    backbone: str = "runs/paper/base/final"
+    base_config: str = "configs/paper_base.toml"
+    stride: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2)
+    arms: tuple[str, ...] = tuple(a.name for a in ARMS)
+    workers: int = 2
+    collect: CollectSection = field(default_factory=CollectSection)
+    train: HeadTrainSection = field(default_factory=HeadTrainSection)
+    eval: HeadEvalSection = field(default_factory=HeadEvalSection)
+
+    def __post_init__(self) -> None:
+        known = {a.name for a in ARMS}
+        for name in self.arms:
+            if name not in known:
+                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
+        for name in self.arms:
+            K = _arm(name).train.get("K", 16)
+            if K > self.collect.top_k:
+                raise ValueError(
+                    f"collect.top_k: {self.collect.top_k} < K = {K} of arm {name!r} (the events "
+                    "must hold every arm's candidates)"
+                )
+
+    @classmethod
+    def load(cls, path: str | Path) -> CorrectorExperimentConfig:
+        """Read a ``.toml`` or ``.json`` experiment config; errors start with the path."""
+        config = load_config(cls, path)
+        assert isinstance(config, CorrectorExperimentConfig)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _arm(name: str) -> CorrectorArm:
+    return next(a for a in ARMS if a.name == name)
+
+
+def _mechanism(blocks: Path, K: int) -> dict[str, float]:
+    """Same-state diagnostics of one shadow log (equal-request rates, as fractions)."""
+    from brisk.mechanism.report import analyze
+
+    s = analyze(blocks, draws=0)
+    cov = s.coverage.at(K)
+    return {
+        "rescue": s.replay.rescue.equal_request,
+        "regression": s.replay.regression.equal_request,
+        "intervention": s.replay.intervention.equal_request,
+        "first_breakers": float(s.replay.first_breakers),
+        "coverage": cov["coverage"],
+        "mass": cov["mass"],
+        "delta_logp": s.likelihood.mean_delta.equal_request,
+        "delta_positive": s.likelihood.positive.equal_request,
+    }
+
+
+def _job(cfg: CorrectorExperimentConfig, arm_name: str, seed: int, events: str) -> dict[str, Any]:
+    """Train (unless head off), evaluate head-on and in shadow mode; returns both."""
+    import torch
+
+    from brisk.runtime.corrector import Corrector
+    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.runtime.tiny.task import TaskConfig, make_split
+    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.corrector import train_corrector
+    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
+
+    torch.set_num_threads(1)
+    arm = _arm(arm_name)
+    run = Path(cfg.out_dir) / "arms" / arm.name / f"seed{seed}"
+    result_file = run / "eval.json"
+    if result_file.exists():
+        return dict(json.loads(result_file.read_text()))
+    run.mkdir(parents=True, exist_ok=True)
+    t = cfg.train
+    tcfg = CorrectorTrainConfig(
+        events=events, out_dir=str(run), seed=seed, epochs=t.epochs, batch_size=t.batch_size,
+        lr=t.lr, beta=t.beta, head=t.head, only_correct=t.only_correct,  # type: ignore[arg-type]
+    ).replace(**arm.train)  # fmt: skip
+    head = None
+    train_info: dict[str, Any] = {}
+    if arm.trained:
+        if not (run / "final" / "config.json").exists():
+            r = train_corrector(tcfg, show_progress=False)
+            train_info = {"val_loss": r.val_loss, "val_loss_init": r.val_loss_init,
+                          "steps": r.steps, "train_events": r.train_events,
+                          "train_s": r.wall_s}  # fmt: skip
+        head = Corrector.from_pretrained(run / "final")
+    task: TaskConfig = BaseTrainConfig.load(Path(cfg.backbone) / "train_config.json").task
+    problems = make_split(task, "test", cfg.eval.problems, cfg.eval.problem_seed)
+    prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
+    e = cfg.eval
+    common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,
+                  max_new_tokens=e.max_new_tokens, batch_size=e.batch_size)  # fmt: skip
+    # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
+    ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
+                             **common)  # fmt: skip
+    result: dict[str, Any] = {"eval": ev.to_dict(), "train": train_info}
+    if head is not None and e.shadow:
+        shadow = run / "shadow"
+        shutil.rmtree(shadow, ignore_errors=True)
+        evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
+                            log_blocks=shadow, shadow=True, **common)  # fmt: skip
+        result["mechanism"] = _mechanism(shadow, head.config.K)
+    tmp = result_file.with_name(".eval.json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, result_file)
+    return result
+
+
+MECH = ("rescue", "regression", "intervention", "coverage", "mass", "delta_logp")
+
+
+def run_corrector_experiment(
+    cfg: CorrectorExperimentConfig, show_progress: bool = True
+) -> dict[str, Any]:
+    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds."""
+    import torch
+    from rich.console import Console
+
+    from brisk.runtime.experiment.evaluate import CheckpointEval, Interval, summarize
+    from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
+
+    console = Console(stderr=True, quiet=not show_progress)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+
+    # 1. The frozen backbone.
+    if not (Path(cfg.backbone) / "config.json").is_file():
+        from brisk.runtime.train.base import train_base
+        from brisk.runtime.train.config import BaseTrainConfig
+
+        console.print(f"training the backbone ({cfg.base_config}) → {cfg.backbone}")
+        base_cfg = BaseTrainConfig.load(cfg.base_config).replace(
+            out_dir=str(Path(cfg.backbone).parent)
+        )
+        trained = train_base(base_cfg, show_progress=show_progress)
+        if trained.checkpoint.resolve() != Path(cfg.backbone).resolve():
+            raise ValueError(f"backbone: training wrote {trained.checkpoint}, not {cfg.backbone}")
+
+    # 2. One event store for every arm.
+    events = out / "events"
+    if not (events / "_events.json").exists():
+        c = cfg.collect
+        console.print(f"collecting policy-reached events → {events}")
+        t = time.monotonic()
+        torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
+        store = collect_from_checkpoint(cfg.backbone, events, CollectOptions(
+            problems=c.problems, samples=c.samples, stride=cfg.stride, temperature=c.temperature,
+            top_k=c.top_k, max_new_tokens=c.max_new_tokens, problem_seed=c.problem_seed,
+            seed=c.seed,
+        ), show_progress=show_progress)  # fmt: skip
+        timings["collect_s"] = time.monotonic() - t
+        console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
+
+    # 3. Arms × seeds in worker processes.
+    jobs = [(a, seed) for a in cfg.arms for seed in cfg.seeds]
+    t = time.monotonic()
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_job, cfg, a, seed, str(events)): (a, seed) for a, seed in jobs}
+        for done, future in enumerate(as_completed(futures), 1):
+            a, seed = futures[future]
+            results[(a, seed)] = res = future.result()
+            ev = res["eval"]
+            console.print(
+                f"[{done}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
+                f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+                f"({(time.monotonic() - t0) / 60:.1f} min)"
+            )
+    timings["arms_s"] = time.monotonic() - t
+
+    # 4. Table, plots, the mechanism report of the paper's head.
+    def as_eval(d: dict[str, Any]) -> CheckpointEval:
+        return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    ordered = [as_eval(results[(a, s)]["eval"]) for a in cfg.arms for s in cfg.seeds]
+    metrics = ("accuracy", "rejection", "accept_length", "tpf_run", "tpf_cycles", "tokens_per_s",
+               "tokens_per_s_net", "head_s")  # fmt: skip
+    summaries = {sm.arm: sm for sm in summarize(ordered, metrics=metrics)}
+    mech: dict[str, dict[str, Interval]] = {}
+    for a in cfg.arms:
+        rows = [results[(a, s)].get("mechanism") for s in cfg.seeds]
+        if all(r is not None for r in rows):
+            mech[a] = {m: Interval.of([r[m] for r in rows if r is not None]) for m in MECH}
+    table = _markdown(cfg, summaries, mech)
+    _plots(cfg, summaries, mech, out)
+    if PAPER_ARM in cfg.arms and cfg.eval.shadow:
+        from brisk.cli import main as brisk_main
+
+        shadow = out / "arms" / PAPER_ARM / f"seed{cfg.seeds[0]}" / "shadow"
+        brisk_main(["mechanism", "report", str(shadow), "--out", str(out / "mechanism"),
+                    "--bootstrap", "200"])  # fmt: skip
+    timings["total_s"] = time.monotonic() - t0
+    summary = {
+        "config": cfg.to_dict(),
+        "arms": [summaries[a].to_dict() for a in cfg.arms],
+        "mechanism": {a: {m: dataclasses.asdict(v) for m, v in d.items()} for a, d in mech.items()},
+        "runs": [{"arm": a, "seed": s, **results[(a, s)]} for a in cfg.arms for s in cfg.seeds],
+        "timings": timings,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(table)
+    console.print(table, markup=False)
+    return summary
+
+
+def _markdown(
+    cfg: CorrectorExperimentConfig, summaries: dict[str, Any], mech: dict[str, Any]
+) -> str:
+    """Two tables: decoding (head on) and the same-state diagnostics (shadow mode)."""
+    off = summaries["off"].metrics["tpf_run"].mean if "off" in summaries else math.nan
+    head = ["Head", "Acc. (%)", "Reject (%)", "E[L]", "TPF, whole run", "TPF, cycles",
+            "tok/s (CPU)", "tok/s without head time", "head share of time (%)", "ΔTPF vs off"]  # fmt: skip
+    lines = [
+        f"# Corrector ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
+        f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems, same backbone and "
+        "events for every head)\n",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    for a in cfg.arms:
+        m = summaries[a].metrics
+        net = m["tokens_per_s_net"].format(1.0, 0) if _arm(a).trained else "–"
+        share_iv = _share(m)
+        cells = [
+            _arm(a).label, m["accuracy"].format(100, 1), m["rejection"].format(100, 2),
+            m["accept_length"].format(1, 2), m["tpf_run"].format(1, 2),
+            m["tpf_cycles"].format(1, 2), m["tokens_per_s"].format(1, 0), net,
+            share_iv if _arm(a).trained else "–",
+            f"{100 * (m['tpf_run'].mean / off - 1):+.1f} %" if a != "off" else "",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(
+        "\nCells: mean over seeds [95 % Student-t interval]. tok/s: one CPU thread per run, two "
+        "runs at a time on a 2-core machine; 'without head time' removes the head's own "
+        "selection time from the wall clock.\n"
+    )
+    if mech:
+        mh = ["Head", "Rescue / 100 first breakers", "Regression / 100 accepted",
+              "Intervention at first breakers (%)", "Coverage@K (%)", "Mass@K (%)",
+              "ΔL (nats / block)"]  # fmt: skip
+        lines += [
+            "## Same-state diagnostics (shadow mode: head beside the base, same draws)\n",
+            "| " + " | ".join(mh) + " |",
+            "|---|" + "---:|" * (len(mh) - 1),
+        ]
+        for a, d in mech.items():
+            lines.append("| " + " | ".join([
+                _arm(a).label, d["rescue"].format(100, 2), d["regression"].format(100, 2),
+                d["intervention"].format(100, 1), d["coverage"].format(100, 2),
+                d["mass"].format(100, 2), d["delta_logp"].format(1, 3),
+            ]) + " |")  # fmt: skip
+        lines.append(
+            "\nEqual-request rates of each seed's shadow log, then mean [t-interval] across "
+            "seeds. Coverage / mass at the head's own K, at head-off first breakers.\n"
+        )
+    return "\n".join(lines)
+
+
+def _share(m: dict[str, Any]) -> str:
+    """The head's share of decoding wall time, from tok/s with and without it (seed means)."""
+    gross, net = m["tokens_per_s"].mean, m["tokens_per_s_net"].mean
+    if not (gross > 0 and net > 0):
+        return "–"
+    return f"{100 * (1 - gross / net):.1f}"
+
+
+def _plots(
+    cfg: CorrectorExperimentConfig, summaries: dict[str, Any], mech: dict[str, Any], out: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from brisk.runtime.experiment.table import plot_summaries
+
+    plot_summaries([summaries[a] for a in cfg.arms], out / "arms.png")
+    if mech:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        names = list(mech)
+        x = range(len(names))
+        for offset, key, label in ((-0.2, "rescue", "rescue / 100 first breakers"),
+                                   (0.2, "regression", "regression / 100 accepted")):  # fmt: skip
+            means = [100 * mech[a][key].mean for a in names]
+            err = [
+                [100 * (mech[a][key].mean - mech[a][key].low) for a in names],
+                [100 * (mech[a][key].high - mech[a][key].mean) for a in names],
+            ]
+            err = [[0 if math.isnan(v) else v for v in row] for row in err]
+            ax.bar([i + offset for i in x], means, 0.4, yerr=err, label=label, capsize=3)
+        ax.set_xticks(list(x), names, rotation=20)
+        ax.set_ylabel("per 100")
+        ax.legend(frameon=False)
+        ax.set_title("Same-state rescue vs regression (mean over seeds, 95 % t-interval)")
+        fig.tight_layout()
+        fig.savefig(out / "rescue.png", dpi=120)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for a in cfg.arms:
+        metrics = out / "arms" / a / f"seed{cfg.seeds[0]}" / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+        if val:
+            ax.plot(*zip(*val, strict=True), marker="o", ms=3, label=a)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out loss (eq. 6, own target)")
+    ax.set_title(f"Validation loss, seed {cfg.seeds[0]}")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "val_loss.png", dpi=120)
+    plt.close(fig)
