@@ -97,8 +97,10 @@ def micro_events(micro_base: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_store_holds_what_the_head_needs(micro_events: EventStore) -> None:
     s = micro_events
     n, M, K = len(s), s.M, s.K
-    assert (M, K) == (3, 8) and n > 100
-    assert s.mask_hidden.shape == (n, M, s.hidden_size) and s.anchor_hidden.shape == (n, s.hidden_size)
+    assert (M, K) == (3, 8)
+    assert n > 100
+    assert s.mask_hidden.shape == (n, M, s.hidden_size)
+    assert s.anchor_hidden.shape == (n, s.hidden_size)
     assert isinstance(s.mask_hidden, np.memmap)
     logits = np.asarray(s.cand_logits)
     assert np.all(np.diff(logits, axis=-1) <= 0)  # candidates by base logit, descending
@@ -107,7 +109,8 @@ def test_the_store_holds_what_the_head_needs(micro_events: EventStore) -> None:
     sm = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(q_c, sm / sm.sum(-1, keepdims=True), rtol=1e-4, atol=1e-6)
     reached = np.arange(M)[None] <= s.accept_len[:, None]
-    assert np.all(np.isfinite(s.p[reached])) and np.all(np.isnan(s.p[~reached]))
+    assert np.all(np.isfinite(s.p[reached]))
+    assert np.all(np.isnan(s.p[~reached]))
 
 
 def test_the_batch_mask_is_the_accepted_prefix_and_the_first_rejection(
@@ -140,7 +143,8 @@ def test_a_trained_head_lowers_held_out_loss_and_lengthens_accepted_prefixes(
     backbone, head, store = micro_head
     records = [json.loads(x) for x in (store.path.parent / "head" / "metrics.jsonl").open()]
     val = [r["val_loss"] for r in records if "val_loss" in r]
-    assert records[0]["step"] == 0 and val[-1] < 2 / 3 * val[0], val
+    assert records[0]["step"] == 0
+    assert val[-1] < 2 / 3 * val[0], val
     assert any("ce" in r and "kl" in r for r in records)
     prompts = micro_prompts(200, seed=1)
     seeds = range(10**6, 10**6 + 200)
@@ -167,13 +171,15 @@ def test_evaluation_times_the_head(
                                K=8, epochs=1, head="small")  # fmt: skip
     result = train_corrector(cfg, show_progress=False, store=micro_events)
     head = Corrector.from_pretrained(result.checkpoint)
-    assert head.config.K == 8 and head.config.M == 3
+    assert head.config.K == 8
+    assert head.config.M == 3
     task = BaseTrainConfig.load(micro_base / "train_config.json").task
     problems = make_split(task, "test", 10, 1)
     ev = evaluate_checkpoint(micro_base, [p.prompt for p in problems],
                              [p.answer for p in problems], arm="x", seed=0, stride=4,
                              max_new_tokens=24, corrector=head)  # fmt: skip
-    assert ev.head_s > 0 and ev.tokens_per_s_net > ev.tokens_per_s
+    assert ev.head_s > 0
+    assert ev.tokens_per_s_net > ev.tokens_per_s
 
 
 # -- bad input ----------------------------------------------------------------------------------
@@ -209,9 +215,9 @@ def test_events_of_another_backbone_are_refused(micro_events: EventStore, tmp_pa
         EventStore.open(path)
     (path / "_events.json").write_text(json.dumps({**meta, "checkpoint_hash": "0" * 16}))
     cfg = CorrectorTrainConfig(events=str(path), out_dir=str(tmp_path / "out"), K=8)
-    with pytest.raises(ValueError, match="is not the checkpoint .* was collected from"):
+    with pytest.raises(ValueError, match=r"is not the checkpoint .* was collected from"):
         train_corrector(cfg, show_progress=False)
-    with pytest.raises(ValueError, match="K: 9 candidates, but .* holds only K = 8"):
+    with pytest.raises(ValueError, match=r"K: 9 candidates, but .* holds only K = 8"):
         train_corrector(cfg.replace(K=9), show_progress=False, store=micro_events)
 
 
@@ -233,5 +239,7 @@ def test_the_cli_refuses_bad_input_in_one_line(
         capsys.readouterr()
         assert main(argv) == 2
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], lines
-    assert not (tmp_path / "o" / "final").exists() and not (tmp_path / "e").exists()
+        assert len(lines) == 1, lines
+        assert message in lines[0], lines
+    assert not (tmp_path / "o" / "final").exists()
+    assert not (tmp_path / "e").exists()

@@ -116,7 +116,7 @@ class CorrectorExperimentConfig:
             raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
         for name in self.arms:
             K = _arm(name).train.get("K", 16)
-            if K > self.collect.top_k:
+            if self.collect.top_k < K:
                 raise ValueError(
                     f"collect.top_k: {self.collect.top_k} < K = {K} of arm {name!r} (the events "
                     "must hold every arm's candidates)"
@@ -315,7 +315,8 @@ def _markdown(
     """Two tables: decoding (head on) and the same-state diagnostics (shadow mode)."""
     off = summaries["off"].metrics["tpf_run"].mean if "off" in summaries else math.nan
     head = ["Head", "Acc. (%)", "Reject (%)", "E[L]", "TPF, whole run", "TPF, cycles",
-            "tok/s (CPU)", "tok/s without head time", "head share of time (%)", "ΔTPF vs off"]  # fmt: skip
+            "tok/s (CPU)", "tok/s without head time", "head share of time (%)",
+            "ΔTPF vs off"]  # fmt: skip
     lines = [
         f"# Corrector ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems, same backbone and "
