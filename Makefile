@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test lint typecheck bench tiny paper reproduce-proposal venv clean
+.PHONY: demo test lint typecheck bench tiny paper reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,9 @@ paper: $(STAMP)
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).
 reproduce-proposal: $(STAMP)
 	$(BIN)/brisk experiment proposal --config configs/proposal_experiment.toml
+
+reproduce-corrector: $(STAMP)
+	$(BIN)/brisk experiment corrector --config configs/corrector_experiment.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -206,7 +206,7 @@ def _job(cfg: CorrectorExperimentConfig, arm_name: str, seed: int, events: str) 
     tmp = result_file.with_name(".eval.json.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     os.replace(tmp, result_file)
-    return result
+    return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
 
 
 MECH = ("rescue", "regression", "intervention", "coverage", "mass", "delta_logp")
