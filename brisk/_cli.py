@@ -45,3 +45,16 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ValueError(message.removeprefix("argument "))
+
+
+def with_overrides(cfg: T, overrides: dict[str, object], flags: dict[str, str] | None = None) -> T:
+    """``cfg.replace(**overrides)`` for the values the command line gave (not None); an invalid
+    value's error names its flag (``out_dir`` → ``--out`` through ``flags``, ``batch_size`` →
+    ``--batch-size``)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return cfg.replace(**given)  # type: ignore[attr-defined, no-any-return]
+    except ValueError as err:
+        key, _, rest = str(err).partition(":")
+        flag = (flags or {}).get(key, key).replace("_", "-")
+        raise ValueError(f"--{flag}:{rest}") from None

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from brisk._cli import comma_separated
+from brisk._cli import comma_separated, with_overrides
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -152,12 +152,7 @@ def run_proposal(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "save_every": args.save_every, "threads": args.threads,
     }  # fmt: skip
-    flags = {"out_dir": "out"}
-    try:
-        cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as err:
-        key, _, rest = str(err).partition(":")
-        raise ValueError(f"--{flags.get(key, key).replace('_', '-')}:{rest}") from None
+    cfg = with_overrides(cfg, overrides, {"out_dir": "out"})
     if not cfg.init:
         raise ValueError("--init: proposal training needs a checkpoint to start from")
     if not (Path(cfg.init) / "config.json").is_file():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from brisk._cli import with_overrides
+
 __all__ = ["register_experiment", "register_train"]
 
 
@@ -97,12 +99,7 @@ def run_train(args: argparse.Namespace) -> int:
         "seed": args.seed, "save_every": args.save_every, "threads": args.threads,
         "feedback": False if args.no_feedback else None,
     }  # fmt: skip
-    flags = {"out_dir": "out"}
-    try:
-        cfg = cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as err:
-        key, _, rest = str(err).partition(":")
-        raise ValueError(f"--{flags.get(key, key).replace('_', '-')}:{rest}") from None
+    cfg = with_overrides(cfg, overrides, {"out_dir": "out"})
     if not cfg.events:
         raise ValueError("--events: corrector training needs an event store (train corrector "
                          "collect makes one)")  # fmt: skip

@@ -29,12 +29,11 @@ import math
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
@@ -106,14 +105,7 @@ class CorrectorExperimentConfig:
     eval: HeadEvalSection = field(default_factory=HeadEvalSection)
 
     def __post_init__(self) -> None:
-        known = {a.name for a in ARMS}
-        for name in self.arms:
-            if name not in known:
-                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
-        if self.workers < 1:
-            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
+        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
         for name in self.arms:
             K = _arm(name).train.get("K", 16)
             if self.collect.top_k < K:
@@ -155,7 +147,7 @@ def _mechanism(blocks: Path, K: int) -> dict[str, float]:
     }
 
 
-def _job(cfg: CorrectorExperimentConfig, arm_name: str, seed: int, events: str) -> dict[str, Any]:
+def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) -> dict[str, Any]:
     """Train (unless head off), evaluate head-on and in shadow mode; returns both."""
     import torch
 
@@ -230,17 +222,7 @@ def run_corrector_experiment(
     timings: dict[str, float] = {}
 
     # 1. The frozen backbone.
-    if not (Path(cfg.backbone) / "config.json").is_file():
-        from brisk.runtime.train.base import train_base
-        from brisk.runtime.train.config import BaseTrainConfig
-
-        console.print(f"training the backbone ({cfg.base_config}) → {cfg.backbone}")
-        base_cfg = BaseTrainConfig.load(cfg.base_config).replace(
-            out_dir=str(Path(cfg.backbone).parent)
-        )
-        trained = train_base(base_cfg, show_progress=show_progress)
-        if trained.checkpoint.resolve() != Path(cfg.backbone).resolve():
-            raise ValueError(f"backbone: training wrote {trained.checkpoint}, not {cfg.backbone}")
+    ensure_checkpoint(cfg.backbone, cfg.base_config, console, show_progress)
 
     # 2. One event store for every arm.
     events = out / "events"
@@ -260,18 +242,16 @@ def run_corrector_experiment(
     # 3. Arms × seeds in worker processes.
     jobs = [(a, seed) for a in cfg.arms for seed in cfg.seeds]
     t = time.monotonic()
-    results: dict[tuple[str, int], dict[str, Any]] = {}
-    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_job, cfg, a, seed, str(events)): (a, seed) for a, seed in jobs}
-        for done, future in enumerate(as_completed(futures), 1):
-            a, seed = futures[future]
-            results[(a, seed)] = res = future.result()
-            ev = res["eval"]
-            console.print(
-                f"[{done}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
-                f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-                f"({(time.monotonic() - t0) / 60:.1f} min)"
-            )
+
+    def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
+        ev = res["eval"]
+        console.print(
+            f"[{count}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
+            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+            f"({(time.monotonic() - t0) / 60:.1f} min)"
+        )
+
+    results = run_jobs(cfg.workers, _job, jobs, (cfg, str(events)), done)
     timings["arms_s"] = time.monotonic() - t
 
     # 4. Table, plots, the mechanism report of the paper's head.

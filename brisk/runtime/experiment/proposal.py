@@ -26,12 +26,11 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
@@ -108,14 +107,7 @@ class ExperimentConfig:
     eval: EvalSection = field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
-        known = {a.name for a in ARMS}
-        for name in self.arms:
-            if name not in known:
-                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
-        if self.workers < 1:
-            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
+        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentConfig:
@@ -132,7 +124,7 @@ def _arm(name: str) -> Arm:
     return next(a for a in ARMS if a.name == name)
 
 
-def _job(cfg: ExperimentConfig, arm_name: str, seed: int, data_dir: str) -> dict[str, Any]:
+def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict[str, Any]:
     """Train (unless the base arm) and evaluate one arm × seed; returns the evaluation."""
     import torch
 
@@ -193,15 +185,7 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
     timings: dict[str, float] = {}
 
     # 1. The base checkpoint.
-    if not (Path(cfg.base) / "config.json").is_file():
-        from brisk.runtime.train.base import train_base
-        from brisk.runtime.train.config import BaseTrainConfig
-
-        console.print(f"training the base model ({cfg.base_config}) → {cfg.base}")
-        base_cfg = BaseTrainConfig.load(cfg.base_config).replace(out_dir=str(Path(cfg.base).parent))
-        trained = train_base(base_cfg, show_progress=show_progress)
-        if trained.checkpoint.resolve() != Path(cfg.base).resolve():
-            raise ValueError(f"base: training wrote {trained.checkpoint}, expected {cfg.base}")
+    ensure_checkpoint(cfg.base, cfg.base_config, console, show_progress)
     timings["base_s"] = time.monotonic() - t0
 
     # 2. Self-generated data from the base, with the deployed decoder.
@@ -220,18 +204,17 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
     jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
     t = time.monotonic()
     evals: dict[tuple[str, int], CheckpointEval] = {}
-    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_job, cfg, a, seed, str(data_dir)): (a, seed) for a, seed in jobs}
-        for done, future in enumerate(as_completed(futures), 1):
-            a, seed = futures[future]
-            ev = future.result()
-            evals[(a, seed)] = CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v
-                                                 for k, v in ev.items()})  # fmt: skip
-            console.print(
-                f"[{done}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
-                f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-                f"({(time.monotonic() - t0) / 60:.1f} min)"
-            )
+
+    def done(count: int, a: str, seed: int, ev: dict[str, Any]) -> None:
+        evals[(a, seed)] = CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v
+                                             for k, v in ev.items()})  # fmt: skip
+        console.print(
+            f"[{count}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
+            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+            f"({(time.monotonic() - t0) / 60:.1f} min)"
+        )
+
+    run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir)), done)
     timings["arms_s"] = time.monotonic() - t
 
     # 4. The table, the plots and the mechanism report of the best arm.

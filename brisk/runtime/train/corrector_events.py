@@ -132,14 +132,10 @@ class CollectOptions:
     feature_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name in ("problems", "samples", "max_new_tokens", "batch_size", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
-        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 2:
-            raise ValueError(f"stride: need an integer N ≥ 2, got {self.stride!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+        from brisk.runtime.train.selfgen import check_sampling_options
+
+        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "batch_size",
+                                      "top_k"))  # fmt: skip
         if self.feature_dtype not in FEATURE_DTYPES:
             raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
 

@@ -63,17 +63,25 @@ class SelfGenOptions:
     batch_size: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("problems", "samples", "max_new_tokens", "chunk", "batch_size", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
-        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 2:
-            raise ValueError(f"stride: need an integer N ≥ 2, got {self.stride!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "chunk",
+                                      "batch_size", "top_k"))  # fmt: skip
 
     def decode_seed(self, problem: int, sample: int) -> int:
         return self.seed * 10**6 + problem * self.samples + sample
+
+
+def check_sampling_options(options: Any, counts: Sequence[str]) -> None:
+    """Options that sample from the deployed decoder: ``counts`` are integers ≥ 1, ``stride``
+    an integer ≥ 2, ``temperature`` ≥ 0 (errors name the field)."""
+    for name in counts:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
+    stride = options.stride
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 2:
+        raise ValueError(f"stride: need an integer N ≥ 2, got {stride!r}")
+    if not options.temperature >= 0:
+        raise ValueError(f"temperature: must be ≥ 0, got {options.temperature!r}")
 
 
 def _hash_files(files: Sequence[Path]) -> str:
