@@ -1,6 +1,13 @@
-"""Seed every test; one hypothesis profile for the whole suite (derandomized for CI)."""
+"""Seed every test; one hypothesis profile for the whole suite (derandomized for CI); Triton
+kernels run in its interpreter on CPU tensors unless the environment says otherwise (a GPU run
+sets ``TRITON_INTERPRET=0``). Triton reads the variable when a kernel module is imported, so it
+is set here, before any test module imports one."""
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import random
 

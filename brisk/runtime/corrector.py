@@ -22,10 +22,11 @@ from torch import Tensor, nn
 
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.kernels.corrector_step import (
+    IMPLS,
     N_FEATURES,
     SelectOutput,
     StepWeights,
-    corrector_select,
+    select,
 )
 
 __all__ = ["Corrector", "CorrectorConfig", "CorrectorSelection"]
@@ -111,7 +112,17 @@ class CorrectorSelection:
 
 
 class Corrector(nn.Module):
-    """Minimal-GRU reranker over Top-K candidates, gated rank-R residual (eq:candidate_residual)."""
+    """Minimal-GRU reranker over Top-K candidates, gated rank-R residual (eq:candidate_residual).
+
+    ``impl`` chooses the sequential loop at inference (``"auto"``: the fused Triton kernel on
+    CUDA, the naive loop elsewhere; see :func:`brisk.runtime.kernels.corrector_step.select`).
+    Inference reads the candidates' projected rows from two tables folded once per backbone,
+    P_e·E ``[V, D_e]`` and W_c·E_out ``[V, R]`` (:meth:`tables`), instead of gathering
+    ``[B, M, K, H]`` rows of E and E_out every round; training projects the gathered rows, so
+    gradients reach P_e and W_c.
+    """
+
+    impl: str = "auto"
 
     def __init__(self, config: CorrectorConfig) -> None:
         super().__init__()
@@ -144,6 +155,26 @@ class Corrector(nn.Module):
             alpha=self.alpha,
         )
 
+    @torch.no_grad()
+    def tables(self, backbone: Backbone, chunk: int = 16384) -> tuple[Tensor, Tensor]:
+        """The folded tables (P_e·E ``[V, D_e]``, W_c·E_out ``[V, R]``) for ``backbone``, computed
+        once and reused until the head's weights or the backbone change."""
+        w_e, w_c = self.token_proj.weight, self.w_c.weight
+        key = (id(backbone), w_e._version, w_c._version, w_e.data_ptr(), w_c.data_ptr(),
+               w_e.device, w_e.dtype)  # fmt: skip
+        cached = getattr(self, "_tables", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        V, dtype = backbone.vocab_size, w_c.dtype
+        te, tc = [], []
+        for lo in range(0, V, chunk):
+            ids = torch.arange(lo, min(lo + chunk, V), device=w_e.device)
+            te.append(self.token_proj(backbone.embed(ids).to(dtype)))
+            tc.append(self.w_c(backbone.lm_head_rows(ids).to(dtype)))
+        table_e, table_c = torch.cat(te), torch.cat(tc)
+        self._tables = (key, table_e, table_c)
+        return table_e, table_c
+
     def _check(self, backbone: Backbone, mask_hidden: Tensor) -> None:
         c = self.config
         if backbone.hidden_size != c.hidden_size or backbone.vocab_size != c.vocab_size:
@@ -167,21 +198,33 @@ class Corrector(nn.Module):
         temperature: float,
         u: Tensor | None,
         forced: Tensor | None = None,
+        impl: str = "naive",
     ) -> SelectOutput:
         """Project everything that does not depend on earlier selections, in parallel, then run
         the sequential loop (teacher-forced on ``forced [B, M]`` when given)."""
         dtype = self.w_c.weight.dtype
         anchor_emb = backbone.embed(anchor_ids).detach().to(dtype)  # [B, H]
         s0 = torch.tanh(self.init_state(torch.cat([anchor_hidden.to(dtype), anchor_emb], dim=-1)))
-        forced_prev = None
-        if forced is not None:
-            forced_prev = (forced, self.token_proj(backbone.embed(forced).detach().to(dtype)))
-        return corrector_select(
+        if torch.is_grad_enabled():  # training: project gathered rows (gradients reach P_e, W_c)
+
+            def token_rows(ids: Tensor) -> Tensor:
+                return self.token_proj(backbone.embed(ids).detach().to(dtype))
+
+            cand_c = self.w_c(backbone.lm_head_rows(cand_ids).detach().to(dtype))
+        else:  # inference: 64-wide rows of the folded tables
+            table_e, table_c = self.tables(backbone)
+
+            def token_rows(ids: Tensor) -> Tensor:
+                return table_e[ids]
+
+            cand_c = table_c[cand_ids]
+        forced_prev = None if forced is None else (forced, token_rows(forced))
+        return select(
             s0,
             self.hidden_proj(mask_hidden.to(dtype)),  # [B, M, Dh]
-            self.token_proj(anchor_emb),  # [B, De]
-            self.token_proj(backbone.embed(cand_ids).detach().to(dtype)),  # [B, M, K, De]
-            self.w_c(backbone.lm_head_rows(cand_ids).detach().to(dtype)),  # [B, M, K, R]
+            token_rows(anchor_ids),  # [B, De]
+            token_rows(cand_ids),  # [B, M, K, De]
+            cand_c,  # [B, M, K, R]
             cand_logits.to(dtype),
             cand_ids,
             anchor_ids,
@@ -190,6 +233,7 @@ class Corrector(nn.Module):
             u=u,
             forced_prev=forced_prev,
             feedback=self.config.prefix_feedback,
+            impl=impl,
         )
 
     def forward(
@@ -223,6 +267,7 @@ class Corrector(nn.Module):
         cand_ids: Tensor,
         temperature: float = 0.0,
         u: Tensor | None = None,
+        impl: str | None = None,
     ) -> CorrectorSelection:
         """Choose a block among the Top-K candidates of the MASK slots.
 
@@ -230,8 +275,11 @@ class Corrector(nn.Module):
         in descending order (what ``topk`` returns; a tensor-parallel vocabulary has exactly
         these, never the full ``[B, M, V]``). ``temperature`` 0 takes the argmax of the refined
         logits; T > 0 samples from π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be
-        given, with the uniforms ``u [B, M]`` (required then).
+        given, with the uniforms ``u [B, M]`` (required then). ``impl`` overrides ``self.impl``.
         """
+        impl = self.impl if impl is None else impl
+        if impl not in IMPLS:
+            raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
         self._check(backbone, mask_hidden)
         K = self.config.K
         if cand_logits.shape != cand_ids.shape or cand_ids.shape[1:] != (self.config.M, K):
@@ -244,7 +292,7 @@ class Corrector(nn.Module):
         dtype = self.w_c.weight.dtype
         cand_logits = cand_logits.to(dtype)
         out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
-                        temperature=temperature, u=u)  # fmt: skip
+                        temperature=temperature, u=u, impl=impl)  # fmt: skip
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
         return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
 
