@@ -123,6 +123,7 @@ class Corrector(nn.Module):
     """
 
     impl: str = "auto"
+    fold_tables: bool = True  # False: project gathered E / E_out rows every round (benchmarks)
 
     def __init__(self, config: CorrectorConfig) -> None:
         super().__init__()
@@ -205,7 +206,7 @@ class Corrector(nn.Module):
         dtype = self.w_c.weight.dtype
         anchor_emb = backbone.embed(anchor_ids).detach().to(dtype)  # [B, H]
         s0 = torch.tanh(self.init_state(torch.cat([anchor_hidden.to(dtype), anchor_emb], dim=-1)))
-        if torch.is_grad_enabled():  # training: project gathered rows (gradients reach P_e, W_c)
+        if torch.is_grad_enabled() or not self.fold_tables:  # gradients reach P_e and W_c
 
             def token_rows(ids: Tensor) -> Tensor:
                 return self.token_proj(backbone.embed(ids).detach().to(dtype))

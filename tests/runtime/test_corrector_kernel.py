@@ -255,3 +255,15 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     assert [r.accept_lengths for r in outs["triton"].requests] == [
         r.accept_lengths for r in outs["naive"].requests
     ]
+
+
+def test_cuda_graphs_need_cuda() -> None:
+    from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
+
+    head = randomized(CorrectorConfig.small(16, 40, M=3, K=4))
+    if torch.cuda.is_available():
+        pytest.skip("the CPU error path; the GPU path runs in the benchmark")
+    with pytest.raises(
+        ValueError, match="device: CUDA graphs need a CUDA device, the head is on cpu"
+    ):
+        CorrectorGraphs(head, TableBackbone(40, 16))
