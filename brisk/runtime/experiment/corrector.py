@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
+from brisk.runtime.experiment.proposal import EvalSection
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
@@ -82,12 +83,7 @@ class HeadTrainSection:
 
 
 @dataclass(frozen=True)
-class HeadEvalSection:
-    problems: int = 200
-    temperature: float = 1.0
-    max_new_tokens: int = 160
-    problem_seed: int = 1
-    batch_size: int = 100
+class HeadEvalSection(EvalSection):
     shadow: bool = True  # the same-state diagnostics of every trained arm × seed
 
 

@@ -220,14 +220,12 @@ def collect_from_checkpoint(
 ) -> EventStore:
     """Events of a tiny-world checkpoint on its training problems, graded by answer match."""
     from rich.progress import Progress
-    from transformers import AutoTokenizer
 
-    from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.prompts import completion_text, encode_prompts, isd_options
+    from brisk.runtime.prompts import completion_text, encode_prompts
     from brisk.runtime.tiny.grader import grade
     from brisk.runtime.tiny.task import make_split
     from brisk.runtime.train.config import BaseTrainConfig
-    from brisk.runtime.train.selfgen import checkpoint_hash, tokenizer_hash
+    from brisk.runtime.train.selfgen import checkpoint_hash, deployed_decoder, tokenizer_hash
 
     checkpoint = Path(checkpoint)
     cfg_file = checkpoint / "train_config.json"
@@ -236,11 +234,7 @@ def collect_from_checkpoint(
                          "tiny-world checkpoint)")  # fmt: skip
     task = BaseTrainConfig.load(cfg_file).task
     problems = make_split(task, "train", options.problems, options.problem_seed)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    backbone = HFBackbone.from_pretrained(checkpoint)
-    backbone.model.eval()
-    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
-                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
+    tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
     index = [(i, s) for i in range(len(problems)) for s in range(options.samples)]
     prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
     seeds = [options.decode_seed(i, s) for i, s in index]

@@ -178,11 +178,9 @@ def generate_dataset(
     import pyarrow.parquet as pq
     import torch
     from rich.progress import Progress
-    from transformers import AutoTokenizer
 
-    from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.isd import decode
-    from brisk.runtime.prompts import completion_text, encode_prompts, isd_options
+    from brisk.runtime.prompts import completion_text, encode_prompts
     from brisk.runtime.tiny.grader import grade
     from brisk.runtime.tiny.task import make_split
 
@@ -205,11 +203,7 @@ def generate_dataset(
 
     task = provenance_task(provenance)
     problems = make_split(task, "train", options.problems, options.problem_seed)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    backbone = HFBackbone.from_pretrained(checkpoint)
-    backbone.model.eval()
-    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
-                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
+    tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
     M, R = dec.M, options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
@@ -266,6 +260,23 @@ def generate_dataset(
             correct += sum(grades)
             written += 1
     return SelfGenResult(out, rows, correct, written, skipped)
+
+
+def deployed_decoder(checkpoint: str | Path, options: Any) -> tuple[Any, Any, Any]:
+    """The tokenizer, the backbone (eval mode) and the ISD options (head off, stopping at the
+    tokenizer's EOS) that sample from ``checkpoint`` with ``options``' stride, temperature,
+    Top-K and token budget."""
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.prompts import isd_options
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    backbone = HFBackbone.from_pretrained(checkpoint)
+    backbone.model.eval()
+    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
+                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
+    return tokenizer, backbone, dec
 
 
 def read_dataset(out: str | Path) -> Any:
