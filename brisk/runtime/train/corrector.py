@@ -280,7 +280,7 @@ def train_corrector(
                         record = {"step": step, "epoch": epoch, "loss": float(loss.loss.detach()),
                                   "ce": float(loss.ce.detach()), "kl": float(loss.kl.detach()),
                                   "positions": loss.positions, "grad_norm": float(grad_norm),
-                                  "gate": float(torch.sigmoid(head.alpha))}  # fmt: skip
+                                  "gate": float(torch.sigmoid(head.alpha.detach()))}  # fmt: skip
                         metrics.write(json.dumps(record) + "\n")
                     if step % eval_every == 0 or step == total:
                         last = validation(head, backbone, store, val_idx, cfg)
