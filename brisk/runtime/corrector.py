@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,14 @@ class Corrector(nn.Module):
     @torch.no_grad()
     def tables(self, backbone: Backbone, chunk: int = 16384) -> tuple[Tensor, Tensor]:
         """The folded tables (P_e·E ``[V, D_e]``, W_c·E_out ``[V, R]``) for ``backbone``, computed
-        once and reused until the head's weights or the backbone change."""
+        once and reused until the head's weights (through their optimizer updates or
+        ``load_state_dict``) or the backbone object change. The backbone's E and E_out are
+        frozen by contract; edit them in place and call :meth:`drop_tables`."""
         w_e, w_c = self.token_proj.weight, self.w_c.weight
-        key = (id(backbone), w_e._version, w_c._version, w_e.data_ptr(), w_c.data_ptr(),
-               w_e.device, w_e.dtype)  # fmt: skip
+        key = (w_e._version, w_c._version, w_e.data_ptr(), w_c.data_ptr(), w_e.device, w_e.dtype)
         cached = getattr(self, "_tables", None)
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
+        if cached is not None and cached[0] == key and cached[1]() is backbone:
+            return cached[2], cached[3]
         V, dtype = backbone.vocab_size, w_c.dtype
         te, tc = [], []
         for lo in range(0, V, chunk):
@@ -173,8 +175,17 @@ class Corrector(nn.Module):
             te.append(self.token_proj(backbone.embed(ids).to(dtype)))
             tc.append(self.w_c(backbone.lm_head_rows(ids).to(dtype)))
         table_e, table_c = torch.cat(te), torch.cat(tc)
-        self._tables = (key, table_e, table_c)
+        # the backbone by weak reference: a new backbone never matches a dead one's address
+        self._tables = (key, weakref.ref(backbone), table_e, table_c)
         return table_e, table_c
+
+    def drop_tables(self) -> None:
+        """Forget the folded tables (they are recomputed on the next inference call)."""
+        self._tables = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Corrector:  # .to(), .cuda(), .float()
+        self.drop_tables()
+        return super()._apply(fn, recurse)  # type: ignore[no-any-return]
 
     def _check(self, backbone: Backbone, mask_hidden: Tensor) -> None:
         c = self.config

