@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -58,3 +59,17 @@ def with_overrides(cfg: T, overrides: dict[str, object], flags: dict[str, str] |
         key, _, rest = str(err).partition(":")
         flag = (flags or {}).get(key, key).replace("_", "-")
         raise ValueError(f"--{flag}:{rest}") from None
+
+
+def config_from_args(
+    cls: Any, config: Path | None, overrides: dict[str, object], flags: dict[str, str] | None = None
+) -> Any:
+    """``cls`` read from ``config`` (``--config``; the defaults without one), then
+    :func:`with_overrides`; errors name the flag."""
+    cfg = cls()
+    if config is not None:
+        try:
+            cfg = cls.load(config)
+        except ValueError as err:
+            raise ValueError(f"--config: {err}") from None
+    return with_overrides(cfg, overrides, flags)

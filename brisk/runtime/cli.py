@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from brisk._cli import comma_separated, with_overrides
+from brisk._cli import comma_separated, config_from_args
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,12 +139,6 @@ def run_selfgen(args: argparse.Namespace) -> int:
 def run_proposal(args: argparse.Namespace) -> int:
     from brisk.runtime.train.proposal_config import ProposalTrainConfig
 
-    cfg = ProposalTrainConfig()
-    if args.config is not None:
-        try:
-            cfg = ProposalTrainConfig.load(args.config)
-        except ValueError as err:
-            raise ValueError(f"--config: {err}") from None
     overrides = {
         "init": args.init, "dataset": args.dataset, "out_dir": args.out, "data": args.data,
         "weights": args.weights, "profile": args.profile, "stride": args.stride,
@@ -152,7 +146,7 @@ def run_proposal(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
         "save_every": args.save_every, "threads": args.threads,
     }  # fmt: skip
-    cfg = with_overrides(cfg, overrides, {"out_dir": "out"})
+    cfg = config_from_args(ProposalTrainConfig, args.config, overrides, {"out_dir": "out"})
     if not cfg.init:
         raise ValueError("--init: proposal training needs a checkpoint to start from")
     if not (Path(cfg.init) / "config.json").is_file():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from brisk._cli import with_overrides
+from brisk._cli import config_from_args
 
 __all__ = ["register_experiment", "register_train"]
 
@@ -87,19 +87,13 @@ def run_collect(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 
-    cfg = CorrectorTrainConfig()
-    if args.config is not None:
-        try:
-            cfg = CorrectorTrainConfig.load(args.config)
-        except ValueError as err:
-            raise ValueError(f"--config: {err}") from None
     overrides = {
         "events": args.events, "out_dir": args.out, "K": args.K, "target": args.target,
         "beta": args.beta, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
         "seed": args.seed, "save_every": args.save_every, "threads": args.threads,
         "feedback": False if args.no_feedback else None,
     }  # fmt: skip
-    cfg = with_overrides(cfg, overrides, {"out_dir": "out"})
+    cfg = config_from_args(CorrectorTrainConfig, args.config, overrides, {"out_dir": "out"})
     if not cfg.events:
         raise ValueError("--events: corrector training needs an event store (train corrector "
                          "collect makes one)")  # fmt: skip

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
-from brisk.runtime.experiment.proposal import EvalSection
+from brisk.runtime.experiment.proposal import EvalSection, SelfGenSection
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
@@ -62,14 +62,10 @@ PAPER_ARM = "distilled"
 
 
 @dataclass(frozen=True)
-class CollectSection:
+class CollectSection(SelfGenSection):
     problems: int = 2000
     samples: int = 2
-    temperature: float = 1.0
-    top_k: int = 32
-    max_new_tokens: int = 160
-    problem_seed: int = 0
-    seed: int = 0
+    top_k: int = 32  # candidates kept: every arm's K must be ≤ this
 
 
 @dataclass(frozen=True)

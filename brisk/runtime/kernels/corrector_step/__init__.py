@@ -10,6 +10,7 @@ not support the inputs (a dtype, a width) or gradients are needed (the kernel ha
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import warnings
@@ -48,6 +49,7 @@ def _warn_once(reason: str) -> None:
                       RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
+@functools.cache  # once per process: select runs every verify round
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
