@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The serving extra lives in its own virtualenv: sglang pins an older transformers than brisk's.
+SVENV  := .venv-serving
+SBIN   := $(SVENV)/bin
+SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test lint typecheck bench tiny paper reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck bench tiny paper reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -15,6 +19,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# torch and triton from constraints.txt, sglang without its CUDA dependency set, brisk without
+# dependencies (requirements-serving.txt lists what both need), and the entry point registered.
+serving-venv: $(SSTAMP)
+
+$(SSTAMP): pyproject.toml constraints.txt requirements-serving.txt
+	$(PYTHON) -m venv $(SVENV)
+	$(SBIN)/pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0 triton
+	$(SBIN)/pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
+	$(SBIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-serving.txt
+	$(SBIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(SSTAMP)
 
 # The theory table and Figure 2, then the mechanism report on a seeded synthetic block log.
 demo: $(STAMP)
@@ -61,8 +77,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# brisk's suite in .venv, then the SGLang contract tests and `brisk bench serve` in .venv-serving.
 test: lint typecheck
 	$(BIN)/pytest -n 2
+	$(MAKE) test-serving
+
+test-serving: $(SSTAMP)
+	$(SBIN)/pytest tests/serving
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/theory_bench.py
@@ -71,4 +92,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/decode_bench.py --model $(TINY)/base/final
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SVENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,18 @@
+"""Serving brisk on SGLang: the plugin, its algorithm options and the serving benchmark.
+
+- :mod:`~brisk.runtime.serving.options` — :class:`BriskISDOptions`, the ``--dllm-algorithm-config``
+  YAML of the ``BriskISD`` algorithm (no SGLang needed);
+- :mod:`~brisk.runtime.serving.plugin` — ``register()``, the ``sglang.srt.plugins`` entry point:
+  adds ``BriskISD`` to SGLang's dLLM algorithms, admits Qwen3-layout models with a mask token,
+  and installs the DFlash reranking hook;
+- :mod:`~brisk.runtime.serving.algorithm` — ``BriskISD``, a ``DllmAlgorithm`` around brisk's
+  batched ISD step;
+- :mod:`~brisk.runtime.serving.dflash` — the corrector over DFlash's Top-K draft candidates;
+- :mod:`~brisk.runtime.serving.bench` — ``brisk bench serve``: the paper's serving sweep over
+  ``sglang.benchmark.serving``, with paired ratios;
+- :mod:`~brisk.runtime.serving.loopback` — a small OpenAI-compatible server with a known speed,
+  which the sweep is tested against.
+
+SGLang is an optional extra (``brisk[serving]``): only the plugin, algorithm and DFlash modules
+import it, and importing :mod:`brisk` or this package imports nothing of it.
+"""

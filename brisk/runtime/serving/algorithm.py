@@ -1,0 +1,323 @@
+"""``BriskISD``: SGLang's ``DllmAlgorithm`` for ISD with exact verification and the corrector.
+
+One ``run`` is one forward of the batch, each request a row of brisk's batched step
+(:func:`brisk.runtime.isd.batched.step`) and its ISD state carried by SGLang in the request's
+``dllm_algo_state`` between forwards. SGLang's block is the I-DLM round of 2N − 1 slots:
+
+- verify round ``[pending, x_1..x_M, MASK×M]``; cold start ``[pending, MASK×M, MASK×M]`` (the
+  trailing MASKs only pad: attention in the block is causal, so slots 0..M never see them);
+- the logit at slot t predicts the token after slot t: p_1..p_{M+1} verify the block and give the
+  bonus, the MASK slots propose the next block (q restricted to its Top-K, or the corrector).
+
+The contract with the scheduler, per request and forward (``run``'s return):
+
+- ``next_token_ids_list[i]``: the committed tokens, L + 1 of them (accepted x_1..x_L and the
+  correction or bonus; one after a cold start). Stops (EOS, max tokens, stop strings) are the
+  scheduler's: the algorithm never cuts;
+- ``accept_length_per_req[i]``: how many of the block's slots keep their KV, from slot 0 on
+  (pending and the accepted drafts, L + 1; 1 after a cold start). The last committed token is
+  the next forward's pending, at slot 0, so its KV is written then;
+- ``states[i]``: the row's ISD state; a request's first forward gets ``None`` and its slot 0
+  holds the pending token (the prompt's last one: prefill leaves it out of the KV cache).
+
+The scheduler side of this contract (variable-length commits, the block placed at the request's
+KV length, KV kept for ``accept_length`` slots) is what the I-DLM fork overrides in SGLang; 0.5.23
+commits whole blocks, so ``configure_server_args`` refuses to start a server whose scheduler does
+not declare it (``SUPPORTS_VARIABLE_COMMIT``), with that message. The algorithm itself is tested
+against brisk's reference ISD through a model runner that honours the contract
+(``tests/serving``).
+
+Uniforms are :func:`~brisk.runtime.sampling.counter_uniforms` of (the request's sampling seed or
+the config's ``seed``, its request key, its forward counter, slot), so a request's tokens do not
+depend on the batch it runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from sglang.srt.dllm.algorithm.base import DllmAlgorithm
+from sglang.srt.dllm.config import DllmConfig
+from torch import Tensor
+
+from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd.batched import ISDState, StepContext, init_state, step
+from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.serving.options import BriskISDOptions, OptionError
+
+__all__ = ["BriskISD", "ModelHeads", "validate_sampling"]
+
+# A forward commits ≥ 1 token and SGLang stops requests itself: the step's own budget is unused.
+_NO_BUDGET = 1 << 40
+
+
+class ModelHeads:
+    """What the corrector reads of the served model: E (input embeddings) and E_out (LM head
+    rows), for a Qwen3-layout ``model`` (``model.model.embed_tokens``, ``model.lm_head``), which
+    SGLang's and transformers' modules share."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        inner = getattr(model, "model", None)
+        embed = getattr(inner, "embed_tokens", None)
+        head = getattr(model, "lm_head", None)
+        if embed is None or head is None or not hasattr(head, "weight"):
+            raise RuntimeError(
+                "corrector: the served model has no model.embed_tokens / lm_head.weight "
+                f"(a Qwen3-layout model is needed), got {type(model).__name__}"
+            )
+        self._embed, self._head = embed, head
+        self.vocab_size = int(head.weight.shape[0])
+        self.hidden_size = int(head.weight.shape[1])
+        self.device = head.weight.device
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self._embed(ids)  # type: ignore[no-any-return]
+
+    def lm_head_rows(self, ids: Tensor) -> Tensor:
+        return self._head.weight[ids]  # type: ignore[no-any-return]
+
+
+def validate_sampling(params: Any, temperature: float) -> str | None:
+    """Why a request's sampling parameters cannot be served at ``temperature`` (or None).
+
+    ISD is exact for plain sampling from p at the server's temperature (greedy: its argmax);
+    truncation (top-k, top-p, min-p), penalties and logit processors change p per request and
+    are not part of verification."""
+    t = float(getattr(params, "temperature", 1.0))
+    top_k = int(getattr(params, "top_k", -1))
+    greedy = t == 0 or top_k == 1
+    if (temperature == 0) != greedy or (not greedy and abs(t - temperature) > 1e-6):
+        asked = "greedy" if greedy else f"temperature {t}"
+        served = "greedy" if temperature == 0 else f"temperature {temperature}"
+        return f"BriskISD serves {served} (its algorithm config); this request asks for {asked}"
+    if not greedy:
+        for name, neutral in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0)):
+            if getattr(params, name, neutral) not in (neutral, None) and not (
+                name == "top_k" and getattr(params, name) >= (1 << 30)
+            ):
+                return f"BriskISD verifies plain sampling from p: {name} is not supported"
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(params, name, 0.0) not in (0.0, None):
+            return f"BriskISD verifies against the model's p: {name} is not supported"
+    if getattr(params, "repetition_penalty", 1.0) not in (1.0, None):
+        return "BriskISD verifies against the model's p: repetition_penalty is not supported"
+    return None
+
+
+class BriskISD(DllmAlgorithm):
+    """ISD (+ corrector) through brisk's batched step; module doc for the scheduler contract."""
+
+    supported_architectures: tuple[str, ...] = ()  # admitted by brisk's DllmConfig hook
+
+    def __init__(self, config: DllmConfig) -> None:
+        super().__init__(config)
+        self.options = BriskISDOptions.from_mapping(config.algorithm_config)
+        if self.block_size != self.options.block_size:
+            raise OptionError(
+                f"block_size: {self.block_size} from SGLang, BriskISD needs 2N − 1 = "
+                f"{self.options.block_size} at stride {self.options.stride}"
+            )
+        opt = self.options
+        self.corrector = Corrector.from_pretrained(opt.corrector) if opt.corrector else None
+        if self.corrector is not None:
+            self.corrector.impl = opt.impl
+            if self.corrector.config.M != opt.M:
+                raise OptionError(
+                    f"corrector: built for M = {self.corrector.config.M}, stride "
+                    f"{opt.stride} gives M = {opt.M}"
+                )
+        K = self.corrector.config.K if self.corrector is not None else opt.top_k
+        self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature,
+                              max_new_tokens=_NO_BUDGET, shadow=opt.shadow, top_k=K)  # fmt: skip
+        self.K = K
+        self.logger = BlockLogger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
+        self._heads: ModelHeads | None = None
+        self.forwards = 0  # server counters: TPF = tokens / forwards
+        self.tokens = 0
+
+    @classmethod
+    def configure_server_args(cls, server_args: Any) -> None:
+        scheduler = _scheduler_mixin()
+        if not getattr(scheduler, "SUPPORTS_VARIABLE_COMMIT", False):
+            raise RuntimeError(
+                "--dllm-algorithm BriskISD: this SGLang's dLLM scheduler commits whole blocks; "
+                "ISD commits L + 1 tokens per forward and keeps the KV of L + 1 slots (the "
+                "I-DLM fork's scheduler overrides), which SGLang 0.5.23 does not have"
+            )
+
+    @classmethod
+    def validate_request(cls, req: Any) -> str | None:
+        config = getattr(req, "dllm_config", None)
+        options = BriskISDOptions.from_mapping(getattr(config, "algorithm_config", None))
+        if getattr(req, "return_logprob", False):
+            return "BriskISD does not return logprobs"
+        return validate_sampling(req.sampling_params, options.temperature)
+
+    def close(self) -> None:
+        """Flush and close the block log (atomically written row groups)."""
+        if self.logger is not None:
+            self.logger.close()
+
+    # -- one forward
+    def _context(self, model: torch.nn.Module) -> StepContext:
+        heads = None
+        if self.corrector is not None:
+            if self._heads is None:
+                self._heads = ModelHeads(model)
+                c = self.corrector.config
+                if (self._heads.hidden_size, self._heads.vocab_size) != (c.hidden_size,
+                                                                          c.vocab_size):
+                    raise OptionError(
+                        f"corrector: trained for hidden {c.hidden_size} / vocab {c.vocab_size}, "
+                        f"the served model has {self._heads.hidden_size} / "
+                        f"{self._heads.vocab_size}"
+                    )
+                self.corrector.to(self._heads.device)
+            heads = self._heads
+        return StepContext(self.isd, self.K, heads, self.corrector,  # type: ignore[arg-type]
+                           log=self.logger is not None)  # fmt: skip
+
+    def _new_rows(self, forward_batch: Any, index: list[int], ctx: StepContext) -> ISDState:
+        ids = forward_batch.input_ids.view(forward_batch.batch_size, self.block_size)
+        device = ids.device
+        idx = torch.tensor(index, device=device)
+        seeds = _request_seeds(forward_batch, self.options.seed).to(device)[idx]
+        keys = _request_keys(forward_batch).to(device)[idx]
+        pending = ids[idx, 0].tolist()
+        # a one-token "prompt": the row starts at its pending token; the step's own output
+        # buffer is replaced by the one-round view, so it is allocated at its smallest
+        small = dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, max_new_tokens=1))
+        rows = init_state([[t] for t in pending], seeds, keys, small, device)
+        prefix = getattr(forward_batch, "extend_prefix_lens", None)
+        if prefix is not None:  # offsets in the request's own sequence, for the block log
+            rows = dataclasses.replace(rows, prompt_len=prefix.to(device)[idx].long() + 1)
+        return _serving_view(rows, ctx.M)
+
+    def run(
+        self, model_runner: Any, forward_batch: Any, algo_states: list[Any] | None = None
+    ) -> tuple[Any, list[list[int]], list[int], list[Any], bool]:
+        B, S, M = forward_batch.batch_size, self.block_size, self.options.M
+        ctx = self._context(model_runner.model)
+        states = list(algo_states) if algo_states is not None else [None] * B
+        fresh = [i for i, s in enumerate(states) if s is None]
+        if fresh:
+            new = self._new_rows(forward_batch, fresh, ctx)
+            for j, i in enumerate(fresh):
+                states[i] = new.select(torch.tensor([j], device=new.seed.device))
+        state = _serving_view(_cat(states), M)
+        self.prepare_inputs(model_runner, forward_batch, [state])
+
+        out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+        lo = out.logits_output
+        logits = lo.full_logits.view(B, S, -1)
+        hidden = getattr(lo, "hidden_states", None)
+        if hidden is None:
+            if self.corrector is not None:
+                raise RuntimeError("BriskISD: the corrector needs the forward's hidden states")
+            hidden = logits.new_zeros(B, S, 1)
+        result = step(state, logits, hidden.view(B, S, -1), ctx)
+        if self.logger is not None:
+            self._log(state, result, logits)
+
+        new = result.state
+        n_out, keep = new.n_out.tolist(), result.keep.sum(1).tolist()
+        committed = [new.out[i, : n_out[i]].tolist() for i in range(B)]
+        self.forwards += B
+        self.tokens += sum(n_out)
+        rows = [new.select(torch.tensor([i], device=new.seed.device)) for i in range(B)]
+        return lo, committed, keep, rows, bool(out.can_run_graph)
+
+    def prepare_inputs(self, model_runner: Any, forward_batch: Any, states: list[Any]) -> None:
+        """Write each row's slots into ``forward_batch.input_ids`` in place (CUDA-graph safe):
+        ``[pending, x_1..x_M or MASK×M, MASK×M]``."""
+        (state,) = states
+        M, ids = self.options.M, forward_batch.input_ids.view(-1, self.block_size)
+        slots = torch.full_like(ids, self.mask_id)
+        slots[:, 0] = state.pending
+        slots[:, 1 : M + 1] = torch.where(state.verify[:, None], state.draft.tokens, self.mask_id)
+        ids.copy_(slots)
+        if self.corrector is not None:
+            _capture_hidden(forward_batch)
+
+    def _log(self, state: ISDState, result: Any, logits: Tensor) -> None:
+        assert self.logger is not None
+        rows = result.verified.nonzero()[:, 0]
+        if not len(rows):
+            return
+        M = self.options.M
+        draft = result.verified_draft.select(rows)
+        self.logger.log_round(
+            BlockRecord.from_round(
+                request_id=state.request[rows], block_index=state.block_index[rows],
+                draft=draft, verifier_logits=logits[rows, : M + 1],
+                temperature=self.options.temperature, u=result.u[rows, 1 : 1 + M],
+                accept_len=result.accept_len[rows],
+            ),
+            draft,
+        )  # fmt: skip
+
+
+def _serving_view(state: ISDState, M: int) -> ISDState:
+    """The state with a one-round output buffer: SGLang takes each round's tokens at once, so a
+    row never holds its whole output (and its accept-length log holds only this round)."""
+    B, device = state.seed.shape[0], state.seed.device
+    stats = dataclasses.replace(
+        state.stats,
+        accept_log=torch.full((B, 1), -1, dtype=torch.long, device=device),
+        rounds=torch.zeros(B, dtype=torch.long, device=device),
+    )
+    return dataclasses.replace(
+        state,
+        out=torch.zeros(B, M + 1, dtype=torch.long, device=device),
+        n_out=torch.zeros(B, dtype=torch.long, device=device),
+        stats=stats,
+    )
+
+
+def _cat(rows: list[Any]) -> Any:
+    """Rows (one-row states) back into one batch: each ``[1, …]`` tensor field concatenated."""
+    first = rows[0]
+    values = {}
+    for f in dataclasses.fields(first):
+        value = getattr(first, f.name)
+        if dataclasses.is_dataclass(value):
+            value = _cat([getattr(r, f.name) for r in rows])
+        elif isinstance(value, Tensor):
+            value = torch.cat([getattr(r, f.name) for r in rows])
+        elif value is None or isinstance(value, bool):
+            pass
+        values[f.name] = value
+    return type(first)(**values)
+
+
+def _request_seeds(forward_batch: Any, default: int) -> Tensor:
+    info = getattr(forward_batch, "sampling_info", None)
+    seeds = getattr(info, "sampling_seed", None)
+    if seeds is None:
+        return torch.full((forward_batch.batch_size,), default, dtype=torch.long)
+    return seeds.to(torch.long)
+
+
+def _request_keys(forward_batch: Any) -> Tensor:
+    """A request's key for its uniforms: its request-pool row, fixed for the request's life."""
+    return forward_batch.req_pool_indices.to(torch.long)
+
+
+def _capture_hidden(forward_batch: Any) -> None:
+    try:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    except ImportError:  # pragma: no cover - the plugin runs inside SGLang
+        return
+    forward_batch.capture_hidden_mode = CaptureHiddenMode.FULL
+
+
+def _scheduler_mixin() -> Any:
+    from sglang.srt.dllm.mixin.scheduler import SchedulerDllmMixin
+
+    return SchedulerDllmMixin
+
+
+Algorithm = BriskISD
