@@ -282,13 +282,17 @@ def _cat(rows: list[Any]) -> Any:
     first = rows[0]
     values = {}
     for f in dataclasses.fields(first):
-        value = getattr(first, f.name)
+        column = [getattr(r, f.name) for r in rows]
+        value = column[0]
         if dataclasses.is_dataclass(value):
-            value = _cat([getattr(r, f.name) for r in rows])
-        elif isinstance(value, Tensor):
-            value = torch.cat([getattr(r, f.name) for r in rows])
-        elif value is None or isinstance(value, bool):
-            pass
+            value = _cat(column)
+        elif any(isinstance(v, Tensor) for v in column):
+            # an optional draft field a fresh row lacks (it verifies nothing): zeros stand in
+            like = next(v for v in column if isinstance(v, Tensor))
+            value = torch.cat([v if isinstance(v, Tensor) else torch.zeros_like(like)
+                               for v in column])  # fmt: skip
+        elif isinstance(value, bool):
+            value = any(column)
         values[f.name] = value
     return type(first)(**values)
 
