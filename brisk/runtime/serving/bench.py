@@ -1,0 +1,325 @@
+"""``brisk bench serve``: the paper's serving protocol over ``sglang.benchmark.serving``.
+
+For every concurrency C (default 1, 2, 4, 8, 16, 32) and run (default 3), one
+``sglang.benchmark.serving`` run against each server: ``--dataset-name random-ids`` prompts of a
+fixed length, exactly ``output_len`` (default 2,048) generated tokens per request
+(``--random-range-ratio 1.0``, EOS ignored), ``--max-concurrency C`` over ``prompts_per_c · C``
+requests. With two servers the runs interleave (A then B for each C and run), so each ratio is
+paired under the same conditions.
+
+Per (server, C), over the runs:
+
+- **aggregate TPS**: generated tokens ÷ the run's duration, mean and 95 % t-interval;
+- **median request TPS**: a request's tokens ÷ its end-to-end latency (first token + the inter-
+  token gaps), median over every request of every run;
+- **p95 latency**: 95th percentile of end-to-end request latency, pooled;
+- **TPF**: the server's own counter after the run (``/server_info``'s ``avg_spec_accept_length``,
+  which ``sglang.benchmark.serving`` reports as the accept length); empty when it has none.
+
+Comparison: per C the paired ratios B ÷ A of aggregate TPS, their geometric mean over runs with a
+t-interval on the log scale; across C the geometric mean of the per-C ratios (the paper's
+summary), its interval from the runs' own geometric means across C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brisk.runtime.experiment.evaluate import Interval
+
+__all__ = [
+    "CONCURRENCIES",
+    "RatioRow",
+    "Run",
+    "ServeBenchOptions",
+    "SweepRow",
+    "compare",
+    "markdown",
+    "run_once",
+    "summarize",
+    "sweep",
+]
+
+CONCURRENCIES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class ServeBenchOptions:
+    concurrencies: tuple[int, ...] = CONCURRENCIES
+    runs: int = 3
+    input_len: int = 128
+    output_len: int = 2048
+    prompts_per_c: int = 4
+    temperature: float = 0.0
+    seed: int = 0
+    warmup_requests: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.concurrencies or any(
+            not isinstance(c, int) or c < 1 for c in self.concurrencies
+        ):
+            raise ValueError(f"concurrency: need integers ≥ 1, got {self.concurrencies!r}")
+        for name in ("runs", "input_len", "output_len", "prompts_per_c"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')}: need an integer ≥ 1, got {value!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature: need ≥ 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``sglang.benchmark.serving`` run of one server at one concurrency."""
+
+    server: str
+    concurrency: int
+    run: int
+    duration_s: float
+    completed: int
+    output_tokens: int
+    aggregate_tps: float
+    request_tps: list[float] = field(repr=False)
+    e2e_s: list[float] = field(repr=False)
+    tpf: float | None
+
+    @classmethod
+    def from_result(cls, server: str, concurrency: int, run: int, result: dict[str, Any]) -> Run:
+        """From one line of ``--output-file`` written with ``--output-details``."""
+        lens, ttfts, itls = result["output_lens"], result["ttfts"], result["itls"]
+        errors = [e for e in result.get("errors", []) if e]
+        if errors:
+            raise RuntimeError(f"{server}: {len(errors)} request(s) failed at C = {concurrency}, "
+                               f"e.g. {errors[0]!r}")  # fmt: skip
+        e2e = [t + sum(gaps) for t, gaps in zip(ttfts, itls, strict=True)]
+        accept = result.get("accept_length")
+        return cls(
+            server=server, concurrency=concurrency, run=run,
+            duration_s=float(result["duration"]), completed=int(result["completed"]),
+            output_tokens=int(result["total_output_tokens"]),
+            aggregate_tps=float(result["total_output_tokens"]) / float(result["duration"]),
+            request_tps=[n / t for n, t in zip(lens, e2e, strict=True) if t > 0],
+            e2e_s=e2e, tpf=float(accept) if accept else None,
+        )  # fmt: skip
+
+
+def _bench_argv(url: str, tokenizer: str, C: int, run: int, o: ServeBenchOptions,
+                out: Path) -> list[str]:  # fmt: skip
+    return [
+        "--backend", "sglang-oai", "--base-url", url, "--model", tokenizer,
+        "--tokenizer", tokenizer, "--dataset-name", "random-ids",
+        "--random-input-len", str(o.input_len), "--random-output-len", str(o.output_len),
+        "--random-range-ratio", "1.0", "--num-prompts", str(o.prompts_per_c * C),
+        "--max-concurrency", str(C), "--seed", str(o.seed + run),
+        "--warmup-requests", str(o.warmup_requests), "--output-file", str(out),
+        "--output-details", "--disable-tqdm",
+        "--extra-request-body", json.dumps({"temperature": o.temperature}),
+    ]  # fmt: skip
+
+
+def run_once(
+    server: str, url: str, tokenizer: str, C: int, run: int, options: ServeBenchOptions,
+    workdir: Path, log: io.TextIOBase | None = None,
+) -> Run:  # fmt: skip
+    """One run through ``sglang.benchmark.serving``'s own command line, in this process."""
+    try:
+        from sglang.benchmark import serving
+    except ModuleNotFoundError as err:  # sglang's configs import torchvision, among others
+        raise RuntimeError(
+            f"sglang.benchmark.serving cannot be imported here: {err} (SGLang imports it "
+            "through sglang.srt.configs; install it beside sglang)"
+        ) from err
+
+    out = workdir / f"{server}_C{C}_run{run}.jsonl"
+    out.unlink(missing_ok=True)
+    argv = ["sglang.benchmark.serving", *_bench_argv(url, tokenizer, C, run, options, out)]
+    sink = log if log is not None else io.StringIO()
+    saved = sys.argv
+    try:
+        sys.argv = argv
+        with contextlib.redirect_stdout(sink):  # type: ignore[type-var]
+            serving.cli_main()
+    except SystemExit as exit:
+        raise RuntimeError(f"{server}: sglang.benchmark.serving exited ({exit.code}) at "
+                           f"C = {C}; see its log") from None  # fmt: skip
+    finally:
+        sys.argv = saved
+    if not out.is_file():
+        raise RuntimeError(f"{server}: sglang.benchmark.serving wrote no result at C = {C} "
+                           "(no request finished?)")  # fmt: skip
+    lines = out.read_text().strip().splitlines()
+    return Run.from_result(server, C, run, json.loads(lines[-1]))
+
+
+def sweep(
+    servers: dict[str, str],
+    tokenizer: str,
+    options: ServeBenchOptions,
+    workdir: Path,
+    on_run: Callable[[Run], None] | None = None,
+) -> list[Run]:
+    """Every (C, run) for every server, servers interleaved within each (C, run)."""
+    if not 1 <= len(servers) <= 2:
+        raise ValueError(f"url: need one or two servers, got {len(servers)}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with (workdir / "bench_serving.log").open("a") as log:
+        for C in options.concurrencies:
+            for r in range(options.runs):
+                for name, url in servers.items():
+                    result = run_once(name, url, tokenizer, C, r, options, workdir, log)
+                    runs.append(result)
+                    if on_run is not None:
+                        on_run(result)
+    return runs
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    server: str
+    concurrency: int
+    aggregate_tps: Interval
+    median_request_tps: float
+    p95_latency_s: float
+    tpf: float | None
+    runs: int
+
+
+def summarize(runs: Sequence[Run]) -> list[SweepRow]:
+    """One row per (server, C), in the order the runs came."""
+    keys = list(dict.fromkeys((r.server, r.concurrency) for r in runs))
+    rows = []
+    for server, C in keys:
+        group = [r for r in runs if (r.server, r.concurrency) == (server, C)]
+        request_tps = [t for r in group for t in r.request_tps]
+        e2e = sorted(t for r in group for t in r.e2e_s)
+        tpfs = [r.tpf for r in group if r.tpf is not None]
+        rows.append(SweepRow(
+            server=server, concurrency=C,
+            aggregate_tps=Interval.of([r.aggregate_tps for r in group]),
+            median_request_tps=statistics.median(request_tps) if request_tps else math.nan,
+            p95_latency_s=_percentile(e2e, 0.95), tpf=statistics.fmean(tpfs) if tpfs else None,
+            runs=len(group),
+        ))  # fmt: skip
+    return rows
+
+
+def _percentile(sorted_xs: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    if not sorted_xs:
+        return math.nan
+    pos = q * (len(sorted_xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    concurrency: int | None  # None: the geometric mean across C
+    ratio: Interval  # geometric mean of paired ratios, interval mapped back from the log scale
+    pairs: int
+
+
+def _geometric(logs: Sequence[float]) -> Interval:
+    iv = Interval.of(logs)
+    return Interval(math.exp(iv.mean), math.exp(iv.low), math.exp(iv.high), iv.k)
+
+
+def compare(runs: Sequence[Run], baseline: str, candidate: str) -> list[RatioRow]:
+    """Paired aggregate-TPS ratios candidate ÷ baseline per C, then their geometric mean across
+    C (module doc). Runs pair by (C, run index)."""
+    tps = {(r.server, r.concurrency, r.run): r.aggregate_tps for r in runs}
+    Cs = list(dict.fromkeys(r.concurrency for r in runs))
+    log_ratio: dict[tuple[int, int], float] = {}
+    for (server, C, i), value in tps.items():
+        if server == candidate and (baseline, C, i) in tps:
+            log_ratio[C, i] = math.log(value / tps[baseline, C, i])
+    if not log_ratio:
+        raise ValueError(f"runs: no paired runs of {candidate!r} and {baseline!r}")
+    rows = []
+    for C in Cs:
+        logs = [v for (c, _), v in log_ratio.items() if c == C]
+        if logs:
+            rows.append(RatioRow(C, _geometric(logs), len(logs)))
+    indices = sorted({i for _, i in log_ratio})
+    per_run = [
+        statistics.fmean(log_ratio[C, i] for C in Cs if (C, i) in log_ratio) for i in indices
+    ]
+    rows.append(RatioRow(None, _geometric(per_run), len(per_run)))
+    return rows
+
+
+def markdown(rows: Sequence[SweepRow], ratios: Sequence[RatioRow] = (), names: str = "") -> str:
+    lines = [
+        "| server | C | aggregate TPS | median request TPS | p95 latency (s) | TPF | runs |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        tpf = "" if r.tpf is None else f"{r.tpf:.2f}"
+        lines.append(
+            f"| {r.server} | {r.concurrency} | {r.aggregate_tps.format(digits=1)} | "
+            f"{r.median_request_tps:.1f} | {r.p95_latency_s:.3f} | {tpf} | {r.runs} |"
+        )
+    if ratios:
+        lines += ["", f"| C | TPS ratio {names} | pairs |", "|---:|---|---:|"]
+        for q in ratios:
+            c = "geomean over C" if q.concurrency is None else str(q.concurrency)
+            lines.append(f"| {c} | {q.ratio.format(digits=3)} | {q.pairs} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(runs: Sequence[Run], rows: Sequence[SweepRow], ratios: Sequence[RatioRow],
+            options: ServeBenchOptions, servers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    return {
+        "options": asdict(options), "servers": servers,
+        "summary": [asdict(r) for r in rows], "ratios": [asdict(q) for q in ratios],
+        "runs": [asdict(r) for r in runs],
+    }  # fmt: skip
+
+
+def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names: str) -> Path:
+    """Aggregate TPS against C per server (95 % intervals), and the ratio per C."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 2 if ratios else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    ax = axes[0][0]
+    for server in dict.fromkeys(r.server for r in rows):
+        mine = [r for r in rows if r.server == server]
+        x = [r.concurrency for r in mine]
+        y = [r.aggregate_tps.mean for r in mine]
+        err = [[0 if math.isnan(r.aggregate_tps.low) else r.aggregate_tps.mean - r.aggregate_tps.low
+                for r in mine],
+               [0 if math.isnan(r.aggregate_tps.high) else r.aggregate_tps.high - r.aggregate_tps.mean
+                for r in mine]]  # fmt: skip
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=server)
+    ax.set(xscale="log", xlabel="concurrency C", ylabel="aggregate tokens/s",
+           title="serving sweep")  # fmt: skip
+    ax.set_xticks([r.concurrency for r in rows], [str(r.concurrency) for r in rows])
+    ax.legend()
+    if ratios:
+        ax = axes[0][1]
+        per_c = [q for q in ratios if q.concurrency is not None]
+        ax.plot([q.concurrency for q in per_c], [q.ratio.mean for q in per_c], marker="o")
+        overall = ratios[-1].ratio.mean
+        ax.axhline(overall, ls="--", color="gray", label=f"geomean {overall:.3f}")
+        ax.axhline(1.0, color="black", lw=0.5)
+        ax.set(xscale="log", xlabel="concurrency C", ylabel=f"TPS ratio {names}",
+               title="paired ratio")  # fmt: skip
+        ax.set_xticks([q.concurrency for q in per_c], [str(q.concurrency) for q in per_c])
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,96 @@
+"""``brisk bench serve``: the serving sweep (:mod:`brisk.runtime.serving.bench`) from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from brisk._cli import comma_separated
+
+__all__ = ["register"]
+
+
+def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = layers.add_parser("bench", help="benchmarks against running servers")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    s = commands.add_parser(
+        "serve",
+        help="the paper's serving sweep over sglang.benchmark.serving (one server, or two "
+        "compared by paired ratios)",
+        description="Sweep concurrency C against one or two OpenAI-compatible servers with "
+        "sglang.benchmark.serving: fixed prompt length, exactly --output-len tokens per "
+        "request, --runs runs per C. Prints aggregate and median-request tokens/s, p95 "
+        "latency and the server's TPF; with two --url, the paired tokens/s ratios (second ÷ "
+        "first) per C and their geometric mean across C. Writes serve_bench.{md,json,png}.",
+    )
+    s.add_argument("--url", action="append", required=True,
+                   help="server base URL; give it twice to compare (second ÷ first)")
+    s.add_argument("--label", action="append",
+                   help="a name per --url (default: A, B)")  # fmt: skip
+    s.add_argument("--tokenizer", required=True,
+                   help="a local tokenizer directory (random-ids prompts are built with it)")
+    s.add_argument("--concurrency", type=comma_separated(int, "concurrencies"),
+                   default=[1, 2, 4, 8, 16, 32])  # fmt: skip
+    s.add_argument("--runs", type=int, default=3)
+    s.add_argument("--input-len", type=int, default=128)
+    s.add_argument("--output-len", type=int, default=2048)
+    s.add_argument("--prompts-per-c", type=int, default=4, help="requests per run = this × C")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, required=True, help="directory for results and logs")
+    s.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from brisk.runtime.serving import bench
+
+    labels = args.label or ["A", "B"][: len(args.url)]
+    if len(args.url) > 2:
+        raise ValueError(f"--url: one or two servers, got {len(args.url)}")
+    if len(labels) != len(args.url) or len(set(labels)) != len(labels):
+        raise ValueError(f"--label: need one distinct name per --url, got {labels}")
+    if not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
+        raise ValueError(f"--tokenizer: {args.tokenizer} holds no tokenizer_config.json")
+    if importlib.util.find_spec("sglang") is None:
+        raise ValueError("brisk bench serve drives sglang.benchmark.serving: install the "
+                         "serving extra (pip install 'brisk[serving]', or make serving-venv)")  # fmt: skip
+    options = bench.ServeBenchOptions(
+        concurrencies=tuple(args.concurrency), runs=args.runs, input_len=args.input_len,
+        output_len=args.output_len, prompts_per_c=args.prompts_per_c,
+        temperature=args.temperature, seed=args.seed,
+    )  # fmt: skip
+    servers = dict(zip(labels, args.url, strict=True))
+    console = Console(stderr=True)
+    total = len(options.concurrencies) * options.runs * len(servers)
+    done = 0
+
+    def on_run(run: bench.Run) -> None:
+        nonlocal done
+        done += 1
+        console.print(f"[{done}/{total}] {run.server} C = {run.concurrency} run {run.run}: "
+                      f"{run.aggregate_tps:.1f} tok/s")  # fmt: skip
+
+    runs = bench.sweep(servers, args.tokenizer, options, args.out, on_run)
+    rows = bench.summarize(runs)
+    ratios = bench.compare(runs, labels[0], labels[1]) if len(labels) == 2 else []
+    names = f"{labels[1]} ÷ {labels[0]}" if len(labels) == 2 else ""
+    text = bench.markdown(rows, ratios, names)
+    print(text, end="")
+    _atomic_write(args.out / "serve_bench.md", text)
+    _atomic_write(args.out / "serve_bench.json",
+                  json.dumps(bench.to_json(runs, rows, ratios, options, servers), indent=1))  # fmt: skip
+    png = bench.plot(rows, ratios, args.out / ".serve_bench.png.tmp.png", names)
+    os.replace(png, args.out / "serve_bench.png")
+    console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")
+    return 0
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
