@@ -23,6 +23,8 @@ except Exception:
 
 assert importlib.util.find_spec("sglang") is not None, "tests/serving runs in .venv-serving"
 
+collect_ignore = ["stubs"]
+
 
 @pytest.fixture(scope="session")
 def plugins() -> None:

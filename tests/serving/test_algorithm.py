@@ -36,15 +36,22 @@ def algorithm(tmp_path: Path, **options: object) -> object:
 @pytest.mark.parametrize("stride", [3, 4])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("head", ["off", "on", "shadow"])
-def test_run_equals_reference_isd(tmp_path: Path, stride: int, temperature: float, head: str) -> None:
+def test_run_equals_reference_isd(
+    tmp_path: Path, stride: int, temperature: float, head: str
+) -> None:
     backbone = micro_backbone()
     options: dict[str, object] = {"stride": stride, "temperature": temperature, "top_k": 6}
     corrector = None
     if head != "off":
         corrector = random_corrector(stride - 1, 6)
         corrector.save_pretrained(tmp_path / "head")
-        options = {"stride": stride, "temperature": temperature, "corrector": str(tmp_path / "head"),
-                   "impl": "naive", "shadow": head == "shadow"}  # fmt: skip
+        options = {
+            "stride": stride,
+            "temperature": temperature,
+            "corrector": str(tmp_path / "head"),
+            "impl": "naive",
+            "shadow": head == "shadow",
+        }
     algo = algorithm(tmp_path, **options)
     served = serve(algo, backbone, PROMPTS, SEEDS, KEYS, MAX_NEW)
     isd = ISDOptions(stride=stride, temperature=temperature, max_new_tokens=MAX_NEW, top_k=6)
@@ -99,8 +106,12 @@ def test_the_dflash_hook_fires() -> None:
     torch.manual_seed(3)
     hidden = torch.randn(bs * (block - 1), H)
     anchors = torch.randint(0, MASK, (bs, block))
-    worker = SimpleNamespace(block_size=block, _draft_block_ids_buf=anchors, brisk_corrector=None,
-                             target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)))  # fmt: skip
+    worker = SimpleNamespace(
+        block_size=block,
+        _draft_block_ids_buf=anchors,
+        brisk_corrector=None,
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)),
+    )
     sample = DFlashWorkerV2._greedy_sample_from_vocab_parallel_head
     assert sample.__wrapped__ is not None
     with torch.no_grad():

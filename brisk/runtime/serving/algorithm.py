@@ -168,8 +168,10 @@ class BriskISD(DllmAlgorithm):
             if self._heads is None:
                 self._heads = ModelHeads(model)
                 c = self.corrector.config
-                if (self._heads.hidden_size, self._heads.vocab_size) != (c.hidden_size,
-                                                                          c.vocab_size):
+                if (self._heads.hidden_size, self._heads.vocab_size) != (
+                    c.hidden_size,
+                    c.vocab_size,
+                ):
                     raise OptionError(
                         f"corrector: trained for hidden {c.hidden_size} / vocab {c.vocab_size}, "
                         f"the served model has {self._heads.hidden_size} / "

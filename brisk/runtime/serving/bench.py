@@ -62,13 +62,14 @@ class ServeBenchOptions:
     temperature: float = 0.0
     seed: int = 0
     warmup_requests: int = 1
+    ready_timeout_s: int = 60  # how long to wait for a server's /v1/models
 
     def __post_init__(self) -> None:
         if not self.concurrencies or any(
             not isinstance(c, int) or c < 1 for c in self.concurrencies
         ):
             raise ValueError(f"concurrency: need integers ≥ 1, got {self.concurrencies!r}")
-        for name in ("runs", "input_len", "output_len", "prompts_per_c"):
+        for name in ("runs", "input_len", "output_len", "prompts_per_c", "ready_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name.replace('_', '-')}: need an integer ≥ 1, got {value!r}")
@@ -120,6 +121,7 @@ def _bench_argv(url: str, tokenizer: str, C: int, run: int, o: ServeBenchOptions
         "--random-range-ratio", "1.0", "--num-prompts", str(o.prompts_per_c * C),
         "--max-concurrency", str(C), "--seed", str(o.seed + run),
         "--warmup-requests", str(o.warmup_requests), "--output-file", str(out),
+        "--ready-check-timeout-sec", str(o.ready_timeout_s),
         "--output-details", "--disable-tqdm",
         "--extra-request-body", json.dumps({"temperature": o.temperature}),
     ]  # fmt: skip
@@ -149,7 +151,8 @@ def run_once(
             serving.cli_main()
     except SystemExit as exit:
         raise RuntimeError(f"{server}: sglang.benchmark.serving exited ({exit.code}) at "
-                           f"C = {C}; see its log") from None  # fmt: skip
+                           f"C = {C} (is {url} serving?); see {workdir}/bench_serving.log"
+                           ) from None  # fmt: skip
     finally:
         sys.argv = saved
     if not out.is_file():
@@ -299,10 +302,10 @@ def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names
         mine = [r for r in rows if r.server == server]
         x = [r.concurrency for r in mine]
         y = [r.aggregate_tps.mean for r in mine]
-        err = [[0 if math.isnan(r.aggregate_tps.low) else r.aggregate_tps.mean - r.aggregate_tps.low
-                for r in mine],
-               [0 if math.isnan(r.aggregate_tps.high) else r.aggregate_tps.high - r.aggregate_tps.mean
-                for r in mine]]  # fmt: skip
+        tps = [r.aggregate_tps for r in mine]
+        below = [0.0 if math.isnan(t.low) else t.mean - t.low for t in tps]
+        above = [0.0 if math.isnan(t.high) else t.high - t.mean for t in tps]
+        err = [below, above]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=server)
     ax.set(xscale="log", xlabel="concurrency C", ylabel="aggregate tokens/s",
            title="serving sweep")  # fmt: skip

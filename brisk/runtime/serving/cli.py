@@ -26,12 +26,19 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "latency and the server's TPF; with two --url, the paired tokens/s ratios (second ÷ "
         "first) per C and their geometric mean across C. Writes serve_bench.{md,json,png}.",
     )
-    s.add_argument("--url", action="append", required=True,
-                   help="server base URL; give it twice to compare (second ÷ first)")
+    s.add_argument(
+        "--url",
+        action="append",
+        required=True,
+        help="server base URL; give it twice to compare (second ÷ first)",
+    )
     s.add_argument("--label", action="append",
                    help="a name per --url (default: A, B)")  # fmt: skip
-    s.add_argument("--tokenizer", required=True,
-                   help="a local tokenizer directory (random-ids prompts are built with it)")
+    s.add_argument(
+        "--tokenizer",
+        required=True,
+        help="a local tokenizer directory (random-ids prompts are built with it)",
+    )
     s.add_argument("--concurrency", type=comma_separated(int, "concurrencies"),
                    default=[1, 2, 4, 8, 16, 32])  # fmt: skip
     s.add_argument("--runs", type=int, default=3)
@@ -40,6 +47,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--prompts-per-c", type=int, default=4, help="requests per run = this × C")
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--ready-timeout", type=int, default=60,
+                   help="seconds to wait for each server to answer /v1/models")  # fmt: skip
     s.add_argument("--out", type=Path, required=True, help="directory for results and logs")
     s.set_defaults(run=_serve)
 
@@ -57,12 +66,14 @@ def _serve(args: argparse.Namespace) -> int:
     if not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
         raise ValueError(f"--tokenizer: {args.tokenizer} holds no tokenizer_config.json")
     if importlib.util.find_spec("sglang") is None:
-        raise ValueError("brisk bench serve drives sglang.benchmark.serving: install the "
-                         "serving extra (pip install 'brisk[serving]', or make serving-venv)")  # fmt: skip
+        raise ValueError(
+            "brisk bench serve drives sglang.benchmark.serving: install the "
+            "serving extra (pip install 'brisk[serving]', or make serving-venv)"
+        )
     options = bench.ServeBenchOptions(
         concurrencies=tuple(args.concurrency), runs=args.runs, input_len=args.input_len,
         output_len=args.output_len, prompts_per_c=args.prompts_per_c,
-        temperature=args.temperature, seed=args.seed,
+        temperature=args.temperature, seed=args.seed, ready_timeout_s=args.ready_timeout,
     )  # fmt: skip
     servers = dict(zip(labels, args.url, strict=True))
     console = Console(stderr=True)
@@ -75,15 +86,20 @@ def _serve(args: argparse.Namespace) -> int:
         console.print(f"[{done}/{total}] {run.server} C = {run.concurrency} run {run.run}: "
                       f"{run.aggregate_tps:.1f} tok/s")  # fmt: skip
 
-    runs = bench.sweep(servers, args.tokenizer, options, args.out, on_run)
+    try:
+        runs = bench.sweep(servers, args.tokenizer, options, args.out, on_run)
+    except RuntimeError as err:  # a server down or failing requests: one line, exit 2
+        raise ValueError(str(err)) from err
     rows = bench.summarize(runs)
     ratios = bench.compare(runs, labels[0], labels[1]) if len(labels) == 2 else []
     names = f"{labels[1]} ÷ {labels[0]}" if len(labels) == 2 else ""
     text = bench.markdown(rows, ratios, names)
     print(text, end="")
     _atomic_write(args.out / "serve_bench.md", text)
-    _atomic_write(args.out / "serve_bench.json",
-                  json.dumps(bench.to_json(runs, rows, ratios, options, servers), indent=1))  # fmt: skip
+    _atomic_write(
+        args.out / "serve_bench.json",
+        json.dumps(bench.to_json(runs, rows, ratios, options, servers), indent=1),
+    )
     png = bench.plot(rows, ratios, args.out / ".serve_bench.png.tmp.png", names)
     os.replace(png, args.out / "serve_bench.png")
     console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")

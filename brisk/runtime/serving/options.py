@@ -58,7 +58,9 @@ class BriskISDOptions:
         need(self.corrector is None or isinstance(self.corrector, str), "corrector", "need a path")
         need(isinstance(self.shadow, bool), "shadow", "need true or false")
         need(self.impl in ("auto", "naive", "triton"), "impl", "need auto, naive or triton")
-        need(self.log_blocks is None or isinstance(self.log_blocks, str), "log_blocks", "need a path")
+        need(
+            self.log_blocks is None or isinstance(self.log_blocks, str), "log_blocks", "need a path"
+        )
         need(is_int(self.seed), "seed", "need an integer")
         if self.shadow and self.corrector is None:
             raise OptionError("shadow: needs a corrector to run beside the base")

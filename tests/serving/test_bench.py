@@ -1,0 +1,83 @@
+"""``brisk bench serve`` against two loopback servers of known speed (``serving.loopback``):
+the sweep runs ``sglang.benchmark.serving`` for every (C, run) and server, and the tables
+recover what the servers were built to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from brisk.runtime.serving.loopback import Engine, LoopbackServer
+
+OUTPUT = 48  # tokens per request: divisible by both τ, so every forward commits exactly τ
+
+
+@pytest.fixture
+def servers() -> object:
+    slow = LoopbackServer(0, Engine(tpf=2, forward_ms=8, per_request_ms=0), "loopback").start()
+    fast = LoopbackServer(0, Engine(tpf=4, forward_ms=8, per_request_ms=0), "loopback").start()
+    yield slow, fast
+    slow.close()
+    fast.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from brisk.runtime.tiny.tokenizer import char_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_brisk_bench_serve_prints_the_sweep_and_ratio_tables(
+    servers: tuple[LoopbackServer, LoopbackServer], tokenizer: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from brisk.cli import main
+
+    slow, fast = servers
+    code = main(["bench", "serve", "--url", slow.url, "--url", fast.url, "--label", "off",
+                 "--label", "on", "--tokenizer", str(tokenizer), "--concurrency", "1,2",
+                 "--runs", "2", "--input-len", "8", "--output-len", str(OUTPUT),
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| server | C | aggregate TPS |" in out
+    assert "| geomean over C |" in out
+    result = json.loads((tmp_path / "serve_bench.json").read_text())
+    assert (tmp_path / "serve_bench.png").stat().st_size > 0
+    runs = result["runs"]
+    assert len(runs) == 2 * 2 * 2  # C × runs × servers
+    assert all(r["completed"] == 4 * r["concurrency"] for r in runs)  # prompts_per_c · C
+    assert all(r["output_tokens"] == OUTPUT * r["completed"] for r in runs)
+    summary = {(s["server"], s["concurrency"]): s for s in result["summary"]}
+    # The servers' own counters: exactly τ tokens per request-forward.
+    assert summary["off", 1]["tpf"] == pytest.approx(2.0)
+    assert summary["on", 2]["tpf"] == pytest.approx(4.0)
+    # τ_on / τ_off = 2 at equal forward cost; HTTP and the first token blur it by a few %.
+    geomean = result["ratios"][-1]
+    assert geomean["concurrency"] is None
+    assert 1.7 < geomean["ratio"]["mean"] < 2.2
+    # C requests in flight, a forward's cost independent of C: aggregate TPS scales with C.
+    for server in ("off", "on"):
+        one, two = (summary[server, c]["aggregate_tps"]["mean"] for c in (1, 2))
+        assert 1.6 < two / one < 2.2
+        # a lone request runs at τ tokens per 8 ms forward
+        tau = 2.0 if server == "off" else 4.0
+        assert 0.6 < summary[server, 1]["median_request_tps"] / (tau / 0.008) <= 1.05
+
+
+def test_a_server_that_is_down_is_one_line(tokenizer: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from brisk.cli import main
+
+    code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--tokenizer", str(tokenizer),
+                 "--concurrency", "1", "--runs", "1", "--output-len", "4", "--ready-timeout", "1",
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("brisk: error: A: sglang.benchmark.serving exited")
+    assert "is http://127.0.0.1:9 serving?" in err
