@@ -164,3 +164,19 @@ def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
     logprobs = req()
     logprobs.return_logprob = True
     assert "logprobs" in BriskISD.validate_request(logprobs)
+
+
+def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:
+    """Even where SGLang is installed, brisk (its CLI, the serving options, benchmark and
+    loopback server included) imports SGLang only when SGLang loads the plugin."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, brisk, brisk.cli, brisk.runtime.serving.options, "
+        "brisk.runtime.serving.bench, brisk.runtime.serving.loopback, "
+        "brisk.runtime.serving.plugin, brisk.runtime.serving.dflash; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
