@@ -314,7 +314,10 @@ def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names
     if ratios:
         ax = axes[0][1]
         per_c = [q for q in ratios if q.concurrency is not None]
-        ax.plot([q.concurrency for q in per_c], [q.ratio.mean for q in per_c], marker="o")
+        below = [0.0 if math.isnan(q.ratio.low) else q.ratio.mean - q.ratio.low for q in per_c]
+        above = [0.0 if math.isnan(q.ratio.high) else q.ratio.high - q.ratio.mean for q in per_c]
+        ax.errorbar([q.concurrency for q in per_c], [q.ratio.mean for q in per_c],
+                    yerr=[below, above], marker="o", capsize=3)  # fmt: skip
         overall = ratios[-1].ratio.mean
         ax.axhline(overall, ls="--", color="gray", label=f"geomean {overall:.3f}")
         ax.axhline(1.0, color="black", lw=0.5)
