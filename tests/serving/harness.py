@@ -11,6 +11,7 @@ the KV cut to ``accept_length`` of the block's slots, the request stopped at its
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -65,8 +66,11 @@ def serve(
     seeds: Sequence[int],
     keys: Sequence[int],
     max_new_tokens: int,
+    shuffle: bool = False,
 ) -> list[list[int]]:
-    """Every prompt's output through ``algorithm.run``; request r joins at forward r."""
+    """Every prompt's output through ``algorithm.run``; request r joins at forward r. With
+    ``shuffle`` the running requests come in a new seeded order at every forward."""
+    rng = random.Random(0)
     runner = ContractRunner(backbone)
     outputs: list[list[int]] = [[] for _ in prompts]
     states: dict[int, Any] = {}
@@ -79,6 +83,8 @@ def serve(
             runner.prefill(r, prompts[r])
             states[r] = None
             active.append(r)
+        if shuffle:
+            rng.shuffle(active)
         runner.rows = list(active)
         ids = torch.full((len(active), S), algorithm.mask_id, dtype=torch.long)
         for i, r in enumerate(active):

@@ -53,7 +53,8 @@ def test_run_equals_reference_isd(
             "shadow": head == "shadow",
         }
     algo = algorithm(tmp_path, **options)
-    served = serve(algo, backbone, PROMPTS, SEEDS, KEYS, MAX_NEW)
+    # batches change every forward: requests join, leave, and (sampled) come in a new order
+    served = serve(algo, backbone, PROMPTS, SEEDS, KEYS, MAX_NEW, shuffle=temperature > 0)
     isd = ISDOptions(stride=stride, temperature=temperature, max_new_tokens=MAX_NEW, top_k=6)
     head_on = corrector if head == "on" else None
     for r, prompt in enumerate(PROMPTS):
@@ -61,6 +62,31 @@ def test_run_equals_reference_isd(
                                request_id=KEYS[r])  # fmt: skip
         assert served[r] == ref.tokens, f"request {r}"
     assert algo.tokens / algo.forwards > 1.0  # the server's TPF counters: ISD commits > 1/forward
+
+
+def test_an_unchanged_batch_carries_its_state_without_copies(tmp_path: Path) -> None:
+    from brisk.runtime.serving.algorithm import RowHandle
+    from tests.serving.harness import ContractRunner
+
+    backbone = micro_backbone()
+    algo = algorithm(tmp_path, stride=4, temperature=1.0, top_k=6)
+    runner = ContractRunner(backbone)
+    for r, p in enumerate(PROMPTS[:3]):
+        runner.prefill(r, p)
+    runner.rows = [0, 1, 2]
+
+    def batch(states: list) -> SimpleNamespace:
+        ids = torch.full((3, algo.block_size), MASK)
+        ids[:, 0] = torch.tensor([p[-1] for p in PROMPTS[:3]])
+        return SimpleNamespace(batch_size=3, input_ids=ids.flatten(), sampling_info=None,
+                               req_pool_indices=torch.tensor([1, 2, 3]))  # fmt: skip
+
+    *_, handles, _ = algo.run(runner, batch([None] * 3), None)
+    assert all(isinstance(h, RowHandle) and h.batch is handles[0].batch for h in handles)
+    assert algo._gather(batch(handles), handles, None) is handles[0].batch
+    swapped = [handles[1], handles[0], handles[2]]
+    gathered = algo._gather(batch(swapped), swapped, None)
+    assert torch.equal(gathered.request, torch.tensor([2, 1, 3]))
 
 
 def test_request_keys_separate_requests_with_one_seed(tmp_path: Path) -> None:

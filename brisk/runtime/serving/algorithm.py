@@ -17,8 +17,11 @@ The contract with the scheduler, per request and forward (``run``'s return):
 - ``accept_length_per_req[i]``: how many of the block's slots keep their KV, from slot 0 on
   (pending and the accepted drafts, L + 1; 1 after a cold start). The last committed token is
   the next forward's pending, at slot 0, so its KV is written then;
-- ``states[i]``: the row's ISD state; a request's first forward gets ``None`` and its slot 0
-  holds the pending token (the prompt's last one: prefill leaves it out of the KV cache).
+- ``states[i]``: the request's :class:`RowHandle` (its row of this forward's batch state), to
+  be handed back with its next forward; a request's first forward gets ``None`` and its slot 0
+  holds the pending token (the prompt's last one: prefill leaves it out of the KV cache). An
+  unchanged batch reuses the previous state as it is; a changed one costs one row selection per
+  source batch, not per request.
 
 The scheduler side of this contract (variable-length commits, the block placed at the request's
 KV length, KV kept for ``accept_length`` slots) is what the I-DLM fork overrides in SGLang; 0.5.23
@@ -48,7 +51,7 @@ from brisk.runtime.isd.batched import ISDState, StepContext, init_state, step
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
-__all__ = ["BriskISD", "ModelHeads", "validate_sampling"]
+__all__ = ["BriskISD", "ModelHeads", "RowHandle", "validate_sampling"]
 
 # A forward commits ≥ 1 token and SGLang stops requests itself: the step's own budget is unused.
 _NO_BUDGET = 1 << 40
@@ -203,13 +206,7 @@ class BriskISD(DllmAlgorithm):
     ) -> tuple[Any, list[list[int]], list[int], list[Any], bool]:
         B, S, M = forward_batch.batch_size, self.block_size, self.options.M
         ctx = self._context(model_runner.model)
-        states = list(algo_states) if algo_states is not None else [None] * B
-        fresh = [i for i, s in enumerate(states) if s is None]
-        if fresh:
-            new = self._new_rows(forward_batch, fresh, ctx)
-            for j, i in enumerate(fresh):
-                states[i] = new.select(torch.tensor([j], device=new.seed.device))
-        state = _serving_view(_cat(states), M)
+        state = _serving_view(self._gather(forward_batch, algo_states, ctx), M)
         self.prepare_inputs(model_runner, forward_batch, [state])
 
         out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
@@ -225,12 +222,52 @@ class BriskISD(DllmAlgorithm):
             self._log(state, result, logits)
 
         new = result.state
-        n_out, keep = new.n_out.tolist(), result.keep.sum(1).tolist()
-        committed = [new.out[i, : n_out[i]].tolist() for i in range(B)]
+        n_out, keep, out_ids = new.n_out.tolist(), result.keep.sum(1).tolist(), new.out.tolist()
+        committed = [out_ids[i][: n_out[i]] for i in range(B)]
         self.forwards += B
         self.tokens += sum(n_out)
-        rows = [new.select(torch.tensor([i], device=new.seed.device)) for i in range(B)]
-        return lo, committed, keep, rows, bool(out.can_run_graph)
+        return lo, committed, keep, [RowHandle(new, i) for i in range(B)], bool(out.can_run_graph)
+
+    def _gather(self, forward_batch: Any, algo_states: list[Any] | None, ctx: StepContext) -> Any:
+        """The batch's state from the requests' handles: the previous forward's batch itself
+        when the batch is unchanged (no copy), else one row selection per source batch (and
+        the fresh rows) concatenated: a handful of tensor ops per forward, never per row."""
+        B = forward_batch.batch_size
+        handles = list(algo_states) if algo_states is not None else [None] * B
+        if len(handles) != B:
+            raise ValueError(f"algo_states: {len(handles)} states for a batch of {B}")
+        for h in handles:
+            if h is not None and not isinstance(h, RowHandle):
+                raise TypeError(f"algo_states: expected BriskISD row handles, got {type(h)}")
+        first = handles[0]
+        if (
+            isinstance(first, RowHandle)
+            and first.batch.seed.shape[0] == B
+            and all(isinstance(h, RowHandle) and h.batch is first.batch and h.row == i
+                    for i, h in enumerate(handles))
+        ):  # fmt: skip
+            return first.batch
+        fresh = [i for i, h in enumerate(handles) if h is None]
+        new = self._new_rows(forward_batch, fresh, ctx) if fresh else None
+        # runs of consecutive rows from one source, in batch order
+        parts: list[Any] = []
+        i = 0
+        while i < B:
+            h = handles[i]
+            j = i + 1
+            if h is None:
+                while j < B and handles[j] is None:
+                    j += 1
+                assert new is not None
+                lo = fresh.index(i)
+                src, rows = new, list(range(lo, lo + j - i))
+            else:
+                while j < B and isinstance(handles[j], RowHandle) and handles[j].batch is h.batch:
+                    j += 1
+                src, rows = h.batch, [handles[k].row for k in range(i, j)]
+            parts.append(src.select(torch.tensor(rows, device=src.seed.device)))
+            i = j
+        return parts[0] if len(parts) == 1 else _cat(parts)
 
     def prepare_inputs(self, model_runner: Any, forward_batch: Any, states: list[Any]) -> None:
         """Write each row's slots into ``forward_batch.input_ids`` in place (CUDA-graph safe):
@@ -262,6 +299,15 @@ class BriskISD(DllmAlgorithm):
         )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class RowHandle:
+    """A request's ISD state between forwards (SGLang's ``req.dllm_algo_state``): row ``row`` of
+    the batch state ``batch`` its last forward produced."""
+
+    batch: ISDState
+    row: int
+
+
 def _serving_view(state: ISDState, M: int) -> ISDState:
     """The state with a one-round output buffer: SGLang takes each round's tokens at once, so a
     row never holds its whole output (and its accept-length log holds only this round)."""
@@ -280,7 +326,7 @@ def _serving_view(state: ISDState, M: int) -> ISDState:
 
 
 def _cat(rows: list[Any]) -> Any:
-    """Rows (one-row states) back into one batch: each ``[1, …]`` tensor field concatenated."""
+    """Batch states (of any sizes) into one: each ``[b, …]`` tensor field concatenated."""
     first = rows[0]
     values = {}
     for f in dataclasses.fields(first):
