@@ -94,7 +94,8 @@ def serve(
             batch_size=len(active),
             input_ids=ids.flatten(),
             sampling_info=SimpleNamespace(sampling_seed=torch.tensor([seeds[r] for r in active])),
-            req_pool_indices=torch.tensor([keys[r] for r in active]),
+            rids=[f"req-{keys[r]}" for r in active],
+            req_pool_indices=torch.arange(len(active)),  # pool slots: not the requests' keys
             extend_prefix_lens=torch.tensor([runner.length(r) for r in active]),
             dllm_prompt_mask=None,
         )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from brisk.runtime.isd import ISDOptions, reference_decode
+from brisk.runtime.serving.algorithm import request_key
 from tests.runtime.test_isd import MASK, micro_backbone, random_corrector
 from tests.serving.harness import serve
 
@@ -59,7 +60,7 @@ def test_run_equals_reference_isd(
     head_on = corrector if head == "on" else None
     for r, prompt in enumerate(PROMPTS):
         ref = reference_decode(backbone, prompt, isd, corrector=head_on, seed=SEEDS[r],
-                               request_id=KEYS[r])  # fmt: skip
+                               request_id=request_key(f"req-{KEYS[r]}"))  # fmt: skip
         assert served[r] == ref.tokens, f"request {r}"
     assert algo.tokens / algo.forwards > 1.0  # the server's TPF counters: ISD commits > 1/forward
 
@@ -79,14 +80,15 @@ def test_an_unchanged_batch_carries_its_state_without_copies(tmp_path: Path) -> 
         ids = torch.full((3, algo.block_size), MASK)
         ids[:, 0] = torch.tensor([p[-1] for p in PROMPTS[:3]])
         return SimpleNamespace(batch_size=3, input_ids=ids.flatten(), sampling_info=None,
-                               req_pool_indices=torch.tensor([1, 2, 3]))  # fmt: skip
+                               rids=["a", "b", "c"])  # fmt: skip
 
     *_, handles, _ = algo.run(runner, batch([None] * 3), None)
     assert all(isinstance(h, RowHandle) and h.batch is handles[0].batch for h in handles)
     assert algo._gather(batch(handles), handles, None) is handles[0].batch
     swapped = [handles[1], handles[0], handles[2]]
     gathered = algo._gather(batch(swapped), swapped, None)
-    assert torch.equal(gathered.request, torch.tensor([2, 1, 3]))
+    keys = [request_key(r) for r in "bac"]
+    assert gathered.request.tolist() == keys
 
 
 def test_request_keys_separate_requests_with_one_seed(tmp_path: Path) -> None:
@@ -106,12 +108,26 @@ def test_block_logs_from_the_server_feed_the_mechanism_report(tmp_path: Path) ->
     corrector.save_pretrained(tmp_path / "head")
     algo = algorithm(tmp_path, stride=4, temperature=1.0, corrector=str(tmp_path / "head"),
                      shadow=True, impl="naive", log_blocks=str(tmp_path / "blocks"))  # fmt: skip
-    serve(algo, backbone, PROMPTS, SEEDS, KEYS, MAX_NEW)
+    served = serve(algo, backbone, PROMPTS, SEEDS, KEYS, MAX_NEW, shuffle=True)
     algo.close()
     batches = list(read_blocks(tmp_path / "blocks", check=True))  # the schema's own checks
     requests = {int(r) for b in batches for r in b.columns["request_id"]}
+    # the logged rows are the decode's own: accepted prefixes agree with the output
+    isd = ISDOptions(stride=4, temperature=1.0, max_new_tokens=MAX_NEW, top_k=6)
+    for r, prompt in enumerate(PROMPTS):
+        ref = reference_decode(backbone, prompt, isd, seed=SEEDS[r],
+                               request_id=request_key(f"req-{KEYS[r]}"))  # fmt: skip
+        assert served[r] == ref.tokens
+        key = request_key(f"req-{KEYS[r]}")
+        logged = [
+            int(a)
+            for b in batches
+            for a, q in zip(b.columns["accept_len"], b.columns["request_id"], strict=True)
+            if q == key
+        ]
+        assert logged == ref.accept_lengths[: len(logged)]
     head_choice = [b.columns["head_choice"] for b in batches]
-    assert requests == set(KEYS)
+    assert requests == {request_key(f"req-{k}") for k in KEYS}
     assert sum(b.rows for b in batches) > len(PROMPTS)
     assert all((h >= 0).all() for h in head_choice)  # shadow: the head ran beside the base
     summary = analyze(tmp_path / "blocks", draws=50)

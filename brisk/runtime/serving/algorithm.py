@@ -37,7 +37,11 @@ depend on the batch it runs in.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import hashlib
+import json
+import weakref
 from typing import Any
 
 import torch
@@ -51,7 +55,9 @@ from brisk.runtime.isd.batched import ISDState, StepContext, init_state, step
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
-__all__ = ["BriskISD", "ModelHeads", "RowHandle", "validate_sampling"]
+__all__ = ["BriskISD", "ModelHeads", "RowHandle", "request_key", "validate_sampling"]
+
+_TEMPERATURES: dict[str, float] = {}
 
 # A forward commits ≥ 1 token and SGLang stops requests itself: the step's own budget is unused.
 _NO_BUDGET = 1 << 40
@@ -62,7 +68,7 @@ class ModelHeads:
     rows), for a Qwen3-layout ``model`` (``model.model.embed_tokens``, ``model.lm_head``), which
     SGLang's and transformers' modules share."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None) -> None:
         inner = getattr(model, "model", None)
         embed = getattr(inner, "embed_tokens", None)
         head = getattr(model, "lm_head", None)
@@ -71,8 +77,14 @@ class ModelHeads:
                 "corrector: the served model has no model.embed_tokens / lm_head.weight "
                 f"(a Qwen3-layout model is needed), got {type(model).__name__}"
             )
+        if hasattr(head, "shard_indices") and head.weight.shape[0] < (vocab_size or 0):
+            raise RuntimeError(
+                "corrector: the LM head is sharded across tensor-parallel ranks; the head needs "
+                "the whole vocabulary (tensor parallelism 1)"
+            )
         self._embed, self._head = embed, head
-        self.vocab_size = int(head.weight.shape[0])
+        # SGLang pads the head's rows; the model's vocabulary is the unpadded size
+        self.vocab_size = int(vocab_size) if vocab_size else int(head.weight.shape[0])
         self.hidden_size = int(head.weight.shape[1])
         self.device = head.weight.device
 
@@ -102,6 +114,11 @@ def validate_sampling(params: Any, temperature: float) -> str | None:
                 name == "top_k" and getattr(params, name) >= (1 << 30)
             ):
                 return f"BriskISD verifies plain sampling from p: {name} is not supported"
+    for name in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias"):  # fmt: skip
+        if getattr(params, name, None):
+            return f"BriskISD verifies against the model's p: {name} is not supported"
+    if getattr(params, "min_new_tokens", 0):
+        return "BriskISD verifies against the model's p: min_new_tokens is not supported"
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(params, name, 0.0) not in (0.0, None):
             return f"BriskISD verifies against the model's p: {name} is not supported"
@@ -117,6 +134,8 @@ class BriskISD(DllmAlgorithm):
 
     def __init__(self, config: DllmConfig) -> None:
         super().__init__(config)
+        # SGLang hands a request's dllm_algo_state to run() only in FDFO mode
+        self.fdfo = True
         self.options = BriskISDOptions.from_mapping(config.algorithm_config)
         if self.block_size != self.options.block_size:
             raise OptionError(
@@ -136,8 +155,12 @@ class BriskISD(DllmAlgorithm):
         self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature,
                               max_new_tokens=_NO_BUDGET, shadow=opt.shadow, top_k=K)  # fmt: skip
         self.K = K
-        self.logger = BlockLogger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
+        self.logger = _rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
+        if self.logger is not None:  # SGLang never closes its algorithm: flush at exit
+            weakref.finalize(self, self.logger.close)
+            atexit.register(self.logger.close)
         self._heads: ModelHeads | None = None
+        self._vocab_size: int | None = None
         self.forwards = 0  # server counters: TPF = tokens / forwards
         self.tokens = 0
 
@@ -147,17 +170,25 @@ class BriskISD(DllmAlgorithm):
         if not getattr(scheduler, "SUPPORTS_VARIABLE_COMMIT", False):
             raise RuntimeError(
                 "--dllm-algorithm BriskISD: this SGLang's dLLM scheduler commits whole blocks; "
-                "ISD commits L + 1 tokens per forward and keeps the KV of L + 1 slots (the "
-                "I-DLM fork's scheduler overrides), which SGLang 0.5.23 does not have"
+                "ISD commits L + 1 tokens per forward, keeps the KV of L + 1 slots and carries "
+                "its state between forwards (the I-DLM fork's scheduler overrides), which SGLang "
+                "0.5.23 does not have"
             )
 
     @classmethod
     def validate_request(cls, req: Any) -> str | None:
-        config = getattr(req, "dllm_config", None)
-        options = BriskISDOptions.from_mapping(getattr(config, "algorithm_config", None))
+        config = getattr(getattr(req, "dllm_config", None), "algorithm_config", None) or {}
+        key = json.dumps(config, sort_keys=True, default=str)
+        temperature = _TEMPERATURES.get(key)
+        if temperature is None:  # once per config, not per request: options read files
+            temperature = _TEMPERATURES[key] = BriskISDOptions.from_mapping(config).temperature
         if getattr(req, "return_logprob", False):
             return "BriskISD does not return logprobs"
-        return validate_sampling(req.sampling_params, options.temperature)
+        if getattr(req, "custom_logit_processor", None):
+            return (
+                "BriskISD verifies against the model's p: custom logit processors are not supported"
+            )
+        return validate_sampling(req.sampling_params, temperature)
 
     def close(self) -> None:
         """Flush and close the block log (atomically written row groups)."""
@@ -169,7 +200,7 @@ class BriskISD(DllmAlgorithm):
         heads = None
         if self.corrector is not None:
             if self._heads is None:
-                self._heads = ModelHeads(model)
+                self._heads = ModelHeads(model, self._vocab_size)
                 c = self.corrector.config
                 if (self._heads.hidden_size, self._heads.vocab_size) != (
                     c.hidden_size,
@@ -205,6 +236,7 @@ class BriskISD(DllmAlgorithm):
         self, model_runner: Any, forward_batch: Any, algo_states: list[Any] | None = None
     ) -> tuple[Any, list[list[int]], list[int], list[Any], bool]:
         B, S, M = forward_batch.batch_size, self.block_size, self.options.M
+        self._vocab_size = getattr(getattr(model_runner, "model_config", None), "vocab_size", None)
         ctx = self._context(model_runner.model)
         state = _serving_view(self._gather(forward_batch, algo_states, ctx), M)
         self.prepare_inputs(model_runner, forward_batch, [state])
@@ -215,7 +247,10 @@ class BriskISD(DllmAlgorithm):
         hidden = getattr(lo, "hidden_states", None)
         if hidden is None:
             if self.corrector is not None:
-                raise RuntimeError("BriskISD: the corrector needs the forward's hidden states")
+                raise RuntimeError(
+                    "BriskISD: the corrector needs the forward's last hidden states, and this "
+                    "SGLang's logits processor returns none in dLLM extend mode"
+                )
             hidden = logits.new_zeros(B, S, 1)
         result = step(state, logits, hidden.view(B, S, -1), ctx)
         if self.logger is not None:
@@ -337,8 +372,11 @@ def _cat(rows: list[Any]) -> Any:
         elif any(isinstance(v, Tensor) for v in column):
             # an optional draft field a fresh row lacks (it verifies nothing): zeros stand in
             like = next(v for v in column if isinstance(v, Tensor))
-            value = torch.cat([v if isinstance(v, Tensor) else torch.zeros_like(like)
-                               for v in column])  # fmt: skip
+            value = torch.cat([
+                v if isinstance(v, Tensor)
+                else like.new_zeros((r.tokens.shape[0], *like.shape[1:]))
+                for v, r in zip(column, rows, strict=True)
+            ])  # fmt: skip
         elif isinstance(value, bool):
             value = any(column)
         values[f.name] = value
@@ -353,9 +391,36 @@ def _request_seeds(forward_batch: Any, default: int) -> Tensor:
     return seeds.to(torch.long)
 
 
+def _rank_logger(path: str, M: int, K: int) -> BlockLogger | None:
+    """The block log of this process: tensor-parallel ranks see the same rows, so only TP rank
+    0 logs; under torch.distributed each logging process writes its own ``rank{r}`` folder
+    (``brisk mechanism report`` reads them all)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return BlockLogger(path, M, K)
+    try:
+        from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        tp_rank = get_tensor_model_parallel_rank()
+    except Exception:  # pragma: no cover - outside SGLang's process groups
+        tp_rank = 0
+    if tp_rank != 0:
+        return None
+    return BlockLogger(f"{path}/rank{dist.get_rank()}", M, K)
+
+
+def request_key(rid: str) -> int:
+    """A request's key for its uniforms: a stable 63-bit hash of SGLang's request id (``rid``),
+    the same in every process and never reused by a later request (unlike a pool slot)."""
+    return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "little") >> 1
+
+
 def _request_keys(forward_batch: Any) -> Tensor:
-    """A request's key for its uniforms: its request-pool row, fixed for the request's life."""
-    return forward_batch.req_pool_indices.to(torch.long)
+    rids = getattr(forward_batch, "rids", None)
+    if rids is None:
+        raise RuntimeError("BriskISD: the forward batch carries no request ids (rids)")
+    return torch.tensor([request_key(r) for r in rids], dtype=torch.long)
 
 
 def _capture_hidden(forward_batch: Any) -> None:

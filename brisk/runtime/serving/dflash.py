@@ -67,23 +67,67 @@ def rerank(
     if head is None or hidden_states.numel() == 0:
         return original(self, hidden_states=hidden_states, lm_head=lm_head,  # type: ignore[no-any-return]
                         chunk_size=chunk_size)  # fmt: skip
-    from brisk.runtime.serving.algorithm import ModelHeads
-
+    weight = getattr(lm_head, "weight", None)
+    if (hasattr(lm_head, "shard_indices") and _tp_size() > 1) or not _dense(weight):
+        _warn_once(
+            "brisk: DFlash reranking needs one dense, unsharded LM head (tensor parallelism "
+            "1, no quantized head); drafting with DFlash's own sampler"
+        )
+        return original(self, hidden_states=hidden_states, lm_head=lm_head,  # type: ignore[no-any-return]
+                        chunk_size=chunk_size)  # fmt: skip
     M = int(self.block_size) - 1
     if head.config.M != M:
         raise ValueError(
             f"{ENV}: the corrector was built for M = {head.config.M}, DFlash drafts "
             f"{M} positions (block_size {self.block_size})"
         )
+    assert weight is not None
+    heads = _heads(self, head, weight.device)
     bs = hidden_states.shape[0] // M
-    weight = lm_head.weight
-    heads = ModelHeads(self.target_worker.model_runner.model)
-    head.to(weight.device)
     mask_hidden = hidden_states.view(bs, M, -1)
-    logits = mask_hidden.to(weight.dtype) @ weight.T  # [bs, M, V]
+    logits = (mask_hidden.to(weight.dtype) @ weight.T)[..., : heads.vocab_size]  # no padding rows
     cand_logits, cand_ids = logits.float().topk(head.config.K, dim=-1)
     anchor = self._draft_block_ids_buf[:bs, 0]
     anchor_hidden = torch.zeros_like(mask_hidden[:, 0])
     sel = head.select(heads, anchor_hidden, anchor, mask_hidden, cand_logits,  # type: ignore[arg-type]
                       cand_ids, 0.0)  # fmt: skip
     return sel.tokens.reshape(-1).to(torch.long)
+
+
+def _heads(worker: Any, head: Corrector, device: torch.device) -> Any:
+    """The target's E / E_out for the head, built once per worker (the head's folded tables are
+    cached against it), with the head moved to the device once."""
+    from brisk.runtime.serving.algorithm import ModelHeads
+
+    cached = getattr(worker, "_brisk_heads", None)
+    if cached is not None and cached[0] is head:
+        return cached[1]
+    runner = worker.target_worker.model_runner
+    vocab = getattr(getattr(runner, "model_config", None), "vocab_size", None)
+    heads = ModelHeads(runner.model, vocab_size=vocab)
+    head.to(device)
+    worker._brisk_heads = (head, heads)
+    return heads
+
+
+def _dense(weight: Any) -> bool:
+    return isinstance(weight, Tensor) and weight.dtype in (torch.float32, torch.float16,
+                                                           torch.bfloat16)  # fmt: skip
+
+
+def _tp_size() -> int:
+    try:
+        from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+        return int(get_tensor_model_parallel_world_size())
+    except Exception:  # outside SGLang's process groups: one rank
+        return 1
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
