@@ -135,3 +135,24 @@ def test_options_name_the_bad_option(options: dict, message: str) -> None:
 def test_options_derive_the_block() -> None:
     o = BriskISDOptions.from_mapping({"stride": 8, "block_size": 15})
     assert (o.M, o.block_size) == (7, 15)
+
+
+def test_compare_refuses_incomplete_pairs() -> None:
+    runs = [run("A", 1, 0, 10.0), run("B", 1, 0, 12.0), run("A", 2, 0, 10.0)]
+    with pytest.raises(ValueError, match="run 0 at C = 2 has no pair"):
+        compare(runs, "A", "B")
+
+
+def test_json_of_one_run_is_strict() -> None:
+    """An interval over one run has no bounds: null in the JSON, never a NaN token."""
+    import json
+
+    from brisk.runtime.serving.bench import ServeBenchOptions, dumps, to_json
+
+    runs = [run("A", 1, 0, 10.0), run("B", 1, 0, 12.0)]
+    text = dumps(to_json(runs, summarize(runs), compare(runs, "A", "B"),
+                         ServeBenchOptions(runs=1), {"A": "a", "B": "b"}))  # fmt: skip
+    doc = json.loads(text)
+    assert "NaN" not in text
+    assert doc["summary"][0]["aggregate_tps"]["low"] is None
+    assert doc["ratios"][0]["ratio"]["mean"] == pytest.approx(1.2)

@@ -13,8 +13,10 @@ Per (server, C), over the runs:
 - **median request TPS**: a request's tokens ÷ its end-to-end latency (first token + the inter-
   token gaps), median over every request of every run;
 - **p95 latency**: 95th percentile of end-to-end request latency, pooled;
-- **TPF**: the server's own counter after the run (``/server_info``'s ``avg_spec_accept_length``,
-  which ``sglang.benchmark.serving`` reports as the accept length); empty when it has none.
+- **TPF**: the server's own counter as ``sglang.benchmark.serving`` reads it after the run
+  (``/server_info``'s ``avg_spec_accept_length``): SGLang keeps it for speculative decoding, as
+  an average over the server's lifetime (warm-up and earlier C included), and has none for dLLM
+  algorithms, where the column stays empty.
 
 Comparison: per C the paired ratios B ÷ A of aggregate TPS, their geometric mean over runs with a
 t-interval on the log scale; across C the geometric mean of the per-C ratios (the paper's
@@ -43,6 +45,7 @@ __all__ = [
     "ServeBenchOptions",
     "SweepRow",
     "compare",
+    "dumps",
     "markdown",
     "run_once",
     "summarize",
@@ -149,6 +152,9 @@ def run_once(
         sys.argv = argv
         with contextlib.redirect_stdout(sink):  # type: ignore[type-var]
             serving.cli_main()
+    except (OSError, ValueError, KeyError) as err:  # connection, JSON, result fields
+        raise RuntimeError(f"{server}: sglang.benchmark.serving failed at C = {C} ({url}): "
+                           f"{type(err).__name__}: {err}") from err  # fmt: skip
     except SystemExit as exit:
         raise RuntimeError(f"{server}: sglang.benchmark.serving exited ({exit.code}) at "
                            f"C = {C} (is {url} serving?); see {workdir}/bench_serving.log"
@@ -247,12 +253,17 @@ def compare(runs: Sequence[Run], baseline: str, candidate: str) -> list[RatioRow
             log_ratio[C, i] = math.log(value / tps[baseline, C, i])
     if not log_ratio:
         raise ValueError(f"runs: no paired runs of {candidate!r} and {baseline!r}")
+    indices = sorted({i for _, i in log_ratio})
+    missing = [(C, i) for C in Cs for i in indices if (C, i) not in log_ratio]
+    if missing:  # an across-C mean over fewer C would bias that run's summary
+        C, i = missing[0]
+        raise ValueError(f"runs: run {i} at C = {C} has no pair of {candidate!r} and "
+                         f"{baseline!r}; compare needs every (C, run) of both")  # fmt: skip
     rows = []
     for C in Cs:
         logs = [v for (c, _), v in log_ratio.items() if c == C]
         if logs:
             rows.append(RatioRow(C, _geometric(logs), len(logs)))
-    indices = sorted({i for _, i in log_ratio})
     per_run = [
         statistics.fmean(log_ratio[C, i] for C in Cs if (C, i) in log_ratio) for i in indices
     ]
@@ -286,6 +297,22 @@ def to_json(runs: Sequence[Run], rows: Sequence[SweepRow], ratios: Sequence[Rati
         "summary": [asdict(r) for r in rows], "ratios": [asdict(q) for q in ratios],
         "runs": [asdict(r) for r in runs],
     }  # fmt: skip
+
+
+def _null_nan(x: Any) -> Any:
+    """NaN (an interval over one run) as JSON null."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _null_nan(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_null_nan(v) for v in x]
+    return x
+
+
+def dumps(document: dict[str, Any]) -> str:
+    """Strict JSON (no NaN tokens) of :func:`to_json`'s document."""
+    return json.dumps(_null_nan(document), indent=1, allow_nan=False)
 
 
 def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names: str) -> Path:

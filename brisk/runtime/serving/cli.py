@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 from pathlib import Path
 
@@ -98,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
     _atomic_write(args.out / "serve_bench.md", text)
     _atomic_write(
         args.out / "serve_bench.json",
-        json.dumps(bench.to_json(runs, rows, ratios, options, servers), indent=1),
+        bench.dumps(bench.to_json(runs, rows, ratios, options, servers)),
     )
     png = bench.plot(rows, ratios, args.out / ".serve_bench.png.tmp.png", names)
     os.replace(png, args.out / "serve_bench.png")

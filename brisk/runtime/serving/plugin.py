@@ -51,15 +51,34 @@ def installed() -> dict[str, bool]:
     status = {}
     for target, hook in HOOKS.items():
         module_name, _, attr = target.rpartition(".")
-        owner: Any
-        try:
-            owner = importlib.import_module(module_name)
-        except ImportError:
-            module_name, _, cls = module_name.rpartition(".")
-            owner = getattr(importlib.import_module(module_name), cls)
-        fn = getattr(owner, attr)
-        status[target] = getattr(fn, "__wrapped__", None) is not None and _hook_of(fn) == hook
+        status[target] = hook in _hooks_of(_resolve(module_name, attr))
     return status
+
+
+def _resolve(module_name: str, attr: str) -> Any:
+    """``module.attr`` or ``module.Class.attr``; None when it cannot be imported."""
+    owner: Any
+    try:
+        owner = importlib.import_module(module_name)
+    except ImportError:
+        parent, _, cls = module_name.rpartition(".")
+        try:
+            owner = getattr(importlib.import_module(parent), cls)
+        except (ImportError, AttributeError):
+            return None
+    return getattr(owner, attr, None)
+
+
+def _hooks_of(fn: Any) -> list[str]:
+    """The ``module:name`` of every AROUND hook in a chain of SGLang wrappers (another plugin's
+    wrapper may sit outside brisk's)."""
+    hooks = []
+    while fn is not None and getattr(fn, "__wrapped__", None) is not None:
+        hook = _hook_of(fn)
+        if hook is not None:
+            hooks.append(hook)
+        fn = fn.__wrapped__
+    return hooks
 
 
 def _hook_of(fn: Any) -> str | None:
