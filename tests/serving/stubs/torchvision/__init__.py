@@ -29,13 +29,8 @@ class _Missing(types.ModuleType):
         raise RuntimeError(f"{self.__name__}: torchvision is a stand-in in brisk's serving tests")
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    full = f"torchvision.{name}"
-    module = sys.modules.get(full) or _Missing(full)
-    sys.modules[full] = module
-    return module
+# `torchvision.x` (an attribute of this module) is the placeholder `import torchvision.x` gives
+__getattr__ = _Missing("torchvision").__getattr__
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
