@@ -11,7 +11,6 @@ projections, teacher-forced training and inference-time selection.
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from brisk._atomic import atomic_write
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.kernels.corrector_step import (
     IMPLS,
@@ -316,9 +316,11 @@ class Corrector(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        _atomic(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
+        atomic_write(path / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp)))
         meta = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self.config)}
-        _atomic(path / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+        atomic_write(
+            path / CONFIG_NAME, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        )
 
     @classmethod
     def from_pretrained(
@@ -351,9 +353,3 @@ class Corrector(nn.Module):
         model = cls(config)
         model.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
         return model.to(device) if device is not None else model
-
-
-def _atomic(target: Path, write: Any) -> None:
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, target)

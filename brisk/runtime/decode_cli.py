@@ -33,6 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from brisk._atomic import atomic_write_text
+
 DTYPES = ("float32", "bfloat16", "float16")
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a run stopped by Ctrl-C
 
@@ -142,9 +144,7 @@ def _positive(value: int, flag: str) -> None:
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write all rows, atomically: readers see the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brisk._atomic import atomic_write_text
 from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
 from brisk.runtime.experiment.proposal import EvalSection, SelfGenSection
 from brisk.runtime.train.config import load_config
@@ -187,9 +188,7 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
         evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
                             log_blocks=shadow, shadow=True, **common)  # fmt: skip
         result["mechanism"] = _mechanism(shadow, head.config.K)
-    tmp = result_file.with_name(".eval.json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, result_file)
+    atomic_write_text(result_file, json.dumps(result, indent=2))
     return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
 
 

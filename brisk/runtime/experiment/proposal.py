@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brisk._atomic import atomic_write_text
 from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
 from brisk.runtime.train.config import load_config
 
@@ -163,9 +163,7 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
         seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, log_blocks=blocks,
     )  # fmt: skip
-    tmp = result_file.with_name(".eval.json.tmp")
-    tmp.write_text(json.dumps(ev.to_dict(), indent=2))
-    os.replace(tmp, result_file)
+    atomic_write_text(result_file, json.dumps(ev.to_dict(), indent=2))
     return ev.to_dict()
 
 

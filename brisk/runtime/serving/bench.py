@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brisk._atomic import atomic_write
 from brisk.runtime.experiment.evaluate import Interval
 
 __all__ = [
@@ -316,7 +317,8 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names: str) -> Path:
-    """Aggregate TPS against C per server (95 % intervals), and the ratio per C."""
+    """Aggregate TPS against C per server (95 % intervals), and the ratio per C; written
+    atomically to ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -353,6 +355,6 @@ def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names
         ax.set_xticks([q.concurrency for q in per_c], [str(q.concurrency) for q in per_c])
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 from pathlib import Path
 
+from brisk._atomic import atomic_write_text
 from brisk._cli import comma_separated
 
 __all__ = ["register"]
@@ -94,18 +94,11 @@ def _serve(args: argparse.Namespace) -> int:
     names = f"{labels[1]} ÷ {labels[0]}" if len(labels) == 2 else ""
     text = bench.markdown(rows, ratios, names)
     print(text, end="")
-    _atomic_write(args.out / "serve_bench.md", text)
-    _atomic_write(
+    atomic_write_text(args.out / "serve_bench.md", text)
+    atomic_write_text(
         args.out / "serve_bench.json",
         bench.dumps(bench.to_json(runs, rows, ratios, options, servers)),
     )
-    png = bench.plot(rows, ratios, args.out / ".serve_bench.png.tmp.png", names)
-    os.replace(png, args.out / "serve_bench.png")
+    bench.plot(rows, ratios, args.out / "serve_bench.png", names)
     console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")
     return 0
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from brisk._atomic import atomic_write_text
+
 __all__ = [
     "SelfGenOptions",
     "SelfGenResult",
@@ -164,12 +166,6 @@ def read_provenance(out: str | Path) -> dict[str, Any]:
     return data
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def generate_dataset(
     checkpoint: str | Path, out: str | Path, options: SelfGenOptions, show_progress: bool = True
 ) -> SelfGenResult:
@@ -199,7 +195,7 @@ def generate_dataset(
                 "use a new directory"
             )
     else:
-        _atomic_write(out / PROVENANCE, json.dumps(provenance, indent=2).encode())
+        atomic_write_text(out / PROVENANCE, json.dumps(provenance, indent=2))
 
     task = provenance_task(provenance)
     problems = make_split(task, "train", options.problems, options.problem_seed)

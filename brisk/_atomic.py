@@ -1,0 +1,26 @@
+"""Atomic file writes: readers see the old file or the whole new one, never a part."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["atomic_write", "atomic_write_text"]
+
+
+def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` to a temporary sibling of ``target``, then rename it into place. The
+    temporary name keeps no extension of the target's: writers that infer a format from the
+    name must be told it."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(target: str | os.PathLike[str], text: str) -> None:
+    atomic_write(target, lambda tmp: tmp.write_text(text))
