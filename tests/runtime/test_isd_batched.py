@@ -148,3 +148,28 @@ def test_inverse_cdf_sampler_matches_the_law_and_never_draws_zero_weight(
     edge = sample_inverse_cdf(torch.tensor([[0.5, 0.5, 0.0]]), torch.tensor([1.0]))
     assert int(edge[0]) == 1
     assert sampling.sample_inverse_cdf is sample_inverse_cdf
+
+
+def test_concat_is_the_inverse_of_select_and_pads_missing_optional_fields() -> None:
+    """State batches split by ``select`` come back whole through ``concat``; a part without an
+    optional draft field (a fresh row: ``q`` None) gets zero rows of its own size there."""
+    import dataclasses
+
+    from brisk.runtime.isd.batched import Draft, ISDState, StepContext, init_state
+
+    ctx = StepContext(ISDOptions(stride=4, max_new_tokens=8), K=3)
+    state = init_state([[1, 2], [3], [4, 5, 6], [7]], torch.arange(4), torch.arange(4), ctx, "cpu")
+    q = torch.rand(4, 3, 3)
+    state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, q=q))
+    parts = [state.select(torch.tensor(r)) for r in ([2], [0, 1], [3])]
+    whole = ISDState.concat(parts)
+    order = torch.tensor([2, 0, 1, 3])
+    for f in dataclasses.fields(ISDState):
+        a, b = getattr(whole, f.name), getattr(state.select(order), f.name)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), f.name
+    fresh = dataclasses.replace(parts[1], draft=dataclasses.replace(parts[1].draft, q=None))
+    mixed = Draft.concat([parts[0].draft, fresh.draft, parts[2].draft])
+    assert mixed.q.shape == (4, 3, 3)
+    assert torch.equal(mixed.q[1:3], torch.zeros(2, 3, 3))
+    assert torch.equal(mixed.q[[0, 3]], q[[2, 3]])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brisk.runtime.serving.bench import Run, _percentile, compare, markdown, summarize
+from brisk.runtime.serving.bench import Run, compare, markdown, summarize
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 
@@ -67,11 +67,6 @@ def test_ratio_interval_is_a_t_interval_on_the_log_scale() -> None:
 def test_compare_needs_pairs() -> None:
     with pytest.raises(ValueError, match="no paired runs"):
         compare([run("A", 1, 0, 10.0), run("B", 2, 0, 10.0)], "A", "B")
-
-
-@given(st.lists(st.floats(0, 1e3), min_size=1, max_size=50), st.floats(0, 1))
-def test_percentile_matches_numpy(xs: list[float], q: float) -> None:
-    assert _percentile(sorted(xs), q) == pytest.approx(np.percentile(xs, 100 * q), abs=1e-9)
 
 
 def test_summary_pools_requests_and_reads_the_server_tpf() -> None:

@@ -28,6 +28,7 @@ slot), so a row's output does not depend on the batch or the device.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,36 @@ class _Rows:
                 value = value[index]
             values[f.name] = value
         return type(self)(**values)
+
+    def rows(self) -> int:
+        """B: the length of the first tensor field."""
+        return next(
+            int(v.shape[0])
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if isinstance(v := getattr(self, f.name), Tensor)
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Any]) -> Any:
+        """Batches into one, rows in order (the inverse of :meth:`select`). An optional field
+        that some parts hold and others lack (None) is zero-filled for the lacking parts' rows;
+        boolean flags are or-ed."""
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            column = [getattr(p, f.name) for p in parts]
+            value = column[0]
+            if isinstance(value, _Rows):
+                value = type(value).concat(column)
+            elif any(isinstance(v, Tensor) for v in column):
+                like = next(v for v in column if isinstance(v, Tensor))
+                value = torch.cat([
+                    v if isinstance(v, Tensor) else like.new_zeros((p.rows(), *like.shape[1:]))
+                    for v, p in zip(column, parts, strict=True)
+                ])  # fmt: skip
+            elif isinstance(value, bool):
+                value = any(column)
+            values[f.name] = value
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -302,7 +302,7 @@ class BriskISD(DllmAlgorithm):
                 src, rows = h.batch, [handles[k].row for k in range(i, j)]
             parts.append(src.select(torch.tensor(rows, device=src.seed.device)))
             i = j
-        return parts[0] if len(parts) == 1 else _cat(parts)
+        return parts[0] if len(parts) == 1 else ISDState.concat(parts)
 
     def prepare_inputs(self, model_runner: Any, forward_batch: Any, states: list[Any]) -> None:
         """Write each row's slots into ``forward_batch.input_ids`` in place (CUDA-graph safe):
@@ -358,29 +358,6 @@ def _serving_view(state: ISDState, M: int) -> ISDState:
         n_out=torch.zeros(B, dtype=torch.long, device=device),
         stats=stats,
     )
-
-
-def _cat(rows: list[Any]) -> Any:
-    """Batch states (of any sizes) into one: each ``[b, …]`` tensor field concatenated."""
-    first = rows[0]
-    values = {}
-    for f in dataclasses.fields(first):
-        column = [getattr(r, f.name) for r in rows]
-        value = column[0]
-        if dataclasses.is_dataclass(value):
-            value = _cat(column)
-        elif any(isinstance(v, Tensor) for v in column):
-            # an optional draft field a fresh row lacks (it verifies nothing): zeros stand in
-            like = next(v for v in column if isinstance(v, Tensor))
-            value = torch.cat([
-                v if isinstance(v, Tensor)
-                else like.new_zeros((r.tokens.shape[0], *like.shape[1:]))
-                for v, r in zip(column, rows, strict=True)
-            ])  # fmt: skip
-        elif isinstance(value, bool):
-            value = any(column)
-        values[f.name] = value
-    return type(first)(**values)
 
 
 def _request_seeds(forward_batch: Any, default: int) -> Tensor:

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from brisk._atomic import atomic_write
 from brisk.runtime.experiment.evaluate import Interval
 
@@ -210,25 +212,17 @@ def summarize(runs: Sequence[Run]) -> list[SweepRow]:
     for server, C in keys:
         group = [r for r in runs if (r.server, r.concurrency) == (server, C)]
         request_tps = [t for r in group for t in r.request_tps]
-        e2e = sorted(t for r in group for t in r.e2e_s)
+        e2e = [t for r in group for t in r.e2e_s]
         tpfs = [r.tpf for r in group if r.tpf is not None]
         rows.append(SweepRow(
             server=server, concurrency=C,
             aggregate_tps=Interval.of([r.aggregate_tps for r in group]),
             median_request_tps=statistics.median(request_tps) if request_tps else math.nan,
-            p95_latency_s=_percentile(e2e, 0.95), tpf=statistics.fmean(tpfs) if tpfs else None,
+            p95_latency_s=float(np.percentile(e2e, 95)) if e2e else math.nan,
+            tpf=statistics.fmean(tpfs) if tpfs else None,
             runs=len(group),
         ))  # fmt: skip
     return rows
-
-
-def _percentile(sorted_xs: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
-    if not sorted_xs:
-        return math.nan
-    pos = q * (len(sorted_xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
