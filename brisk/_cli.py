@@ -73,3 +73,45 @@ def config_from_args(
         except ValueError as err:
             raise ValueError(f"--config: {err}") from None
     return with_overrides(cfg, overrides, flags)
+
+
+# The options of a decode over training problems, shared by `brisk train selfgen` and
+# `brisk train corrector collect` (both sample the deployed decoder on problems).
+DECODE_OPTION_FLAGS = (
+    "problems", "samples", "stride", "temperature", "top_k", "max_new_tokens", "problem_seed",
+    "seed", "batch_size",
+)  # fmt: skip
+
+
+def add_problem_decode_arguments(
+    parser: argparse.ArgumentParser, *, checkpoint: str, out: str, samples: int, top_k: int,
+    top_k_help: str,
+) -> None:  # fmt: skip
+    """The flags of :data:`DECODE_OPTION_FLAGS`, the checkpoint, output and thread flags."""
+    parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
+    parser.add_argument("--out", type=Path, required=True, help=out)
+    parser.add_argument("--problems", type=int, default=1000, help="distinct training problems")
+    parser.add_argument("--samples", type=int, default=samples, help="responses per problem")
+    parser.add_argument("--stride", type=int, default=8, help="ISD stride N")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=top_k, help=top_k_help)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--problem-seed", type=int, default=0, help="which training problems")
+    parser.add_argument("--seed", type=int, default=0, help="decode seeds")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace, **extra: Any) -> T:
+    """``cls`` from those flags (and ``extra``), after checking the thread count and the
+    checkpoint; an option's error names its flag."""
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    try:
+        options = cls(**{name: getattr(args, name) for name in DECODE_OPTION_FLAGS}, **extra)
+    except ValueError as err:
+        raise ValueError(f"--{str(err).replace('_', '-')}") from None
+    if not (args.checkpoint / "config.json").is_file():
+        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    return options

@@ -11,7 +11,12 @@ import json
 import os
 from pathlib import Path
 
-from brisk._cli import comma_separated, config_from_args
+from brisk._cli import (
+    add_problem_decode_arguments,
+    comma_separated,
+    config_from_args,
+    problem_decode_options,
+)
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,20 +33,11 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s = commands.add_parser(
         "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
     )
-    s.add_argument("--checkpoint", type=Path, required=True, help="the model that samples")
-    s.add_argument("--out", type=Path, required=True, help="dataset directory (resumes a run)")
-    s.add_argument("--problems", type=int, default=1000, help="distinct training problems")
-    s.add_argument("--samples", type=int, default=4, help="responses R per problem")
-    s.add_argument("--stride", type=int, default=8, help="ISD stride N")
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=16, help="candidates K of the base drafts")
-    s.add_argument("--max-new-tokens", type=int, default=160)
-    s.add_argument("--problem-seed", type=int, default=0, help="which training problems")
-    s.add_argument("--seed", type=int, default=0, help="decode seeds")
+    add_problem_decode_arguments(
+        s, checkpoint="the model that samples", out="dataset directory (resumes a run)",
+        samples=4, top_k=16, top_k_help="candidates K of the base drafts",
+    )  # fmt: skip
     s.add_argument("--chunk", type=int, default=64, help="problems per Parquet part")
-    s.add_argument("--batch-size", type=int, default=128)
-    s.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    s.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     s.set_defaults(run=run_selfgen)
 
     p = commands.add_parser(
@@ -114,19 +110,7 @@ def run_selfgen(args: argparse.Namespace) -> int:
 
     from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
 
-    if args.threads < 1:
-        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
-    try:
-        options = SelfGenOptions(
-            problems=args.problems, samples=args.samples, stride=args.stride,
-            temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-            problem_seed=args.problem_seed, seed=args.seed, chunk=args.chunk,
-            batch_size=args.batch_size,
-        )  # fmt: skip
-    except ValueError as err:
-        raise ValueError(f"--{str(err).replace('_', '-')}") from None
-    if not (args.checkpoint / "config.json").is_file():
-        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    options = problem_decode_options(SelfGenOptions, args, chunk=args.chunk)
     torch.set_num_threads(args.threads)
     result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress)
     print(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from brisk._cli import config_from_args
+from brisk._cli import add_problem_decode_arguments, config_from_args, problem_decode_options
 
 __all__ = ["register_experiment", "register_train"]
 
@@ -37,20 +37,11 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     k = sub.add_parser(
         "collect", help="decode training problems head-off and store policy-reached events"
     )
-    k.add_argument("--checkpoint", type=Path, required=True, help="the frozen backbone")
-    k.add_argument("--out", type=Path, required=True, help="event store directory (new)")
-    k.add_argument("--problems", type=int, default=1000, help="distinct training problems")
-    k.add_argument("--samples", type=int, default=2, help="responses per problem")
-    k.add_argument("--stride", type=int, default=8, help="ISD stride N")
-    k.add_argument("--temperature", type=float, default=1.0)
-    k.add_argument("--top-k", type=int, default=32, help="candidates kept (serves K ≤ this)")
-    k.add_argument("--max-new-tokens", type=int, default=160)
-    k.add_argument("--problem-seed", type=int, default=0, help="which training problems")
-    k.add_argument("--seed", type=int, default=0, help="decode seeds")
-    k.add_argument("--batch-size", type=int, default=128)
+    add_problem_decode_arguments(
+        k, checkpoint="the frozen backbone", out="event store directory (new)", samples=2,
+        top_k=32, top_k_help="candidates kept (serves K ≤ this)",
+    )  # fmt: skip
     k.add_argument("--feature-dtype", type=str, default="float32", help="float32 | float16")
-    k.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    k.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     k.set_defaults(run=run_collect)
 
 
@@ -59,19 +50,7 @@ def run_collect(args: argparse.Namespace) -> int:
 
     from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
 
-    if args.threads < 1:
-        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
-    try:
-        options = CollectOptions(
-            problems=args.problems, samples=args.samples, stride=args.stride,
-            temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-            problem_seed=args.problem_seed, seed=args.seed, batch_size=args.batch_size,
-            feature_dtype=args.feature_dtype,
-        )  # fmt: skip
-    except ValueError as err:
-        raise ValueError(f"--{str(err).replace('_', '-')}") from None
-    if not (args.checkpoint / "config.json").is_file():
-        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    options = problem_decode_options(CollectOptions, args, feature_dtype=args.feature_dtype)
     if args.out.exists():
         raise ValueError(f"--out: {args.out} already exists (an event store is written once)")
     torch.set_num_threads(args.threads)
