@@ -3,6 +3,7 @@ the worker pool that runs its arm × seed jobs."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -56,3 +57,14 @@ def run_jobs(
             results[(arm, seed)] = future.result()
             done(count, arm, seed, results[(arm, seed)])
     return results
+
+
+def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | None]:
+    """An arm × seed's run directory (created) and its saved evaluation, if the job finished
+    before (``eval.json``, written atomically last): what makes the experiments resume."""
+    run = Path(out_dir) / "arms" / arm / f"seed{seed}"
+    result_file = run / "eval.json"
+    if result_file.exists():
+        return run, dict(json.loads(result_file.read_text()))
+    run.mkdir(parents=True, exist_ok=True)
+    return run, None

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
+from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, job_dir, run_jobs
 from brisk.runtime.experiment.proposal import EvalSection, SelfGenSection
 from brisk.runtime.train.config import load_config
 
@@ -153,11 +153,9 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
 
     torch.set_num_threads(1)
     arm = _arm(arm_name)
-    run = Path(cfg.out_dir) / "arms" / arm.name / f"seed{seed}"
-    result_file = run / "eval.json"
-    if result_file.exists():
-        return dict(json.loads(result_file.read_text()))
-    run.mkdir(parents=True, exist_ok=True)
+    run, done = job_dir(cfg.out_dir, arm.name, seed)
+    if done is not None:
+        return done
     t = cfg.train
     tcfg = CorrectorTrainConfig(
         events=events, out_dir=str(run), seed=seed, epochs=t.epochs, batch_size=t.batch_size,
@@ -188,7 +186,7 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
         evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
                             log_blocks=shadow, shadow=True, **common)  # fmt: skip
         result["mechanism"] = _mechanism(shadow, head.config.K)
-    atomic_write_text(result_file, json.dumps(result, indent=2))
+    atomic_write_text(run / "eval.json", json.dumps(result, indent=2))
     return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, run_jobs
+from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, job_dir, run_jobs
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
@@ -136,11 +136,9 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
 
     torch.set_num_threads(1)
     arm = _arm(arm_name)
-    run = Path(cfg.out_dir) / "arms" / arm.name / f"seed{seed}"
-    result_file = run / "eval.json"
-    if result_file.exists():
-        return dict(json.loads(result_file.read_text()))
-    run.mkdir(parents=True, exist_ok=True)
+    run, done = job_dir(cfg.out_dir, arm.name, seed)
+    if done is not None:
+        return done
     checkpoint = Path(cfg.base)
     if arm.data != "base":
         t = cfg.train
@@ -163,7 +161,7 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
         seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, log_blocks=blocks,
     )  # fmt: skip
-    atomic_write_text(result_file, json.dumps(ev.to_dict(), indent=2))
+    atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
     return ev.to_dict()
 
 
