@@ -68,3 +68,13 @@ def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | N
         return run, dict(json.loads(result_file.read_text()))
     run.mkdir(parents=True, exist_ok=True)
     return run, None
+
+
+def held_out_problems(checkpoint: str | Path, n: int, seed: int) -> list[Any]:
+    """``n`` test-split problems of the task the checkpoint was trained on (its
+    ``train_config.json``), the same for every arm and seed."""
+    from brisk.runtime.tiny.task import make_split
+    from brisk.runtime.train.config import BaseTrainConfig
+
+    task = BaseTrainConfig.load(Path(checkpoint) / "train_config.json").task
+    return make_split(task, "test", n, seed)

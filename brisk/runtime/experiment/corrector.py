@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, job_dir, run_jobs
+from brisk.runtime.experiment.common import (
+    check_plan,
+    ensure_checkpoint,
+    held_out_problems,
+    job_dir,
+    run_jobs,
+)
 from brisk.runtime.experiment.proposal import EvalSection, SelfGenSection
 from brisk.runtime.train.config import load_config
 
@@ -146,8 +152,6 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
 
     from brisk.runtime.corrector import Corrector
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
-    from brisk.runtime.tiny.task import TaskConfig, make_split
-    from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.corrector import train_corrector
     from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 
@@ -170,8 +174,7 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
                           "steps": r.steps, "train_events": r.train_events,
                           "train_s": r.wall_s}  # fmt: skip
         head = Corrector.from_pretrained(run / "final")
-    task: TaskConfig = BaseTrainConfig.load(Path(cfg.backbone) / "train_config.json").task
-    problems = make_split(task, "test", cfg.eval.problems, cfg.eval.problem_seed)
+    problems = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed)
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
     e = cfg.eval
     common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,

@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.experiment.common import check_plan, ensure_checkpoint, job_dir, run_jobs
+from brisk.runtime.experiment.common import (
+    check_plan,
+    ensure_checkpoint,
+    held_out_problems,
+    job_dir,
+    run_jobs,
+)
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
@@ -129,8 +135,6 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
     import torch
 
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
-    from brisk.runtime.tiny.task import TaskConfig, make_split
-    from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.proposal import train_proposal
     from brisk.runtime.train.proposal_config import ProposalTrainConfig
 
@@ -152,8 +156,7 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
             train_proposal(pcfg, resume=True, show_progress=False)
-    task: TaskConfig = BaseTrainConfig.load(Path(cfg.base) / "train_config.json").task
-    problems = make_split(task, "test", cfg.eval.problems, cfg.eval.problem_seed)
+    problems = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed)
     blocks = run / "blocks"
     shutil.rmtree(blocks, ignore_errors=True)
     ev = evaluate_checkpoint(
