@@ -32,7 +32,7 @@ from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
 from brisk.runtime.sampling import Slots, counter_uniforms
 
-__all__ = ["KVSlots", "decode"]
+__all__ = ["KVSlots", "decode", "log_verified"]
 
 
 class KVSlots:
@@ -292,26 +292,40 @@ class _Batch:
 
     def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:
         assert self.logger is not None
-        rows = result.verified.nonzero()[:, 0]
-        if not len(rows):
-            return
-        M, T = self.ctx.M, self.ctx.options.temperature
-        draft = result.verified_draft.select(rows)
-        base_logp = head_logp = None
-        if alt_logp is not None:
-            actual = _block_logp(logits[rows, :M], draft.tokens)
-            other = alt_logp[rows]
-            base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
-        st = self.state
-        self.logger.log_round(
-            BlockRecord.from_round(
-                request_id=st.request[rows], block_index=st.block_index[rows], draft=draft,
-                verifier_logits=logits[rows, : M + 1], temperature=T,
-                u=result.u[rows, 1 : 1 + M], accept_len=result.accept_len[rows],
-                base_logp=base_logp, head_logp=head_logp,
-            ),
-            draft,
-        )  # fmt: skip
+        log_verified(self.logger, self.state, result, logits, self.ctx.options.temperature,
+                     alt_logp)  # fmt: skip
+
+
+def log_verified(
+    logger: BlockLogger,
+    state: ISDState,
+    result: StepResult,
+    logits: Tensor,
+    temperature: float,
+    alt_logp: Tensor | None = None,
+) -> None:
+    """The block-log rows of one round's verifying rows: ``state`` is the state the round
+    started from, ``logits [B, S, V]`` its forward's, ``alt_logp [B]`` the other selector's
+    block likelihood when scored (:attr:`ISDOptions.score_blocks`)."""
+    rows = result.verified.nonzero()[:, 0]
+    if not len(rows):
+        return
+    M = result.verified_draft.tokens.shape[1]
+    draft = result.verified_draft.select(rows)
+    base_logp = head_logp = None
+    if alt_logp is not None:
+        actual = _block_logp(logits[rows, :M], draft.tokens)
+        other = alt_logp[rows]
+        base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
+    logger.log_round(
+        BlockRecord.from_round(
+            request_id=state.request[rows], block_index=state.block_index[rows], draft=draft,
+            verifier_logits=logits[rows, : M + 1], temperature=temperature,
+            u=result.u[rows, 1 : 1 + M], accept_len=result.accept_len[rows],
+            base_logp=base_logp, head_logp=head_logp,
+        ),
+        draft,
+    )  # fmt: skip
 
 
 def _dense_slots(length: int, batch: int, device: torch.device) -> KVSlots:

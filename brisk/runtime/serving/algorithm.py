@@ -49,9 +49,10 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 from torch import Tensor
 
-from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state, step
+from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
@@ -254,7 +255,7 @@ class BriskISD(DllmAlgorithm):
             hidden = logits.new_zeros(B, S, 1)
         result = step(state, logits, hidden.view(B, S, -1), ctx)
         if self.logger is not None:
-            self._log(state, result, logits)
+            log_verified(self.logger, state, result, logits, self.options.temperature)
 
         new = result.state
         n_out, keep, out_ids = new.n_out.tolist(), result.keep.sum(1).tolist(), new.out.tolist()
@@ -315,23 +316,6 @@ class BriskISD(DllmAlgorithm):
         ids.copy_(slots)
         if self.corrector is not None:
             _capture_hidden(forward_batch)
-
-    def _log(self, state: ISDState, result: Any, logits: Tensor) -> None:
-        assert self.logger is not None
-        rows = result.verified.nonzero()[:, 0]
-        if not len(rows):
-            return
-        M = self.options.M
-        draft = result.verified_draft.select(rows)
-        self.logger.log_round(
-            BlockRecord.from_round(
-                request_id=state.request[rows], block_index=state.block_index[rows],
-                draft=draft, verifier_logits=logits[rows, : M + 1],
-                temperature=self.options.temperature, u=result.u[rows, 1 : 1 + M],
-                accept_len=result.accept_len[rows],
-            ),
-            draft,
-        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
