@@ -30,8 +30,9 @@ not declare it (``SUPPORTS_VARIABLE_COMMIT``), with that message. The algorithm 
 against brisk's reference ISD through a model runner that honours the contract
 (``tests/serving``).
 
-Uniforms are :func:`~brisk.runtime.sampling.counter_uniforms` of (the request's sampling seed or
-the config's ``seed``, its request key, its forward counter, slot), so a request's tokens do not
+Uniforms are :func:`~brisk.runtime.sampling.counter_uniforms` of (the request's sampling seed,
+which SGLang fills under ``--enable-deterministic-inference``, else the config's ``seed``; its
+:func:`request_key`, a hash of its rid; its forward counter; slot), so a request's tokens do not
 depend on the batch it runs in.
 """
 
