@@ -224,17 +224,23 @@ def simulate_run(
 
 @dataclass(frozen=True)
 class RunTPFPrediction:
-    """Predicted whole-run TPF for given response lengths, with a predictive interval."""
+    """Predicted whole-run TPF for given response lengths: the predictive median and an
+    equal-tailed predictive interval from the same simulated runs (so ``point`` always lies
+    inside [``low``, ``high``]), and ``plugin``, :func:`run_tpf` at the MLE rates."""
 
     point: float
     low: float
     high: float
     level: float
     draws: int
+    plugin: float
 
     def __str__(self) -> str:
         pct = round(100 * self.level)
-        return f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}] ({pct}% predictive interval)"
+        return (
+            f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}] "
+            f"(predictive median, {pct}% predictive interval)"
+        )
 
 
 def predict_run_tpf(
@@ -248,12 +254,14 @@ def predict_run_tpf(
     """The whole-run TPF a run with responses of ``lengths`` should report, given a measured
     acceptance ``profile``.
 
-    ``point`` is :func:`run_tpf` at the profile's MLE rates (NaN when a position that matters
-    was never reached). The interval is predictive: it draws profiles from the Jeffreys
-    posterior a_i ~ Beta(accepted_i + ½, rejected_i + ½), runs the decoder's state machine
-    over ``lengths`` once per draw (:func:`simulate_run`), and takes the equal-tailed
-    ``level`` quantiles of the simulated Σ_r n_r / Σ_r F_r. It so covers both the uncertainty
-    of the profile and the randomness of the run itself.
+    The prediction is a distribution: it draws profiles from the Jeffreys posterior
+    a_i ~ Beta(accepted_i + ½, rejected_i + ½), runs the decoder's state machine over
+    ``lengths`` once per draw (:func:`simulate_run`), and takes the median (``point``) and the
+    equal-tailed ``level`` quantiles of the simulated Σ_r n_r / Σ_r F_r. It so covers both the
+    uncertainty of the profile and the randomness of the run itself. ``plugin`` is
+    :func:`run_tpf` at the profile's MLE rates (NaN when a position that matters was never
+    reached): the expected run TPF if the MLE were the truth, which near TPF's maximum can lie
+    outside the interval.
     """
     if not isinstance(profile, AcceptanceProfile):
         raise ValueError(f"profile: expected an AcceptanceProfile, got {type(profile).__name__}")
@@ -263,11 +271,11 @@ def predict_run_tpf(
         raise ValueError(f"draws: need a positive integer, got {draws!r}")
     rng = np.random.default_rng(seed)
     rates = profile.usable_rates()
-    point = math.nan if rates is None else float(run_tpf(rates, n))
+    plugin = math.nan if rates is None else float(run_tpf(rates, n))
     chunk = max(1, SIMULATION_LANES // n.size)
     totals = []
     for start in range(0, draws, chunk):
         a = profile.posterior_draws(min(chunk, draws - start), rng)
         totals.append(simulate_run(a, n, seed=rng).tpf)
-    low, high = np.quantile(np.concatenate(totals), [(1 - level) / 2, (1 + level) / 2])
-    return RunTPFPrediction(point, float(low), float(high), level, draws)
+    low, point, high = np.quantile(np.concatenate(totals), [(1 - level) / 2, 0.5, (1 + level) / 2])
+    return RunTPFPrediction(float(point), float(low), float(high), level, draws, plugin)

@@ -42,17 +42,27 @@ def _integer_array(x: Any, name: str) -> IntArray:
 
 @dataclass(frozen=True)
 class TPFInterval:
-    """Point estimate of TPF at the MLE rates and a posterior credible interval."""
+    """TPF's posterior median and equal-tailed credible interval, from the same draws.
+
+    ``estimate`` is the median of the posterior draws, so it always lies inside
+    [``low``, ``high``]. ``plugin`` is TPF at the MLE rates: near TPF's maximum it can lie
+    above the whole interval (a position accepted in every block has MLE rate 1, which no
+    posterior draw reaches), which is why it is not the point shown beside the interval.
+    """
 
     estimate: float
     low: float
     high: float
     level: float
     draws: int
+    plugin: float
 
     def __str__(self) -> str:
         pct = round(100 * self.level)
-        return f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}] ({pct}% interval)"
+        return (
+            f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}] "
+            f"(posterior median, {pct}% credible interval)"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,19 +217,24 @@ class AcceptanceProfile:
         draws: int = 10_000,
         seed: int = 0,
     ) -> TPFInterval:
-        """Credible interval for TPF by sampling a_i ~ Beta(accepted_i + ½, rejected_i + ½).
+        """Posterior median and credible interval for TPF, sampling
+        a_i ~ Beta(accepted_i + ½, rejected_i + ½).
 
         Positions are independent a posteriori (each count comes from its own Bernoulli
-        trials), so the draws are pushed through eq:nonuniform_tpf and the equal-tailed quantiles
-        taken.
+        trials), so the draws are pushed through eq:nonuniform_tpf and the median and the
+        equal-tailed quantiles taken; :attr:`TPFInterval.plugin` is TPF at the MLE rates.
+
+        >>> i = AcceptanceProfile.from_accept_lengths([3] * 40, M=3).tpf_interval()
+        >>> i.low <= i.estimate <= i.high < i.plugin == 4.0  # all accepted: MLE at the maximum
+        True
         """
         _check_level(level)
         if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
             raise ValueError(f"draws: need a positive integer, got {draws!r}")
         a = self.posterior_draws(draws, np.random.default_rng(seed))
         samples = tpf(a, cost)
-        low, high = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
-        return TPFInterval(self.tpf(cost), float(low), float(high), level, draws)
+        low, median, high = np.quantile(samples, [(1 - level) / 2, 0.5, (1 + level) / 2])
+        return TPFInterval(float(median), float(low), float(high), level, draws, self.tpf(cost))
 
 
 class ProfileTracker:

@@ -204,14 +204,30 @@ def test_prediction_point_seed_and_edges() -> None:
     first = predict_run_tpf(profile, lengths, draws=300, seed=3)
     assert isinstance(first, RunTPFPrediction)
     assert first == predict_run_tpf(profile, lengths, draws=300, seed=3)
-    assert first.point == pytest.approx(run_tpf(profile.rates(), lengths), rel=1e-12)
+    assert first.plugin == pytest.approx(run_tpf(profile.rates(), lengths), rel=1e-12)
+    assert first.low <= first.point <= first.high
     assert first.level == 0.95
     assert first.draws == 300
-    assert "95% predictive interval" in str(first)
+    assert "(predictive median, 95% predictive interval)" in str(first)
     narrow = predict_run_tpf(profile, lengths, level=0.5, draws=300, seed=3)
     assert first.low <= narrow.low <= narrow.high <= first.high
     nothing = predict_run_tpf(AcceptanceProfile.empty(3), lengths, draws=50)
-    assert math.isnan(nothing.point)  # no data: no point estimate, the prior's interval
-    assert 1.0 <= nothing.low <= nothing.high <= 4.0
+    assert math.isnan(nothing.plugin)  # no data: no MLE, the prior's median and interval
+    assert 1.0 <= nothing.low <= nothing.point <= nothing.high <= 4.0
     perfect = predict_run_tpf(AcceptanceProfile.from_accept_lengths([3] * 50, 3), [9], draws=50)
-    assert perfect.point == 9 / 3  # 1 cold start + 2 full rounds of 4 tokens
+    assert perfect.plugin == 9 / 3  # 1 cold start + 2 full rounds of 4 tokens
+    assert perfect.low <= perfect.point <= perfect.high <= perfect.plugin
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    M=st.sampled_from([1, 3, 7]),
+    full=st.integers(0, 400),
+    rejected=st.integers(0, 10),
+    lengths=st.lists(st.integers(1, 80), min_size=1, max_size=12),
+)
+def test_prediction_holds_its_point(M: int, full: int, rejected: int, lengths: list[int]) -> None:
+    """The predictive median lies inside the predictive interval, near TPF's maximum too."""
+    profile = AcceptanceProfile.from_accept_lengths([M] * full + [0] * rejected, M)
+    prediction = predict_run_tpf(profile, lengths, draws=100, seed=0)
+    assert prediction.low <= prediction.point <= prediction.high
