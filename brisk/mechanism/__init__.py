@@ -14,6 +14,7 @@ from brisk.mechanism.io import (
     count_blocks,
     log_files,
     log_shape,
+    log_verification,
     read_blocks,
     validate,
 )
@@ -21,15 +22,18 @@ from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repeats, repetition
 from brisk.mechanism.replay import BlockState, SameStateReplay, same_state_accept, same_state_replay
 from brisk.mechanism.report import MechanismSummary, analyze, summarize, write_report
+from brisk.mechanism.requests import RequestTable, read_requests
+from brisk.mechanism.runs import RunTPF, run_tpf_of_log
 from brisk.mechanism.schema import (
     FORMAT_VERSION,
     BlockLogError,
     CorruptBlockLogError,
     LogShape,
+    Verification,
     block_schema,
 )
 from brisk.mechanism.stats import Bootstrap, Mean, Rate, RateArray
-from brisk.mechanism.synthetic import synthetic_blocks
+from brisk.mechanism.synthetic import synthetic_blocks, synthetic_log, synthetic_requests
 from brisk.mechanism.tally import RequestTally, block_features, tally_blocks
 
 __all__ = [
@@ -48,8 +52,11 @@ __all__ = [
     "Rate",
     "RateArray",
     "Repetition",
+    "RequestTable",
     "RequestTally",
+    "RunTPF",
     "SameStateReplay",
+    "Verification",
     "analyze",
     "block_features",
     "block_likelihood",
@@ -59,13 +66,18 @@ __all__ = [
     "count_blocks",
     "log_files",
     "log_shape",
+    "log_verification",
     "read_blocks",
+    "read_requests",
     "repeats",
     "repetition",
+    "run_tpf_of_log",
     "same_state_accept",
     "same_state_replay",
     "summarize",
     "synthetic_blocks",
+    "synthetic_log",
+    "synthetic_requests",
     "tally_blocks",
     "validate",
     "write_report",

@@ -14,15 +14,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from brisk._cli import comma_separated
-from brisk.mechanism.io import BlockLogWriter, count_blocks, log_files, log_shape, validate
+from brisk.mechanism.io import (
+    count_blocks,
+    log_files,
+    log_shape,
+    log_verification,
+    validate,
+)
 from brisk.mechanism.report import (
     MechanismSummary,
     default_ks,
+    notes,
     summarize,
     table_rows,
     write_report,
 )
-from brisk.mechanism.synthetic import synthetic_blocks
+from brisk.mechanism.requests import read_requests
+from brisk.mechanism.synthetic import synthetic_log
 from brisk.mechanism.tally import tally_blocks
 
 # below this many rows the pass takes about a second and a bar would only flicker
@@ -31,14 +39,13 @@ PROGRESS_MIN_ROWS = 200_000
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = layers.add_parser(
-        "mechanism", help="block-log diagnostics (paper, app:mechanism_analysis)"
+        "mechanism", help="block-log diagnostics (the paper's mechanism analysis)"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = commands.add_parser(
         "report",
-        help="the paper's mechanism table (tab:mechanism_summary) with intervals, "
-        "summary.json/.md and plots",
+        help="the paper's mechanism table with intervals, summary.json/.md and plots",
     )
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="Parquet files or log dirs")
     r.add_argument("--out", type=Path, required=True, help="output directory")
@@ -107,7 +114,9 @@ def run_report(args: argparse.Namespace) -> int:
     with err.status("bootstrap, tables and plots") if show else nullcontext():
         files = [str(f) for f in log_files(args.logs)]
         ks = args.k if args.k is not None else default_ks(tally.shape.K)
-        summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files)
+        requests = read_requests(args.logs, tally.shape.M)
+        summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files, requests,
+                            log_verification(files))  # fmt: skip
         written = write_report(summary, args.out)
     print_table(summary, console)
     console.print(
@@ -137,11 +146,9 @@ def print_table(s: MechanismSummary, console: Console) -> None:
             table.add_row(f"[italic]{section}[/]", "", "", "", "")
         table.add_row(row.quantity, row.unit, row.value, row.pooled, row.requests)
     console.print(table)
-    if s.replay.base_disagreements:
-        console.print(
-            f"[yellow]note:[/] at {s.replay.base_disagreements:,} reached positions J(base) "
-            "contradicts accept_len (greedy verification?)"
-        )
+    console.print(f"verification: {s.verification.describe()}", style="dim")
+    for note in notes(s):
+        console.print(f"[yellow]note:[/] {note}")
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -157,8 +164,10 @@ def run_synth(args: argparse.Namespace) -> int:
     _need(1 <= args.M <= 255, "--M", "proposal positions in 1..255", args.M)
     _need(2 <= args.K <= 4096, "--K", "candidates per position in 2..4096", args.K)
     _need(args.seed >= 0, "--seed", "an integer ≥ 0", args.seed)
-    with BlockLogWriter(args.out, args.M, args.K) as writer:
-        for batch in synthetic_blocks(args.blocks, args.M, args.K, seed=args.seed):
-            writer.write(batch)
-    print(f"wrote {writer.rows_flushed:,} blocks to {args.out}", file=sys.stdout)
+    writer = synthetic_log(args.out, args.blocks, args.M, args.K, seed=args.seed)
+    print(
+        f"wrote {writer.rows_flushed:,} blocks of {writer.requests_written:,} requests to "
+        f"{args.out}",
+        file=sys.stdout,
+    )
     return 0

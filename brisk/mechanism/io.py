@@ -30,11 +30,14 @@ from brisk.mechanism.checks import check_columns
 from brisk.mechanism.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
+    UNKNOWN_VERIFICATION,
     BlockLogError,
     CorruptBlockLogError,
     LogShape,
+    Verification,
     block_schema,
     shape_from_schema,
+    verification_of,
 )
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "count_blocks",
     "log_files",
     "log_shape",
+    "log_verification",
     "read_blocks",
     "validate",
 ]
@@ -62,6 +66,7 @@ class BlockBatch:
     Per-candidate columns have shape [n, M, K], per-position columns [n, M], the rest [n].
     Optional whole-block log-probabilities read as NaN where null or absent from the file; a
     version 1 file reads as ``token_offset = −1`` and ``head_block = head_choice``.
+    ``verification`` is the file's (:class:`~brisk.mechanism.schema.Verification`).
     """
 
     file: str
@@ -69,10 +74,16 @@ class BlockBatch:
     shape: LogShape
     columns: Mapping[str, npt.NDArray[Any]]
     rows: int
+    verification: Verification = UNKNOWN_VERIFICATION
 
     @classmethod
     def from_columns(
-        cls, columns: Mapping[str, Any], M: int, K: int, file: str = "<memory>"
+        cls,
+        columns: Mapping[str, Any],
+        M: int,
+        K: int,
+        file: str = "<memory>",
+        verification: Verification = UNKNOWN_VERIFICATION,
     ) -> BlockBatch:
         """A checked in-memory batch from arrays, as :func:`block_table` takes them."""
         table = block_table(columns, M, K, file=file)
@@ -80,7 +91,7 @@ class BlockBatch:
         cols: dict[str, npt.NDArray[Any]] = {}
         for rb in table.combine_chunks().to_batches(max_chunksize=table.num_rows + 1):
             cols = _to_numpy(rb, shape)
-        return cls(file, 0, shape, cols, table.num_rows)
+        return cls(file, 0, shape, cols, table.num_rows, verification)
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.columns[name]
@@ -90,21 +101,40 @@ class BlockBatch:
 
 
 def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Expand logs (files or part directories) into Parquet files, in a canonical order."""
+    """Expand logs (files or part directories) into Parquet files, in a canonical order.
+
+    A directory contributes its block parts, ``part-*.parquet`` (what
+    :class:`BlockLogWriter` writes); other files in it are not blocks and are left alone. A
+    directory with no part is an error that names the Parquet files it does hold, if any.
+    """
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(path.glob("part-*.parquet")))
+            parts = sorted(path.glob("part-*.parquet"))
+            if not parts:
+                raise ValueError(_no_parts(path))
+            files.extend(parts)
         elif path.exists():
             files.append(path)
         else:
             raise ValueError(f"{path}: no such block log")
     if not files:
-        raise ValueError(f"no Parquet files in {', '.join(str(Path(p)) for p in paths)}")
+        raise ValueError("no block log given")
     return files
+
+
+def _no_parts(path: Path) -> str:
+    others = sorted(p.name for p in path.glob("*.parquet") if not p.name.startswith("requests-"))
+    if not others:
+        return f"{path}: no block-log parts (part-*.parquet) in this directory"
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return (
+        f"{path}: no block-log parts (part-*.parquet) in this directory; it holds {shown}: "
+        "pass such a file by its own path to read it as a block log"
+    )
 
 
 def _open(file: Path) -> pq.ParquetFile:
@@ -127,6 +157,26 @@ def log_shape(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
                 "(schema metadata)",
                 None,
                 f"M = {shape.M}, K = {shape.K}, but {first_file} has M = {first.M}, K = {first.K}",
+            )
+    return first
+
+
+def log_verification(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+) -> Verification:
+    """How the logs were verified: one :class:`~brisk.mechanism.schema.Verification` shared by
+    every file (a report applies one replay rule, so mixing greedy and sampled logs, or logs at
+    different temperatures, is an error naming the file)."""
+    found = {f: verification_of(_open(f).schema_arrow, str(f)) for f in log_files(paths)}
+    first_file, first = next(iter(found.items()))
+    for f, v in found.items():
+        if v != first and not (v.rule == first.rule == "unknown"):
+            raise BlockLogError(
+                str(f),
+                "(schema metadata)",
+                None,
+                f"verified {v.describe()}, but {first_file} was verified {first.describe()}; "
+                "report them separately",
             )
     return first
 
@@ -170,6 +220,7 @@ def _read(
     files: list[Path], columns: Sequence[str] | None, batch_rows: int, check: bool
 ) -> Iterator[BlockBatch]:
     shape = log_shape(files)
+    verification = log_verification(files)
     wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
     unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
     if unknown:
@@ -189,7 +240,7 @@ def _read(
             for name in wanted:
                 if name not in cols:
                     cols[name] = _absent(name, cols, n)
-            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted}, n)
+            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted}, n, verification)
             row0 += n
 
 
@@ -351,6 +402,12 @@ class BlockLogWriter:
     of ``rows_per_group`` rows is flushed as soon as it is full, and the rest on :meth:`flush`
     or on leaving the ``with`` block (also when it is left by an exception: the rows were
     valid). ``rows_flushed`` counts rows safely on disk.
+
+    ``verification`` (:class:`~brisk.mechanism.schema.Verification`) goes into every part's
+    metadata; it can be given later with :meth:`declare`, until the first part is written.
+    :meth:`write_requests` adds rows of the request table
+    (:mod:`brisk.mechanism.requests`); they reach disk only after every block written before
+    them, so a request with a row never lacks a block.
     Parts are LZ4 (raw) compressed: probability lists barely compress, and LZ4 decodes about
     twice as fast as Snappy at the same size. Every data page carries a CRC-32 checksum that
     the readers verify.
@@ -363,9 +420,11 @@ class BlockLogWriter:
         K: int,
         rows_per_group: int = DEFAULT_BATCH_ROWS,
         compression: str = "lz4",
+        verification: Verification | None = None,
     ) -> None:
         self.path = Path(path)
         self.shape = LogShape(M, K)
+        self.verification = verification
         if rows_per_group < 1:
             raise ValueError(f"rows_per_group: need a positive integer, got {rows_per_group!r}")
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
@@ -378,7 +437,20 @@ class BlockLogWriter:
         self.parts = 0
         self._buffer: list[pa.Table] = []
         self._buffered = 0
+        self._requests: list[pa.Table] = []
+        self.requests_written = 0
+        self.request_parts = 0
         self._closed = False
+
+    def declare(self, verification: Verification) -> None:
+        """Record how the blocks are verified; an error once a part has been written under
+        another declaration (a log holds one verification)."""
+        if verification != self.verification and self.parts:
+            raise ValueError(
+                f"verification: {self.path} already holds blocks verified "
+                f"{(self.verification or UNKNOWN_VERIFICATION).describe()}"
+            )
+        self.verification = verification
 
     def __enter__(self) -> BlockLogWriter:
         return self
@@ -408,10 +480,29 @@ class BlockLogWriter:
         """Append one block given as keyword arguments (scalars and [M] / [M, K] arrays)."""
         self.write({k: np.asarray(v)[None] for k, v in fields.items()})
 
+    def write_requests(self, columns: Mapping[str, Any]) -> None:
+        """Append request-table rows (:func:`brisk.mechanism.requests.request_table` takes the
+        same arrays), checked now, written at the next :meth:`flush`."""
+        from brisk.mechanism.requests import request_table
+
+        if self._closed:
+            raise ValueError("write_requests: the writer is closed")
+        table = request_table(columns, self.shape.M, file=str(self.path))
+        self._requests.append(table)
+        self.requests_written += table.num_rows
+        if sum(t.num_rows for t in self._requests) >= self.rows_per_group:
+            self.flush()
+
     def flush(self) -> None:
-        """Write every buffered row as one more part."""
+        """Write every buffered block as one more part, then the buffered request rows."""
         if self._buffered:
             self._flush(self._buffered)
+        if self._requests:
+            table = pa.concat_tables(self._requests).combine_chunks()
+            final = self.path / f"requests-{self.request_parts:06d}.parquet"
+            _write_atomic(table, final, compression=self.compression, row_group_size=table.num_rows)
+            self.request_parts += 1
+            self._requests = []
 
     def close(self) -> None:
         if not self._closed:
@@ -421,29 +512,37 @@ class BlockLogWriter:
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self._buffer).combine_chunks()
         part, rest = table.slice(0, rows), table.slice(rows)
-        final = self.path / f"part-{self.parts:06d}.parquet"
-        tmp = self.path / f".{final.name}.tmp"
-        # dictionary pages only slow the reader down on probability and id lists
-        pq.write_table(
-            part,
-            tmp,
-            row_group_size=rows,
-            compression=self.compression,
-            use_dictionary=False,
-            write_page_checksum=True,
-        )
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)  # atomic: readers see the whole part or none of it
-        dir_fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        schema = block_schema(self.shape.M, self.shape.K, self.verification)
+        _write_atomic(part.replace_schema_metadata(schema.metadata),
+                      self.path / f"part-{self.parts:06d}.parquet",
+                      compression=self.compression, row_group_size=rows)  # fmt: skip
         self.parts += 1
         self.rows_flushed += rows
         self._buffer = [rest] if rest.num_rows else []
         self._buffered = rest.num_rows
+
+
+def _write_atomic(table: pa.Table, final: Path, *, compression: str, row_group_size: int) -> None:
+    """Write ``table`` to a hidden temporary file, fsync it and rename it to ``final``: readers
+    see the whole file or none of it, and a crash leaves no half-written part."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    # dictionary pages only slow the reader down on probability and id lists
+    pq.write_table(
+        table,
+        tmp,
+        row_group_size=row_group_size,
+        compression=compression,
+        use_dictionary=False,
+        write_page_checksum=True,
+    )
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from brisk.mechanism.runs import COMPLETE_CYCLES, WHOLE_RUN
 from brisk.mechanism.stats import Mean, Rate, RateArray
 
 if TYPE_CHECKING:
@@ -248,12 +249,21 @@ def plot_acceptance_profile(s: MechanismSummary) -> Figure:
     ax.set_xticks(x)
     ax.set_xlabel("proposal position i")
     ax.set_ylabel("acceptance a_i (reached blocks)")
-    t = s.tpf
-    ax.set_title(
-        f"Acceptance profile — TPF (ISD) {t.estimate:.2f} [{t.low:.2f}, {t.high:.2f}]", fontsize=10
-    )
+    ax.set_title(f"Acceptance profile, every logged verify round\n{tpf_caption(s)}", fontsize=9)
     ax.grid(alpha=0.3)
     return fig
+
+
+def tpf_caption(s: MechanismSummary) -> str:
+    """The run's TPFs in the words of the report table (:mod:`brisk.mechanism.runs`)."""
+    if s.run is None:
+        from brisk.mechanism.report import ALL_ROUNDS
+
+        t = s.tpf
+        return f"{ALL_ROUNDS} {t.estimate:.2f} [{t.low:.2f}, {t.high:.2f}]"
+    r = s.run
+    text = f"{WHOLE_RUN} {r.whole_run:.2f}, {COMPLETE_CYCLES.removeprefix('TPF, ')} "
+    return text + f"{r.complete_cycles:.2f}"
 
 
 def save_plots(s: MechanismSummary, out: Path) -> list[Path]:

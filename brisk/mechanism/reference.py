@@ -19,8 +19,9 @@ import numpy as np
 from brisk.mechanism.coverage import PROB_SCALE
 from brisk.mechanism.io import BlockBatch, read_blocks
 from brisk.mechanism.likelihood import LOGP_SCALE
-from brisk.mechanism.schema import LogShape
-from brisk.mechanism.tally import RequestTally
+from brisk.mechanism.replay import SAMPLED_RTOL
+from brisk.mechanism.schema import LogShape, Verification
+from brisk.mechanism.tally import MAX_FEATURES, RequestTally
 
 __all__ = ["reference_rates", "reference_tally"]
 
@@ -30,13 +31,35 @@ def _accept(p: float, q: float, u: float) -> bool:
     return u < alpha
 
 
+def _factual(row: dict[str, Any], i: int, v: Verification) -> bool | None:
+    """The log's own rule on the verified token at position i; None: not replayable there."""
+    rank = row["head_choice"][i] if v.draft_law == "head" else row["base_choice"][i]
+    if rank < 0:
+        return None  # the selector did not run here: nothing was verified from it
+    x = row["cand_ids"][i][rank]
+    if v.rule == "greedy":
+        return bool(x == row["verifier_top1"][i])
+    if v.draft_law == "head":
+        return None
+    p, q, u = row["p"][i][rank], row["q"][i][rank], row["u"][i]
+    if v.draft_law == "unknown":
+        return bool(_accept(p, q, u))
+    if v.draft_law == "q_topk":
+        total = float(np.sum(np.asarray(row["q"][i], dtype=np.float64)))
+        q = q / total if total > 0 else 0.0
+    threshold = float(u * q)
+    if abs(threshold - p) <= SAMPLED_RTOL * max(threshold, p):
+        return None  # within float32 rounding of the threshold
+    return bool(threshold < p)
+
+
 def _repeats(anchor: int, x: list[int]) -> tuple[list[bool], list[bool]]:
     adj = [x[i] == (anchor if i == 0 else x[i - 1]) for i in range(len(x))]
     non = [not adj[i] and x[i] in x[: max(i - 1, 0)] for i in range(len(x))]
     return adj, non
 
 
-def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
+def _block(row: dict[str, Any], M: int, K: int, v: Verification) -> dict[str, list[int]]:
     L = row["accept_len"]
     base, head = row["base_choice"], row["head_choice"]
     cand, q, p, u = row["cand_ids"], row["q"], row["p"], row["u"]
@@ -48,6 +71,8 @@ def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
     put("blocks", 0, 1)
     put("head_positions", 0, sum(c >= 0 for c in head))
     put("accept_len", L, 1, M + 1)
+    f["last_block"] = [row["block_index"] * (M + 1) + L]
+    f["unchecked"] = [0 if v.rule == "greedy" or v.draft_law != "head" else 1]
     x_base = [cand[i][base[i]] for i in range(M)]
     own = row["head_block"]  # the head's free-running block: whole-block diagnostics
     whole = all(c >= 0 for c in own)
@@ -56,19 +81,24 @@ def _block(row: dict[str, Any], M: int, K: int) -> dict[str, list[int]]:
     h_adj, h_non = _repeats(row["anchor"], x_own)
     for name in ("fb", "fb_head", "rescue", "interv_fb", "acc_head", "regress", "interv_acc"):
         put(name, 0, 0, M)
-    for name in ("base_disagree", "verified", "adj_verified", "non_verified", "adj_fb", "non_fb"):
+    for name in ("contradicts", "verified", "adj_verified", "non_verified", "adj_fb", "non_fb"):
         put(name, 0, 0)
     for name in ("adj_fb_head", "non_fb_head", "adj_fb_rescue", "non_fb_rescue"):
         put(name, 0, 0)
     for i in range(min(L + 1, M)):
-        jb = _accept(p[i][base[i]], q[i][base[i]], u[i])
         ran = head[i] >= 0
-        jh = ran and _accept(p[i][head[i]], q[i][head[i]], u[i])
+        if v.rule == "greedy":
+            top1 = row["verifier_top1"][i]
+            jb, jh = cand[i][base[i]] == top1, ran and cand[i][head[i]] == top1
+        else:
+            jb = _accept(p[i][base[i]], q[i][base[i]], u[i])
+            jh = ran and _accept(p[i][head[i]], q[i][head[i]], u[i])
         put("verified", 0, 1)
         put("adj_verified", 0, int(adj[i]))
         put("non_verified", 0, int(non[i]))
-        if jb != (i < L):
-            put("base_disagree", 0, 1)
+        said = _factual(row, i, v)
+        if said is not None and said != (i < L):
+            put("contradicts", 0, 1)
         if i < L and ran:
             put("acc_head", i, 1)
             put("regress", i, int(jb and not jh))
@@ -143,12 +173,12 @@ def reference_tally(
                 break
             seen += 1
             row = {name: values[r] for name, values in cols.items()}
-            feats = _block(row, M, K)
+            feats = _block(row, M, K, batch.verification)
             acc = per_request.setdefault(row["request_id"], {})
             for name, values in feats.items():
-                old = acc.setdefault(name, [0] * len(values))
-                for j, v in enumerate(values):
-                    old[j] += v
+                old = acc.setdefault(name, [-1 if name in MAX_FEATURES else 0] * len(values))
+                for j, value in enumerate(values):
+                    old[j] = max(old[j], value) if name in MAX_FEATURES else old[j] + value
     if shape is None:
         raise ValueError("reference_tally: no blocks")
     ids = sorted(per_request)

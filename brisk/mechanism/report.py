@@ -4,7 +4,10 @@
 computes every statistic from the per-request sums with one shared request-clustered bootstrap
 (:class:`~brisk.mechanism.stats.Bootstrap`). The table follows the paper's
 tab:mechanism_summary, adding the pooled rate and the number of requests behind each
-equal-request average, and the local-repetition statistics (app:mech_collision).
+equal-request average, and the local-repetition statistics (app:mech_collision). The TPFs are
+those of :mod:`~brisk.mechanism.runs`, with the names ``brisk decode`` prints: whole run and
+complete cycles when the log directory holds its request table, else only renewal theory at the
+profile of every logged round, under a name of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
-from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files
+from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files, log_verification
 from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repetition
 from brisk.mechanism.replay import SameStateReplay, same_state_replay
-from brisk.mechanism.schema import LogShape
+from brisk.mechanism.requests import RequestTable, read_requests
+from brisk.mechanism.runs import RunTPF, run_tpf_of_log
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification
 from brisk.mechanism.stats import Bootstrap, Mean, Rate
 from brisk.mechanism.tally import RequestTally, tally_blocks
 from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
@@ -39,6 +46,11 @@ __all__ = [
 ]
 
 NO_CORRECTOR = "no corrector in this log"
+ALL_ROUNDS = "TPF, renewal theory at every logged round"
+NO_REQUEST_TABLE = (
+    "no request table beside the blocks (requests-*.parquet): the whole-run and "
+    "complete-cycle TPFs need each request's output tokens and forwards"
+)
 HeadColumn = Literal["head_choice", "head_block", "head_logp"]
 _HEAD_GAPS: dict[str, str] = {
     "head_choice": "no per-position head choices (head_choice = −1 throughout)",
@@ -49,7 +61,13 @@ _HEAD_GAPS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class MechanismSummary:
-    """Everything the report shows. ``ks`` are the K' values singled out in the table."""
+    """Everything the report shows. ``ks`` are the K' values singled out in the table.
+
+    ``run`` holds the run's TPFs when the log has its request table (None otherwise), over
+    the requests with a row; ``unlisted_requests`` counts requests with blocks but no row
+    (unfinished when the log closed). ``tpf`` is renewal theory at the profile of every logged
+    round, shown only without a request table: it is none of the run's TPFs.
+    """
 
     files: tuple[str, ...]
     shape: LogShape
@@ -65,6 +83,9 @@ class MechanismSummary:
     repetition: Repetition
     profile: AcceptanceProfile
     tpf: TPFInterval
+    verification: Verification = UNKNOWN_VERIFICATION
+    run: RunTPF | None = None
+    unlisted_requests: int = 0
 
     @property
     def has_corrector(self) -> bool:
@@ -98,6 +119,25 @@ class MechanismSummary:
             "blocks": self.n_blocks,
             "requests": self.n_requests,
             "corrector": self.has_corrector,
+            "verification": {
+                "rule": self.verification.rule,
+                "draft_law": self.verification.draft_law,
+                "temperature": _finite([self.verification.temperature])[0],
+                "contradictions": self.replay.contradictions,
+                "unchecked_blocks": self.replay.unchecked_blocks,
+            },
+            "tpf": (
+                self.run.as_dict() | {"requests_without_row": self.unlisted_requests}
+                if self.run is not None
+                else {
+                    "renewal_all_rounds": {
+                        "median": _finite([self.tpf.estimate])[0],
+                        "low": self.tpf.low,
+                        "high": self.tpf.high,
+                        "level": self.tpf.level,
+                    }
+                }
+            ),
             "bootstrap": {"draws": self.draws, "seed": self.seed, "level": self.level},
             "ks": list(self.ks),
             "replay": self.replay.as_dict(),
@@ -110,11 +150,6 @@ class MechanismSummary:
                 "rates": _finite(self.profile.rates().tolist()),
                 "low": lo.tolist(),
                 "high": hi.tolist(),
-                "tpf_isd": {
-                    "estimate": _finite([self.tpf.estimate])[0],
-                    "low": self.tpf.low,
-                    "high": self.tpf.high,
-                },
             },
         }
 
@@ -139,8 +174,11 @@ def summarize(
     seed: int = 0,
     level: float = 0.95,
     files: Sequence[str] = (),
+    requests: RequestTable | None = None,
+    verification: Verification = UNKNOWN_VERIFICATION,
 ) -> MechanismSummary:
-    """All statistics of a tally; ``ks`` must lie in 1..K (default: :func:`default_ks`)."""
+    """All statistics of a tally; ``ks`` must lie in 1..K (default: :func:`default_ks`).
+    ``requests``: the log's request table, for the run's TPFs."""
     K = tally.shape.K
     ks = default_ks(K) if ks is None else ks
     bad = [k for k in ks if not 1 <= k <= K]
@@ -164,6 +202,11 @@ def summarize(
         repetition=repetition(sums, boot),
         profile=profile,
         tpf=profile.tpf_interval(CostModel.isd(tally.shape.M), level=level, seed=seed),
+        verification=verification,
+        run=None if requests is None else run_tpf_of_log(tally, requests, level, seed),
+        unlisted_requests=(
+            0 if requests is None else int((~np.isin(tally.request_ids, requests.request_id)).sum())
+        ),
     )
 
 
@@ -176,10 +219,15 @@ def analyze(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     progress: Callable[[int], None] | None = None,
 ) -> MechanismSummary:
-    """Validate, tally and summarize logs (files or part directories) in one streaming pass."""
+    """Validate, tally and summarize logs (files or part directories) in one streaming pass;
+    the request tables of the log directories, if any, give the run's TPFs."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    paths = list(paths)
     files = tuple(str(f) for f in log_files(paths))
     tally = tally_blocks(files, batch_rows=batch_rows, progress=progress)
-    return summarize(tally, ks, draws, seed, level, files)
+    requests = read_requests(paths, tally.shape.M)
+    return summarize(tally, ks, draws, seed, level, files, requests, log_verification(files))
 
 
 @dataclass(frozen=True)
@@ -338,31 +386,75 @@ def table_rows(s: MechanismSummary) -> list[TableRow]:
                 *head("head_block", _mean(own)),
             ),
         ]
-    sec, t = "Acceptance profile (pooled over blocks)", s.tpf
-    rows += [
+    sec = "Tokens per forward"
+    if s.run is not None:
+        requests = f"{s.run.requests:,}" + (
+            f" ({s.unlisted_requests:,} without a row)" if s.unlisted_requests else ""
+        )
+        rows += [
+            TableRow(sec, name, counts, value, "", requests)
+            for name, value, counts, _ in s.run.lines()
+        ]
+    else:
+        t = s.tpf
+        rows.append(
+            TableRow(
+                sec,
+                ALL_ROUNDS,
+                f"Tokens per forward (posterior median [{round(100 * s.level)}% CI])",
+                f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
+                "",
+                f"{s.n_requests:,}",
+            )
+        )
+    rows.append(
         TableRow(
-            sec,
-            f"TPF, ISD at N = {M + 1}",
-            "Tokens per forward",
-            f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
-            "",
-            f"{s.n_requests:,}",
-        ),
-        TableRow(
-            sec,
+            "Acceptance profile (every logged round)",
             "Accepted-prefix length E[L]",
             "Tokens per block",
             f"{_mean_accept_len(s.profile):.3f}",
             "",
             f"{s.n_requests:,}",
-        ),
-    ]
+        )
+    )
     return rows
 
 
 def _mean_accept_len(profile: AcceptanceProfile) -> float:
     """E[L] = Σ_i accepted_i / blocks (each accepted position adds one to L)."""
     return float(profile.accepted.sum() / profile.n_blocks) if profile.n_blocks else math.nan
+
+
+def notes(s: MechanismSummary) -> list[str]:
+    """What a reader of the numbers must know: a log that contradicts its own verification, a
+    check that could not run, TPFs that could not be computed. Empty for a consistent log."""
+    out = []
+    n = s.replay.contradictions
+    if n and s.verification.rule == "unknown":
+        out.append(
+            f"the log does not record how it was verified, and at {n:,} reached positions the "
+            "paper's same-state rule on the base token contradicts accept_len (verified "
+            "greedily, or with another draft law?): rescue and regression follow the paper's rule"
+        )
+    elif n:
+        out.append(
+            f"at {n:,} reached positions the log's own verification rule "
+            f"({s.verification.describe()}) contradicts accept_len: these blocks were not "
+            "verified as the log says"
+        )
+    if s.replay.unchecked_blocks:
+        out.append(
+            f"accept_len of {s.replay.unchecked_blocks:,} blocks was not checked: they were "
+            "drafted from the corrector's softmax, which the log does not hold"
+        )
+    if s.run is None:
+        out.append(NO_REQUEST_TABLE)
+    elif s.unlisted_requests:
+        out.append(
+            f"{s.unlisted_requests:,} requests have blocks but no row in the request table "
+            "(unfinished when the log closed): the TPFs leave them out"
+        )
+    return out
 
 
 def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
@@ -385,12 +477,9 @@ def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
             "showing values.",
             "",
         ]
-    if s.replay.base_disagreements:
-        lines += [
-            f"**Note:** at {s.replay.base_disagreements:,} reached positions the same-state rule "
-            "on the base token contradicts accept_len (was the log verified greedily?).",
-            "",
-        ]
+    lines += [f"Verification: {s.verification.describe()}.", ""]
+    for note in notes(s):
+        lines += [f"**Note:** {note}", ""]
     section = None
     for row in table_rows(s):
         if row.section != section:

@@ -38,7 +38,9 @@ column                 type                meaning
 
 Position i (1-based) is *reached* when i ≤ min(L + 1, M); the reached positions are the
 verified ones, and the *first breaker* is position L + 1 when L < M. M, K and the format version
-live in the schema metadata under ``brisk.M``, ``brisk.K`` and ``brisk.version``.
+live in the schema metadata under ``brisk.M``, ``brisk.K`` and ``brisk.version``; how the blocks
+were verified (:class:`Verification`) under ``brisk.verification``, ``brisk.draft_law`` and
+``brisk.temperature``.
 
 ``head_choice`` feeds the per-position same-state diagnostics (rescue, regression, intervention:
 one token changed at an unchanged state); ``head_block`` feeds the whole-block ones (the head's
@@ -46,16 +48,21 @@ block's repeats, and the block ``head_logp`` scores). When the head decodes (hea
 factual prefix is the head's own and the two columns are equal; in shadow mode (the base
 decodes, the head only proposes) they differ after the head's first disagreement with the base.
 
-Versions. Version 2 added ``token_offset`` and ``head_block`` and writes Parquet page checksums
-(:class:`~brisk.mechanism.io.BlockLogWriter`). Readers still take version 1 files: they read as
-``token_offset = −1`` (unknown) and ``head_block = head_choice`` (all version 1 recorded), and
-are validated as version 1 (no checksums to verify, no checks on the two columns). A log's parts
+Versions. Version 3 records the verification (a file without it reads as
+:data:`UNKNOWN_VERIFICATION`) and adds the request table beside the parts
+(:mod:`brisk.mechanism.requests`). Version 2 added ``token_offset`` and ``head_block`` and
+writes Parquet page checksums (:class:`~brisk.mechanism.io.BlockLogWriter`). Readers still take
+version 1 files: they read as ``token_offset = −1`` (unknown) and ``head_block = head_choice``
+(all version 1 recorded), and are validated as version 1 (no checksums to verify, no checks on
+the two columns). A log's parts
 may mix versions as long as each part is consistent in itself; they must share M and K.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
@@ -64,18 +71,100 @@ __all__ = [
     "OPTIONAL_COLUMNS",
     "READABLE_VERSIONS",
     "REQUIRED_COLUMNS",
+    "UNKNOWN_VERIFICATION",
     "BlockLogError",
     "CorruptBlockLogError",
     "LogShape",
+    "Verification",
     "block_schema",
     "required_columns",
     "schema_info",
 ]
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 _META_M, _META_K, _META_VERSION = b"brisk.M", b"brisk.K", b"brisk.version"
+_META_RULE, _META_LAW, _META_T = b"brisk.verification", b"brisk.draft_law", b"brisk.temperature"
+
+Rule = Literal["greedy", "sampled", "unknown"]
+DraftLaw = Literal["argmax", "q", "q_topk", "head", "unknown"]
+_LAWS: dict[str, tuple[str, ...]] = {
+    "greedy": ("argmax", "head"),
+    "sampled": ("q", "q_topk", "head"),
+    "unknown": ("unknown",),
+}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How a log's blocks were verified: what ``accept_len`` means, and so which same-state
+    rule the replay applies and which check ``accept_len`` must pass.
+
+    - ``rule = "greedy"``: x_i accepted iff it is the verifier's argmax (``verifier_top1``);
+      ``u`` played no part. ``draft_law`` is ``"argmax"`` (the base's top candidate) or
+      ``"head"`` (the corrector's choice).
+    - ``rule = "sampled"``: x_i accepted iff u_i · π_i(x_i) < p_i(x_i), π_i the law the draft
+      was drawn from (paper, sec:idlm_background): ``"q"`` (the full-vocabulary q, where this
+      is exactly eq:mech_same_draw), ``"q_topk"`` (q restricted to C_i and renormalized,
+      brisk's base drafts at T > 0), or ``"head"`` (the corrector's softmax over C_i, which the
+      log does not hold).
+    - ``rule = "unknown"``: the writer was not told, or a version 1 or 2 log.
+
+    ``temperature`` is the one p and q were taken at (1 when greedy); NaN when unknown.
+
+    >>> Verification("greedy", "argmax", 1.0).factual_is_head
+    False
+    """
+
+    rule: Rule
+    draft_law: DraftLaw
+    temperature: float
+
+    def __post_init__(self) -> None:
+        if self.rule not in _LAWS:
+            raise ValueError(f"rule: need one of {', '.join(_LAWS)}, got {self.rule!r}")
+        if self.draft_law not in _LAWS[self.rule]:
+            laws = ", ".join(_LAWS[self.rule])
+            raise ValueError(
+                f"draft_law: a {self.rule} log's drafts come from {laws}; got {self.draft_law!r}"
+            )
+        known = math.isfinite(self.temperature) and self.temperature > 0
+        if self.rule != "unknown" and not known:
+            raise ValueError(f"temperature: need a finite T > 0, got {self.temperature!r}")
+
+    @property
+    def factual_is_head(self) -> bool:
+        """Whether the verified tokens are the head's (``head_choice``) rather than the base's."""
+        return self.draft_law == "head"
+
+    def describe(self) -> str:
+        """One phrase for reports, e.g. ``greedy (x_i accepted iff it is p_i's argmax)``."""
+        return {
+            "greedy": "greedy: x_i accepted iff it is the verifier's argmax",
+            "sampled": f"sampled at T = {self.temperature:g}: x_i accepted iff "
+            f"u_i·π_i(x_i) < p_i(x_i), π = {_LAW_WORDS[self.draft_law]}",
+            "unknown": "not recorded in the log",
+        }[self.rule]
+
+    def metadata(self) -> dict[bytes, bytes]:
+        return {
+            _META_RULE: self.rule.encode(),
+            _META_LAW: self.draft_law.encode(),
+            _META_T: repr(float(self.temperature)).encode(),
+        }
+
+
+_LAW_WORDS = {
+    "q": "the full-vocabulary q",
+    "q_topk": "q restricted to C_i",
+    "head": "the corrector's softmax over C_i",
+    "argmax": "a point mass",
+    "unknown": "unknown",
+}
+
+UNKNOWN_VERIFICATION = Verification("unknown", "unknown", math.nan)
+"""What a version 1 or 2 log reads as."""
 
 # (name, element type, list length: "MK", "M" or None for a scalar column, version added)
 _COLUMNS: tuple[tuple[str, pa.DataType, str | None, int], ...] = (
@@ -165,16 +254,21 @@ class LogShape:
         return {"MK": self.M * self.K, "M": self.M, None: None}[kind]
 
 
-def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
-    """The Arrow schema of a block log with M positions and K candidates (current version).
+def block_schema(
+    M: int, K: int, verification: Verification | None = None, *, logp: bool = True
+) -> pa.Schema:
+    """The Arrow schema of a block log with M positions and K candidates (current version),
+    verified as ``verification`` says (None: :data:`UNKNOWN_VERIFICATION`).
 
-    >>> s = block_schema(7, 16)
+    >>> s = block_schema(7, 16, Verification("sampled", "q_topk", 1.0))
     >>> s.field("q").type
     FixedSizeListType(fixed_size_list<element: float not null>[112])
     >>> s.field("head_block").type
     FixedSizeListType(fixed_size_list<element: int16 not null>[7])
     >>> s.metadata[b"brisk.M"], s.metadata[b"brisk.K"], s.metadata[b"brisk.version"]
-    (b'7', b'16', b'2')
+    (b'7', b'16', b'3')
+    >>> s.metadata[b"brisk.verification"], s.metadata[b"brisk.draft_law"]
+    (b'sampled', b'q_topk')
     """
     shape = LogShape(M, K)
     fields = []
@@ -188,6 +282,7 @@ def block_schema(M: int, K: int, *, logp: bool = True) -> pa.Schema:
         fields.extend(pa.field(name, dtype, nullable=True) for name, dtype in _OPTIONAL)
     meta = {_META_M: str(M).encode(), _META_K: str(K).encode()}
     meta[_META_VERSION] = str(FORMAT_VERSION).encode()
+    meta |= (verification or UNKNOWN_VERIFICATION).metadata()
     return pa.schema(fields, metadata=meta)
 
 
@@ -195,7 +290,7 @@ def schema_info(schema: pa.Schema, file: str) -> tuple[LogShape, int]:
     """Read and check M, K, format version and column types; raise :class:`BlockLogError` if off.
 
     Returns the shape and the file's format version (one of ``READABLE_VERSIONS``); the columns
-    checked are those that version requires.
+    checked are those that version requires. :func:`verification_of` reads the verification.
     """
     meta = schema.metadata or {}
     values: dict[bytes, int] = {}
@@ -232,6 +327,29 @@ def schema_info(schema: pa.Schema, file: str) -> tuple[LogShape, int]:
         if schema.get_field_index(name) >= 0:
             _check_type(file, name, schema.field(name).type, dtype, None, shape)
     return shape, version
+
+
+def verification_of(schema: pa.Schema, file: str) -> Verification:
+    """The :class:`Verification` a file's metadata records (:data:`UNKNOWN_VERIFICATION`
+    for a file before version 3); raise :class:`BlockLogError` if it is missing or unreadable
+    in a version 3 file."""
+    meta = schema.metadata or {}
+    if int(meta.get(_META_VERSION, b"0")) < 3:
+        return UNKNOWN_VERIFICATION
+    raw: dict[bytes, str] = {}
+    for key in (_META_RULE, _META_LAW, _META_T):
+        value = meta.get(key)
+        if value is None:
+            raise BlockLogError(file, "(schema metadata)", None, f"missing {key.decode()!r}")
+        raw[key] = value.decode()
+    try:
+        return Verification(
+            raw[_META_RULE],  # type: ignore[arg-type]  # checked by Verification
+            raw[_META_LAW],  # type: ignore[arg-type]
+            float(raw[_META_T]),
+        )
+    except ValueError as err:
+        raise BlockLogError(file, "(schema metadata)", None, f"verification: {err}") from None
 
 
 def shape_from_schema(schema: pa.Schema, file: str) -> LogShape:

@@ -17,19 +17,28 @@ head departs from the base; from there on the head sees its own prefix, so each 
 keeps ``head_choice`` with probability 0.8 (else q's top candidate) and steps off a token that
 repeats the head's own previous token with probability 0.75. ``head_logp`` scores that block.
 
-``token_offset`` starts at a per-request prompt length (16..511 tokens, the anchor being the
-prompt's last token) and grows by L + 1 per block, the tokens an ISD round commits.
+``token_offset`` starts at a per-request prompt length + 1 (16..511: the anchor is the token
+the request's opening cold start committed) and grows by L + 1 per block, the tokens an ISD
+round commits. :func:`synthetic_requests` gives the matching request table: every rejection but
+a request's last is followed by a cold start, and a request ends at its last block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["synthetic_blocks"]
+from brisk.mechanism.io import BlockLogWriter
+from brisk.mechanism.schema import Verification
+
+__all__ = ["SYNTHETIC_VERIFICATION", "synthetic_blocks", "synthetic_log", "synthetic_requests"]
+
+SYNTHETIC_VERIFICATION = Verification("sampled", "q", 1.0)
+"""How the synthetic blocks are verified: J(base) under the full-vocabulary q decides L."""
 
 _ID_SPAN = 1 << 14  # token ids of position i live in [i·span, (i+1)·span): unique by design
 
@@ -78,6 +87,59 @@ def synthetic_blocks(
         cols["token_offset"] = next_offset[rows] + before - before[run_start]
         np.add.at(next_offset, rows, committed)
         yield cols
+
+
+def synthetic_log(
+    path: str | os.PathLike[str],
+    n_blocks: int,
+    M: int = 7,
+    K: int = 16,
+    *,
+    n_requests: int | None = None,
+    seed: int = 0,
+) -> BlockLogWriter:
+    """Write a synthetic log directory at ``path``: the blocks of :func:`synthetic_blocks`, their
+    verification and their request table. Returns the (closed) writer, for its counts."""
+    keys = ("request_id", "block_index", "token_offset", "accept_len")
+    kept = []
+    with BlockLogWriter(path, M, K, verification=SYNTHETIC_VERIFICATION) as writer:
+        for batch in synthetic_blocks(n_blocks, M, K, n_requests=n_requests, seed=seed):
+            writer.write(batch)
+            kept.append({k: batch[k] for k in keys})
+        writer.write_requests(synthetic_requests(kept, M))
+    return writer
+
+
+def synthetic_requests(
+    batches: Iterable[dict[str, npt.NDArray[Any]]], M: int
+) -> dict[str, npt.NDArray[Any]]:
+    """The request table (:mod:`brisk.mechanism.requests`) of synthetic blocks, as
+    :meth:`~brisk.mechanism.io.BlockLogWriter.write_requests` takes it: each request opened
+    with a cold start (the first block's anchor), cold-started after every rejection but its
+    last block's, and ended at its last block (at EOS)."""
+    parts = []
+    for cols in batches:
+        L = cols["accept_len"].astype(np.int64)
+        parts.append({
+            "request_id": cols["request_id"], "block": cols["block_index"],
+            "offset": cols["token_offset"], "L": L,
+        })  # fmt: skip
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.lexsort((rows["block"], rows["request_id"]))
+    ids, offset, L = (rows[k][order] for k in ("request_id", "offset", "L"))
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+    ends = np.append(starts[1:], ids.size) - 1
+    rounds = np.diff(np.append(starts, ids.size))
+    rejected = np.add.reduceat((L < M).astype(np.int64), starts)
+    closed = rejected - (L[ends] < M)
+    return {
+        "request_id": ids[starts],
+        "prompt_tokens": offset[starts] - 1,
+        "output_tokens": 1 + np.add.reduceat(L + 1, starts) + closed,
+        "forwards": 1 + rounds + closed,
+        "verify_rounds": rounds,
+        "finished": np.full(starts.size, "eos", dtype=object),
+    }
 
 
 def _batch(

@@ -6,7 +6,9 @@ Each batch is validated, turned into per-block integer features ([n, c] arrays f
 request; the per-batch partial sums are merged at the end. Memory therefore grows with the
 number of requests (about 1 KB each at M = 7, K = 16: 129 int64 sums), not with blocks.
 All sums are int64 (probabilities and ΔL in fixed point), so a tally is exactly the same
-however the blocks are ordered or split across files.
+however the blocks are ordered or split across files. One feature is a maximum, not a sum:
+``last_block`` = block_index · (M + 1) + L of the request's last block, which says whether its
+last verify round rejected (what the request table needs to close its renewal cycles).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from brisk.theory import AcceptanceProfile
 __all__ = ["RequestTally", "block_features", "tally_batches", "tally_blocks"]
 
 IntArray = npt.NDArray[np.int64]
+MAX_FEATURES = frozenset({"last_block"})  # reduced per request by max, every other by sum
 Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
@@ -43,6 +46,7 @@ def block_features(batch: BlockBatch) -> dict[str, npt.NDArray[Any]]:
     feats |= repetition_features(batch, state)
     L = state.accept_len
     feats["accept_len"] = (L[:, None] == np.arange(state.M + 1)).astype(np.int64)
+    feats["last_block"] = batch["block_index"].astype(np.int64) * (state.M + 1) + L
     # bool indicators stay bool here: the per-request reduction sums them as int64
     return {k: v.reshape(len(batch), -1) for k, v in feats.items()}
 
@@ -51,7 +55,8 @@ def block_features(batch: BlockBatch) -> dict[str, npt.NDArray[Any]]:
 class RequestTally:
     """Per-request sums ``sums[name]`` of shape [R, c], rows in sorted ``request_ids`` order.
 
-    ``sums["accept_len"][r, k]`` counts request r's blocks with L = k.
+    ``sums["accept_len"][r, k]`` counts request r's blocks with L = k; ``sums["last_block"]``
+    is a maximum, not a sum (module docstring).
     """
 
     shape: LogShape
@@ -61,6 +66,11 @@ class RequestTally:
     @property
     def n_blocks(self) -> int:
         return int(self.sums["blocks"].sum())
+
+    @property
+    def last_accept_len(self) -> IntArray:
+        """[R] L of each request's last block (the one with the highest block index)."""
+        return self.sums["last_block"][:, 0] % (self.shape.M + 1)
 
     @property
     def n_requests(self) -> int:
@@ -91,7 +101,8 @@ def _group_sum(
         feats = {k: v[order] for k, v in feats.items()}
     starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
     return ids[starts], {
-        k: np.add.reduceat(v, starts, axis=0, dtype=np.int64) for k, v in feats.items()
+        k: (np.maximum if k in MAX_FEATURES else np.add).reduceat(v, starts, axis=0, dtype=np.int64)
+        for k, v in feats.items()
     }
 
 

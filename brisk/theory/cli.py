@@ -50,7 +50,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(run=run_tpf)
 
     f = commands.add_parser(
-        "figure", help="write the paper's TPF-vs-rejection figure (fig:tpf_rejection) as PNG"
+        "figure", help="write the paper's TPF-vs-rejection figure as PNG"
     )
     f.add_argument("--stride", type=int, default=8, help=f"ISD stride N, 2..{MAX_STRIDE}")
     f.add_argument("--out", type=Path, required=True, help="output directory (created if needed)")

@@ -100,7 +100,7 @@ def test_first_breakers_rescue_regression_intervention(summary: MechanismSummary
     r = summary.replay
     assert r.first_breakers == 3
     assert r.first_breakers_by_position.tolist() == [1, 1, 1]
-    assert r.base_disagreements == 0
+    assert r.contradictions == 0
     # rescue: request 1 → 1 of 2, request 2 → 1 of 1
     assert (r.rescue.equal_request, r.rescue.pooled) == (0.75, 2 / 3)
     assert (r.rescue.numerator, r.rescue.denominator, r.rescue.requests) == (2, 3, 2)

@@ -13,13 +13,26 @@ from hypothesis import strategies as st
 
 from brisk.mechanism import BlockBatch, BlockLogWriter, block_table, summarize
 from brisk.mechanism.reference import reference_tally
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, Verification
 from brisk.mechanism.stats import Mean, Rate, RateArray
 from brisk.mechanism.tally import RequestTally, tally_batches, tally_blocks
 from tests.mechanism.logs import random_columns, random_logs
 
 
-def _tally(cols: dict[str, Any], M: int, K: int) -> RequestTally:
-    tally = tally_batches([BlockBatch.from_columns(cols, M, K)])
+VERIFICATIONS = [
+    UNKNOWN_VERIFICATION,
+    Verification("greedy", "argmax", 1.0),
+    Verification("greedy", "head", 1.0),
+    Verification("sampled", "q", 1.0),
+    Verification("sampled", "q_topk", 0.7),
+    Verification("sampled", "head", 1.0),
+]
+
+
+def _tally(
+    cols: dict[str, Any], M: int, K: int, verification: Verification = UNKNOWN_VERIFICATION
+) -> RequestTally:
+    tally = tally_batches([BlockBatch.from_columns(cols, M, K, verification=verification)])
     assert tally is not None
     return tally
 
@@ -74,12 +87,15 @@ def test_head_equal_to_base_changes_nothing(log: tuple[dict[str, Any], int, int]
     assert repr(rep.nonadjacent_per_block_base) == repr(rep.nonadjacent_per_block_head)
 
 
-@given(random_logs())
-@settings(max_examples=100)
-def test_vectorized_tally_equals_per_row_reference(log: tuple[dict[str, Any], int, int]) -> None:
+@given(random_logs(), st.sampled_from(VERIFICATIONS))
+@settings(max_examples=150)
+def test_vectorized_tally_equals_per_row_reference(
+    log: tuple[dict[str, Any], int, int], verification: Verification
+) -> None:
+    """Under every verification rule (which changes the replay and the consistency check)."""
     cols, M, K = log
-    batch = BlockBatch.from_columns(cols, M, K)
-    assert _tally(cols, M, K).equals(reference_tally([batch]))
+    batch = BlockBatch.from_columns(cols, M, K, verification=verification)
+    assert _tally(cols, M, K, verification).equals(reference_tally([batch]))
 
 
 @given(random_logs(), st.integers(0, 2**32 - 1), st.integers(1, 4))

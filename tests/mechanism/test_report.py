@@ -54,7 +54,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synthetic_log_looks_like_a_server(log: Path) -> None:
     s = analyze(log, draws=100)
     assert s.n_requests == 50
-    assert s.replay.base_disagreements == 0  # accept_len follows the same-state rule
+    assert s.replay.contradictions == 0  # accept_len follows the same-state rule
     a = s.profile.rates()
     assert np.all(np.diff(a) < 0.02)  # the profile declines along the block
     assert 0.2 < s.replay.rescue.equal_request < 0.7

@@ -1,0 +1,166 @@
+"""The request table of a block log: one row per finished request, beside its blocks.
+
+Blocks alone cannot give the TPF a user sees. A request's forwards include its cold starts (the
+first forward after the prompt, and one after every rejection it continued from), its output is
+cut at EOS or the token budget, and a request that ends at its opening cold start has no block at
+all. So when a request finishes, the decoder writes one row of what it cost:
+
+=================  ======  =========================================================
+column             type    meaning
+=================  ======  =========================================================
+``request_id``     int64   the ``request_id`` of its blocks
+``prompt_tokens``  int64   prompt length (its first block has token_offset = this + 1)
+``output_tokens``  int64   n, tokens output (EOS included; ≥ 1)
+``forwards``       int64   F, decoding forwards (prefill excluded): verify rounds and cold
+                           starts, so verify_rounds + 1 ≤ F ≤ 2·verify_rounds + 1
+``verify_rounds``  int64   verify rounds, i.e. blocks of this request in the log
+``finished``       string  ``"eos"`` or ``"length"`` (the token budget)
+=================  ======  =========================================================
+
+Rows live in ``requests-NNNNNN.parquet`` files in the log directory, written atomically after
+the block parts they describe, so a request that has a row has all its blocks on disk; blocks of
+requests without a row (unfinished when the log closed, or a log from a writer that keeps no
+table) still feed every diagnostic but no TPF. M and the format version are in the schema
+metadata, as for the parts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from brisk.mechanism.schema import FORMAT_VERSION, BlockLogError
+
+__all__ = ["FINISHED", "REQUEST_COLUMNS", "RequestTable", "read_requests", "request_table"]
+
+FINISHED: tuple[str, ...] = ("eos", "length")
+_INT_COLUMNS = ("request_id", "prompt_tokens", "output_tokens", "forwards", "verify_rounds")
+REQUEST_COLUMNS: tuple[str, ...] = (*_INT_COLUMNS, "finished")
+PATTERN = "requests-*.parquet"
+
+IntArray = npt.NDArray[np.int64]
+
+
+def request_schema(M: int) -> pa.Schema:
+    fields = [pa.field(name, pa.int64(), nullable=False) for name in _INT_COLUMNS]
+    fields.append(pa.field("finished", pa.string(), nullable=False))
+    meta = {b"brisk.M": str(M).encode(), b"brisk.version": str(FORMAT_VERSION).encode()}
+    return pa.schema(fields, metadata=meta)
+
+
+def request_table(columns: Mapping[str, Any], M: int, file: str = "<requests>") -> pa.Table:
+    """An Arrow table of request rows from arrays, checked row by row (:func:`check_requests`)."""
+    missing = [c for c in REQUEST_COLUMNS if c not in columns]
+    if missing:
+        raise BlockLogError(file, missing[0], None, "missing")
+    n = len(np.asarray(columns["request_id"]))
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for name in _INT_COLUMNS:
+        raw = np.asarray(columns[name])
+        if raw.shape != (n,):
+            raise BlockLogError(file, name, None, f"expected shape ({n},), got {raw.shape}")
+        if raw.size and raw.dtype.kind not in "iu":
+            raise BlockLogError(file, name, None, f"expected integers, got {raw.dtype}")
+        cols[name] = raw.astype(np.int64)
+    cols["finished"] = np.asarray(columns["finished"], dtype=object).reshape(n)
+    check_requests(cols, M, file)
+    return pa.Table.from_pydict(
+        {name: cols[name].tolist() for name in REQUEST_COLUMNS}, schema=request_schema(M)
+    )
+
+
+def check_requests(cols: Mapping[str, npt.NDArray[Any]], M: int, file: str, row0: int = 0) -> None:
+    """Raise :class:`BlockLogError` at the first row that cannot describe an ISD request."""
+    R, F, n = cols["verify_rounds"], cols["forwards"], cols["output_tokens"]
+    cold = F - R  # cold starts: one commits 1 token, a verify round at most M + 1
+    for column, bad, problem in (
+        ("prompt_tokens", cols["prompt_tokens"] < 1, "below 1"),
+        ("verify_rounds", R < 0, "negative"),
+        ("forwards", (cold < 1) | (cold > R + 1), "outside [rounds + 1, 2·rounds + 1]"),
+        ("output_tokens", (n < 1) | (n > cold + (M + 1) * R), "more than its forwards commit"),
+        ("finished", ~np.isin(cols["finished"], FINISHED), f"not one of {', '.join(FINISHED)}"),
+    ):
+        rows = np.flatnonzero(bad)
+        if rows.size:
+            r = int(rows[0])
+            raise BlockLogError(file, column, row0 + r, f"{cols[column][r]!r} is {problem}")
+
+
+@dataclass(frozen=True, eq=False)
+class RequestTable:
+    """Every request row of a log, sorted by ``request_id`` (ids unique), as int64 arrays;
+    ``files`` are the files they came from, ``file_index`` / ``file_row`` where each row sits."""
+
+    files: tuple[str, ...]
+    request_id: IntArray
+    prompt_tokens: IntArray
+    output_tokens: IntArray
+    forwards: IntArray
+    verify_rounds: IntArray
+    finished: npt.NDArray[np.object_]
+    file_index: IntArray
+    file_row: IntArray
+
+    def __len__(self) -> int:
+        return int(self.request_id.size)
+
+    def where(self, r: int) -> tuple[str, int]:
+        """(file, row within it) of row r, for error messages."""
+        return self.files[int(self.file_index[r])], int(self.file_row[r])
+
+
+def request_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The request files of the logs' directories (a log given as a file has none)."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    return [f for p in map(Path, paths) if p.is_dir() for f in sorted(p.glob(PATTERN))]
+
+
+def read_requests(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], M: int
+) -> RequestTable | None:
+    """The request rows of the logs, checked (M against each file's, every row, unique ids);
+    None when no log directory has a request file."""
+    files = request_files(paths)
+    if not files:
+        return None
+    parts: list[dict[str, npt.NDArray[Any]]] = []
+    for index, path in enumerate(files):
+        file = str(path)
+        try:
+            table = pq.read_table(file, page_checksum_verification=True)
+        except (OSError, pa.ArrowException) as err:
+            problem = f"not a readable Parquet file: {' '.join(str(err).split())}"
+            raise BlockLogError(str(file), "(file)", None, problem) from None
+        meta = table.schema.metadata or {}
+        if meta.get(b"brisk.M") != str(M).encode():
+            got = (meta.get(b"brisk.M") or b"?").decode()
+            raise BlockLogError(str(file), "(schema metadata)", None, f"M = {got}, blocks have {M}")
+        absent = [c for c in REQUEST_COLUMNS if c not in table.column_names]
+        if absent:
+            raise BlockLogError(str(file), absent[0], None, "missing")
+        cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in REQUEST_COLUMNS}
+        for c in _INT_COLUMNS:
+            if cols[c].dtype != np.int64:
+                raise BlockLogError(str(file), c, None, f"type {cols[c].dtype}, expected int64")
+        check_requests(cols, M, str(file))
+        cols["file_index"] = np.full(table.num_rows, index, dtype=np.int64)
+        cols["file_row"] = np.arange(table.num_rows, dtype=np.int64)
+        parts.append(cols)
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    order = np.argsort(cols["request_id"], kind="stable")
+    out = RequestTable(tuple(map(str, files)), **{c: v[order] for c, v in cols.items()})
+    dup = np.flatnonzero(out.request_id[1:] == out.request_id[:-1])
+    if dup.size:
+        (file, row), (again, row2) = out.where(int(dup[0])), out.where(int(dup[0]) + 1)
+        problem = f"request {out.request_id[dup[0]]} already has a row ({file}, row {row})"
+        raise BlockLogError(again, "request_id", row2, problem)
+    return out

@@ -1,0 +1,178 @@
+"""The request table beside the blocks: the run's TPFs by hand, and every way it can disagree
+with its blocks named by file and row.
+
+M = 3. Request 1: blocks L = 3, 1, 3, 0 and it ends at its last rejection (EOS in the
+correction): 1 + 4 + 1 = 6 forwards (opening cold start, rounds, the cold start after L = 1),
+1 + (4 + 2 + 4 + 1) + 1 = 13 tokens; complete cycles: two full rounds (4 tokens, 1 forward
+each) and L = 1 closed (3 tokens, 2 forwards) → 11 / 4. Request 2: one block L = 2, closed by the
+cold start that ends it: 3 forwards, 5 tokens; cycle 4 / 2. Request 3 ends at its opening cold
+start: no block, 1 forward, 1 token. Whole run 19 / 10, complete cycles 15 / 6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from brisk.cli import main
+from brisk.mechanism import BlockLogError, BlockLogWriter, analyze, log_files
+from brisk.mechanism.report import notes
+from brisk.mechanism.runs import COMPLETE_CYCLES, RENEWAL, WHOLE_RUN
+from tests.mechanism.logs import NAN, hand_block
+
+P_ALL = [[0.6, 0.2, 0.1]] * 3
+
+
+def block(request: int, index: int, L: int) -> dict[str, Any]:
+    p = [[0.6, 0.2, 0.1] if i < L else [0.1, 0.6, 0.2] if i == L else [NAN] * 3 for i in range(3)]
+    return hand_block(request, index, L, p, [0.5] * 3, base=[0, 0, 0], head=[-1, -1, -1],
+                      token_offset=10 + 5 * index)  # fmt: skip
+
+
+BLOCKS = [block(1, 0, 3), block(1, 1, 1), block(1, 2, 3), block(1, 3, 0), block(2, 0, 2)]
+REQUESTS: dict[str, Any] = {
+    "request_id": [1, 2, 3],
+    "prompt_tokens": [9, 4, 7],
+    "output_tokens": [13, 5, 1],
+    "forwards": [6, 3, 1],
+    "verify_rounds": [4, 1, 0],
+    "finished": ["eos", "eos", "eos"],
+}
+
+
+def write(path: Path, requests: dict[str, Any] | None = REQUESTS, **change: Any) -> Path:
+    with BlockLogWriter(path, M=3, K=3) as writer:
+        for b in BLOCKS:
+            writer.write_block(**b)
+        if requests is not None:
+            writer.write_requests({k: np.asarray(change.get(k, v)) for k, v in requests.items()})
+    return path
+
+
+def test_run_tpfs_by_hand(tmp_path: Path) -> None:
+    s = analyze(write(tmp_path / "log"), draws=20)
+    assert s.run is not None
+    run = s.run
+    assert (run.requests, run.output_tokens, run.forwards) == (3, 19, 10)
+    assert (run.cycle_tokens, run.cycle_forwards) == (15, 6)
+    assert run.whole_run == 1.9
+    assert run.complete_cycles == 2.5
+    # the renewal interval is over the complete cycles only: L = 3, 1, 3, 2 (not the open 0)
+    assert run.cycle_profile.reached.tolist() == [4, 4, 3]
+    assert run.cycle_profile.accepted.tolist() == [4, 3, 2]
+    assert run.renewal.low <= run.renewal.estimate <= run.renewal.high
+    assert run.renewal.plugin == pytest.approx(2.5)  # the renewal-reward identity
+    assert s.profile.n_blocks == 5  # the acceptance profile keeps every block
+
+
+def test_the_report_names_each_tpf_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert main(["mechanism", "report", str(write(tmp_path / "log")), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name, value in ((WHOLE_RUN, "1.900"), (COMPLETE_CYCLES, "2.500")):
+        line = next(x for x in printed.splitlines() if name in x)
+        assert value in line
+    assert RENEWAL in printed
+    assert "TPF (ISD)" not in printed and "ISD at N" not in printed
+    md = (out / "summary.md").read_text()
+    assert f"| {WHOLE_RUN} | 19 tokens ÷ 10 forwards | 1.900 |" in md
+
+
+def test_a_log_without_request_table_says_why_no_run_tpf(tmp_path: Path) -> None:
+    s = analyze(write(tmp_path / "log", None), draws=20)
+    assert s.run is None
+    assert any("no request table" in n for n in notes(s))
+
+
+def test_requests_without_a_row_are_counted_and_left_out(tmp_path: Path) -> None:
+    """Request 2's row missing (unfinished when the log closed): TPFs over requests 1 and 3."""
+    rows = {k: [v[0], v[2]] for k, v in REQUESTS.items()}
+    s = analyze(write(tmp_path / "log", rows), draws=20)
+    assert s.unlisted_requests == 1
+    assert s.run is not None
+    assert (s.run.output_tokens, s.run.forwards) == (14, 7)
+    assert any("no row in the request table" in n for n in notes(s))
+
+
+@pytest.mark.parametrize(
+    ("change", "column", "row", "words"),
+    [
+        pytest.param({"verify_rounds": [4, 2, 0]}, "verify_rounds", 1, "holds 1 blocks",
+                     id="rounds-vs-blocks"),
+        pytest.param({"forwards": [5, 3, 1]}, "forwards", 0, "imply 0 cold starts",
+                     id="too-few-forwards"),
+        pytest.param({"forwards": [6, 3, 4]}, "forwards", 2, "outside", id="forwards-range"),
+        pytest.param({"output_tokens": [13, 5, 0]}, "output_tokens", 2, "more than",
+                     id="no-output"),
+        pytest.param({"finished": ["eos", "stop", "eos"]}, "finished", 1, "not one of",
+                     id="finished"),
+        pytest.param({"request_id": [1, 1, 3]}, "request_id", 1, "already has a row",
+                     id="duplicate-id"),
+    ],
+)  # fmt: skip
+def test_bad_request_rows_name_file_column_and_row(
+    tmp_path: Path, change: dict[str, Any], column: str, row: int, words: str
+) -> None:
+    try:
+        log = write(tmp_path / "log", **change)
+    except BlockLogError as err:  # the writer checks rows it can check alone
+        assert (err.column, err.row) == (column, row)
+        assert words in str(err)
+        return
+    with pytest.raises(BlockLogError, match=words) as err:
+        analyze(log, draws=5)
+    assert (err.value.column, err.value.row) == (column, row)
+    assert "requests-000000.parquet" in err.value.file
+
+
+def test_a_rejection_must_be_closed_before_a_later_round(tmp_path: Path) -> None:
+    """Request 4: L = 1 then L = 3 needs a cold start between them; 3 forwards leave none."""
+    with BlockLogWriter(tmp_path / "log", M=3, K=3) as writer:
+        for b in (block(4, 0, 1), block(4, 1, 3)):
+            writer.write_block(**b)
+        writer.write_requests({"request_id": [4], "prompt_tokens": [9], "output_tokens": [7],
+                               "forwards": [3], "verify_rounds": [2], "finished": ["eos"]})  # fmt: skip
+    with pytest.raises(BlockLogError, match="1 rejections in the log") as err:
+        analyze(tmp_path / "log", draws=5)
+    assert (err.value.column, err.value.row) == ("forwards", 0)
+
+
+def test_a_duplicate_across_request_files(tmp_path: Path) -> None:
+    with BlockLogWriter(tmp_path / "log", M=3, K=3) as writer:
+        for b in BLOCKS:
+            writer.write_block(**b)
+        writer.write_requests({k: np.asarray(v) for k, v in REQUESTS.items()})
+        writer.flush()
+        writer.write_requests({k: np.asarray(v[1:2]) for k, v in REQUESTS.items()})
+    with pytest.raises(BlockLogError, match="request 2 already has a row") as err:
+        analyze(tmp_path / "log", draws=5)
+    assert err.value.file.endswith("requests-000001.parquet")
+    assert err.value.row == 0
+
+
+def test_request_rows_reach_disk_only_after_their_blocks(tmp_path: Path) -> None:
+    writer = BlockLogWriter(tmp_path / "log", M=3, K=3, rows_per_group=2)
+    for b in BLOCKS[:3]:
+        writer.write_block(**b)  # one part of 2 blocks flushed, one block buffered
+    writer.write_requests({k: np.asarray(v[:1]) for k, v in REQUESTS.items()})
+    assert not list((tmp_path / "log").glob("requests-*"))
+    writer.close()
+    names = sorted(p.name for p in (tmp_path / "log").iterdir())
+    assert names == ["part-000000.parquet", "part-000001.parquet", "requests-000000.parquet"]
+
+
+def test_a_directory_without_parts_names_what_it_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="no block-log parts") as err:
+        log_files(folder)
+    assert "holds" not in str(err.value)
+    write(tmp_path / "log")
+    (tmp_path / "log" / "part-000000.parquet").rename(folder / "x.parquet")
+    with pytest.raises(ValueError, match=r"part-\*\.parquet") as err:
+        log_files(folder)
+    assert "it holds x.parquet" in str(err.value)
+    assert log_files(folder / "x.parquet") == [folder / "x.parquet"]
