@@ -8,7 +8,12 @@ top-1, the acceptance draws u_i, the base's and the head's choices (the head's o
 prefix in shadow mode), the head's own free-running block, and L. In greedy decoding u_i is
 still drawn, for the replay's same-state rule only. With ``ISDOptions.score_blocks`` the
 whole-block log-likelihoods of the base and head blocks from the round's prefix
-(eq:mech_block_logp) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward).
+(eq:mech_block_logp) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward over
+the rows whose two blocks differ; identical blocks score identically by construction).
+
+The log records how it was verified (:func:`verification_for`), and each finished request
+adds its row to the request table (:meth:`BlockLogger.log_request`), so a report on the log
+shows the TPFs the decode printed.
 """
 
 from __future__ import annotations
@@ -22,11 +27,25 @@ import torch
 from torch import Tensor
 
 from brisk.mechanism.io import BlockLogWriter
+from brisk.mechanism.schema import Verification
 
 if TYPE_CHECKING:
+    from brisk.runtime.corrector import Corrector
     from brisk.runtime.isd.batched import Draft
+    from brisk.runtime.isd.options import ISDOptions
+    from brisk.runtime.isd.result import RequestOutput
 
-__all__ = ["BlockLogger", "BlockRecord"]
+__all__ = ["BlockLogger", "BlockRecord", "verification_for"]
+
+
+def verification_for(options: ISDOptions, corrector: Corrector | None) -> Verification:
+    """How ISD with ``options`` verifies (:func:`brisk.runtime.isd.batched.verify_block`):
+    greedily, or by sampling against the law the draft came from: the corrector's softmax
+    when it drafts (head on), else q restricted to its Top-K."""
+    head = corrector is not None and not options.shadow
+    if options.temperature == 0:
+        return Verification("greedy", "head" if head else "argmax", 1.0)
+    return Verification("sampled", "head" if head else "q_topk", options.temperature)
 
 
 @dataclass(frozen=True)
@@ -91,9 +110,27 @@ class BlockLogger(BlockLogWriter):
 
     collects = False  # the decoder keeps the head's inputs on its drafts for :meth:`log_round`
 
-    def __init__(self, path: str | Path, M: int, K: int, rows_per_group: int = 4096) -> None:
-        super().__init__(path, M, K, rows_per_group=rows_per_group)
+    def __init__(
+        self,
+        path: str | Path,
+        M: int,
+        K: int,
+        rows_per_group: int = 4096,
+        verification: Verification | None = None,
+    ) -> None:
+        super().__init__(path, M, K, rows_per_group=rows_per_group, verification=verification)
         self.M, self.K = M, K
+
+    def log_request(self, request_id: int, prompt_tokens: int, output: RequestOutput) -> None:
+        """The request table's row of a finished request (:mod:`brisk.mechanism.requests`)."""
+        self.write_requests({
+            "request_id": np.array([request_id], dtype=np.int64),
+            "prompt_tokens": np.array([prompt_tokens], dtype=np.int64),
+            "output_tokens": np.array([len(output.tokens)], dtype=np.int64),
+            "forwards": np.array([output.forwards], dtype=np.int64),
+            "verify_rounds": np.array([len(output.accept_lengths)], dtype=np.int64),
+            "finished": np.array([output.finished], dtype=object),
+        })  # fmt: skip
 
     def log_round(self, record: BlockRecord, draft: Draft) -> None:
         """One verify round's rows; ``draft`` is the verified draft (rows as in ``record``).

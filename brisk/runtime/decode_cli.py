@@ -37,6 +37,7 @@ from brisk._atomic import atomic_write_text
 
 DTYPES = ("float32", "bfloat16", "float16")
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a run stopped by Ctrl-C
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +49,13 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument("--shadow", action="store_true", help="run the corrector only for logs")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=16, help="candidates K without a corrector")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"token budget per request (default {DEFAULT_MAX_NEW_TOKENS}, or what fits the "
+        "model's positions after the longest prompt)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="request r uses seed + r")
     parser.add_argument("--samples", type=int, default=1, help="decode each prompt this often")
@@ -218,6 +225,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--log-blocks: {log} exists and is not an empty directory")
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def _device(name: str) -> Any:
     import torch
 
@@ -298,8 +309,11 @@ def _quiet_loading() -> Iterator[None]:
 
 
 def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector: Any,
-               prompts: list[list[int]]) -> None:  # fmt: skip
-    """The stride and token budget against the model and the corrector, before decoding."""
+               prompts: list[list[int]]) -> Any:  # fmt: skip
+    """The stride and token budget against the model and the corrector, before decoding; the
+    options with the default budget lowered to what fits the model's positions, if needed."""
+    import dataclasses
+
     M = options.M
     if corrector is not None and corrector.config.M != M:
         N = corrector.config.M + 1
@@ -310,16 +324,25 @@ def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector:
     limit = backbone.max_positions
     longest = max(len(p) for p in prompts)
     if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
-        return
+        return options
     if longest + 1 + 2 * M > limit:
         raise ValueError(
             f"--stride: N = {args.stride} needs 2M = {2 * M} positions after the longest prompt "
             f"({longest} tokens); the model has {limit} positions"
         )
+    fits = limit - longest - 2 * M
+    if args.max_new_tokens is None:
+        print(
+            f"brisk: decoding at most {fits} new tokens per request, what fits the model's "
+            f"{limit} positions after the longest prompt ({longest} tokens) and 2M = {2 * M} "
+            "(--max-new-tokens sets the budget)",
+            file=sys.stderr,
+        )
+        return dataclasses.replace(options, max_new_tokens=fits)
     raise ValueError(
         f"--max-new-tokens: the longest prompt ({longest} tokens) + {options.max_new_tokens} "
         f"new tokens + 2M = {2 * M} (stride {args.stride}) exceed the model's {limit} positions; "
-        f"at most {limit - longest - 2 * M} new tokens fit"
+        f"at most {fits} new tokens fit"
     )
 
 
@@ -342,7 +365,7 @@ def run_decode(args: argparse.Namespace) -> int:
         print(f"brisk: interrupted after {len(rows)}/{len(requests)} requests; {what}",
               file=sys.stderr)  # fmt: skip
         return INTERRUPTED
-    _print_summary(result, rows, setup.options, setup.logger)
+    _print_summary(result, rows, setup, args)
     return 0
 
 
@@ -368,14 +391,15 @@ def _setup(args: argparse.Namespace, requests: list[dict[str, Any]]) -> _Setup:
 
     with _argument():  # ISDOptions names its fields, which the flags spell with dashes
         options = ISDOptions(stride=args.stride, temperature=args.temperature,
-                             max_new_tokens=args.max_new_tokens, shadow=args.shadow,
-                             top_k=args.top_k, score_blocks=args.score_blocks)  # fmt: skip
+                             max_new_tokens=_or(args.max_new_tokens, DEFAULT_MAX_NEW_TOKENS),
+                             shadow=args.shadow, top_k=args.top_k,
+                             score_blocks=args.score_blocks)  # fmt: skip
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer, backbone, corrector = _load(args)
     options = dataclasses.replace(options, eos_token_id=tokenizer.eos_token_id)
     prompts = [encode_prompt(tokenizer, r["prompt"]) for r in requests]
-    _check_fit(args, options, backbone, corrector, prompts)
+    options = _check_fit(args, options, backbone, corrector, prompts)
     K = corrector.config.K if corrector is not None else min(args.top_k, backbone.vocab_size)
     logger = None
     if args.log_blocks is not None:
@@ -520,13 +544,14 @@ def _rejection(profile: Any) -> float:
     return (reached - int(profile.accepted.sum())) / reached if reached else math.nan
 
 
-def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger: Any) -> None:
+def _print_summary(result: Any, rows: list[dict[str, Any]], setup: _Setup, args: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    from brisk.theory import CostModel
+    from brisk.mechanism.runs import WHOLE_RUN
 
-    console = Console()
+    console, options = Console(), setup.options
     profile = result.profile()
     rounds = profile.n_blocks
     console.print(
@@ -534,33 +559,39 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], options: Any, logger
         f"{result.generated} output tokens in {result.forwards} decoding forwards "
         f"(prefill excluded) over {rounds} verify rounds"
     )
+    if setup.corrector is None:
+        console.print("corrector: none (the base drafts)")
+    else:
+        mode = (
+            "shadow: run beside the base for the block log, the base drafts"
+            if options.shadow
+            else "on: the head drafts"
+        )
+        console.print(f"corrector: {escape(str(args.corrector))} ({mode})")
     lengths = result.lengths
     console.print(
         f"mean output length: [bold]{sum(lengths) / len(lengths):.1f}[/] tokens per request "
         f"(EOS included); rejection: [bold]{_rejection(profile):.2%}[/] of reached proposals"
     )
-    console.print(f"TPF, whole run: [bold]{result.tpf:.3f}[/] (output tokens ÷ decoding forwards)")
-    if result.forwards and rounds:
-        predicted = result.predicted_run_tpf()
-        console.print(f"  predicted from the in-output profile and the output lengths: {predicted}")
-    cycles = result.cycle_profile()
-    if cycles.n_blocks:
-        interval = cycles.tpf_interval(CostModel.isd(options.M))
-        console.print(
-            f"TPF, complete cycles: [bold]{result.cycle_tpf:.3f}[/] (renewal theory: {interval})"
-        )
-        console.print(
-            "  (the whole run also pays each request's opening one-token cold start and its "
-            "cut last cycle, which complete cycles leave out)"
-        )
+    for name, value, counts, what in result.run_tpf().lines():
+        console.print(f"{name}: [bold]{value}[/] ({counts}; {what})")
+        if name == WHOLE_RUN and result.forwards and rounds:
+            console.print(
+                "  predicted from the in-output acceptance profile and the output lengths: "
+                f"{result.predicted_run_tpf()}"
+            )
     graded = [r["correct"] for r in rows if "correct" in r]
     if graded:
         console.print(f"answer accuracy: [bold]{sum(graded) / len(graded):.1%}[/] of {len(graded)}")
     low, high = profile.interval()
-    table = Table("position i", "reached", "accepted", "a_i", "95% interval")
+    table = Table("position i", "reached", "accepted", "a_i", "95% interval",
+                  title="acceptance profile, every verify round")  # fmt: skip
     for i, a in enumerate(profile.rates()):
         table.add_row(str(i + 1), str(profile.reached[i]), str(profile.accepted[i]),
                       f"{a:.3f}", f"[{low[i]:.3f}, {high[i]:.3f}]")  # fmt: skip
     console.print(table)
-    if logger is not None:
-        console.print(f"logged {logger.rows_written} blocks to {logger.path}")
+    if setup.logger is not None:
+        console.print(
+            f"logged {setup.logger.rows_written} blocks and {setup.logger.requests_written} "
+            f"requests to {setup.logger.path}"
+        )

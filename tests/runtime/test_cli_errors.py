@@ -119,6 +119,23 @@ def test_token_budget_beyond_the_model_positions(
     assert "at most 112 new tokens fit" in line  # 128 − 10 prompt tokens − 2M = 6
 
 
+def test_the_default_budget_fits_the_model(
+    checkpoint: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --max-new-tokens on a 128-position model: 256 would not fit, so it decodes with what
+    does and says so in one line on stderr."""
+    out = tmp_path / "out.jsonl"
+    assert main([*decode_argv(checkpoint, prompts), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "brisk: decoding at most 112 new tokens per request, what fits the model's 128 "
+        "positions after the longest prompt (10 tokens) and 2M = 6 (--max-new-tokens sets "
+        "the budget)"
+    ]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert max(r["tokens"] for r in rows) <= 112
+
+
 def test_checkpoint_without_a_mask_token(
     tmp_path: Path, prompts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

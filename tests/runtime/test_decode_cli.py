@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 
 from brisk.cli import main
 from brisk.mechanism.io import validate
+from brisk.mechanism.runs import COMPLETE_CYCLES, RENEWAL, WHOLE_RUN
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
@@ -46,10 +48,9 @@ def test_decode_logs_blocks_that_the_report_reads(
             "--corrector", str(head_dir), "--shadow", "--temperature", "1", "--score-blocks",
             "--max-new-tokens", "24", "--log-blocks", str(log), "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "TPF, whole run" in printed
-    assert "predicted from the in-output profile and the output lengths" in printed
-    assert "TPF, complete cycles" in printed
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns
+    assert "predicted from the in-output acceptance profile and the output lengths" in printed
+    assert f"corrector: {head_dir} (shadow" in printed
     assert "answer accuracy" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6
@@ -58,10 +59,22 @@ def test_decode_logs_blocks_that_the_report_reads(
     assert blocks == sum(sum(r["accept_hist"]) for r in rows)
     report_argv = ["mechanism", "report", str(log), "--out", str(report), "--bootstrap", "20"]
     assert main(report_argv) == 0  # default K' values fit the log's K = 8
+    reported = " ".join(capsys.readouterr().out.split())
     summary = json.loads((report / "summary.json").read_text())
     assert summary["blocks"] == blocks
     assert summary["likelihood"]["pairs"] == blocks
     assert summary["ks"] == [4, 8]
+    # one name and one value per TPF: the decode's summary, the report's table and its JSON
+    tpf = summary["tpf"]
+    for name, value in ((WHOLE_RUN, tpf["whole_run"]), (COMPLETE_CYCLES, tpf["complete_cycles"])):
+        assert f"{name}: {value:.3f} (" in printed
+        assert re.search(rf"{name} [\d,]+ tokens ÷ [\d,]+ forwards {value:.3f}", reported)
+    r = tpf["renewal"]
+    shown = f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+    assert f"{RENEWAL}: {shown}" in printed
+    assert f"{RENEWAL} posterior median [95% CI] {shown}" in reported
+    assert summary["verification"]["rule"] == "sampled"
+    assert summary["verification"]["contradictions"] == 0
 
 
 def test_bad_prompt_file_is_one_line_and_exit_2(

@@ -257,11 +257,11 @@ def test_measured_tpf_matches_theory(backbone: HFBackbone, stride: int) -> None:
     rounds = sum(len(r.accept_lengths) for r in out.requests)
     assert rounds > 500
     assert 0.1 < out.profile().rates()[0] < 0.99  # a non-trivial profile
-    assert out.cycle_tpf == pytest.approx(out.predicted_tpf(), rel=1e-12)
+    assert out.cycle_tpf == pytest.approx(out.cycle_renewal_tpf(), rel=1e-12)
     # Each request adds at most a start-up cold start (1 token, 1 forward) and an unfinished
     # cycle (≤ M tokens, 1 forward) to the complete cycles: |Δtokens − TPF·Δforwards| ≤
     # max(M + 1, 2·TPF) per request, so the whole-run TPF is within that, over all forwards.
-    predicted = out.predicted_tpf()
+    predicted = out.cycle_renewal_tpf()
     edge = len(prompts) * max(stride, 2 * predicted) / out.forwards
     assert abs(out.tpf - predicted) <= edge
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
-from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import (
     FINISHED_EOS,
@@ -32,7 +32,7 @@ from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
 from brisk.runtime.sampling import Slots, counter_uniforms
 
-__all__ = ["KVSlots", "decode", "log_verified"]
+__all__ = ["KVSlots", "block_logp", "decode", "log_verified", "token_logp"]
 
 
 class KVSlots:
@@ -99,9 +99,10 @@ def decode(
     ``seeds[r]`` (default r) and ``request_ids[r]`` (default r) key request r's uniforms, so its
     output depends only on its prompt, seed and id: not on the batch, its order or the device.
     Stop at ``options.eos_token_id`` (included in the output) or ``options.max_new_tokens``.
-    ``logger`` receives one block-log row per verify round; ``on_finish(r, output)`` is called
-    as soon as request r finishes. Runs under ``torch.inference_mode``; the model's train/eval
-    mode is the caller's.
+    ``logger`` receives one block-log row per verify round and, when a request finishes, its
+    row of the request table (the log records how it was verified); ``on_finish(r, output)`` is
+    called as soon as request r finishes. Runs under ``torch.inference_mode``; the model's
+    train/eval mode is the caller's.
     """
     options = options or ISDOptions()
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -133,10 +134,14 @@ def decode(
         )
     ctx = StepContext(options, K, backbone, corrector, log=logger is not None,
                       collect=logger is not None and logger.collects)  # fmt: skip
+    if logger is not None:
+        logger.declare(verification_for(options, corrector))
     outputs: list[RequestOutput | None] = [None] * len(prompts)
 
     def finish(r: int, output: RequestOutput) -> None:
         outputs[r] = output
+        if logger is not None:
+            logger.log_request(request_ids[r], len(prompts[r]), output)
         if on_finish is not None:
             on_finish(r, output)
 
@@ -274,26 +279,32 @@ class _Batch:
             self.bb.gather(self.cache, rows, slots)
 
     # -- diagnostics: block logs and whole-block likelihoods
-    def _score_alternatives(self) -> Tensor:
-        """L(b | c) = Σ_i log p(x_i | c, x_<i) (eq:mech_block_logp) of each verifying row's other
-        block, from the prefix c the round starts at: a diagnostic forward, dropped at once."""
+    def _score_alternatives(self) -> Tensor | None:
+        """log p(x_i | c, x_<i) at temperature 1 of each verifying row's other block
+        (eq:mech_block_logp), ``[B, M]``, from the prefix c the round starts at: a diagnostic
+        forward over the rows whose other block differs from the drafted one, dropped at once.
+        None when no row's blocks differ (no forward); rows not scored are NaN."""
         st, M = self.state, self.ctx.M
         alt = st.draft.alt_tokens
         if alt is None:
-            return torch.full((len(st.pending),), float("nan"), dtype=torch.float64)
+            return None
+        differs = st.verify & (alt != st.draft.tokens).any(1)
+        if not bool(differs.any()):
+            return None
         ids = torch.cat([st.pending[:, None], alt], 1)
-        new_valid = st.verify[:, None].expand_as(ids).clone()
+        new_valid = differs[:, None].expand_as(ids).clone()
         new_valid[:, 0] = True
-        before = self.kv.physical
+        before = self.bb.cache_length(self.cache)  # a lone row keeps no slot bookkeeping
         logits, _ = self._forward((ids, new_valid))
         self.bb.trim(self.cache, before)
-        logp = _block_logp(logits[:, :M], alt)
-        return torch.where(st.verify, logp, float("nan"))
+        logp = token_logp(logits[:, :M], alt)
+        return torch.where(differs[:, None], logp, float("nan"))
 
     def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:
         assert self.logger is not None
-        log_verified(self.logger, self.state, result, logits, self.ctx.options.temperature,
-                     alt_logp)  # fmt: skip
+        opt = self.ctx.options
+        log_verified(self.logger, self.state, result, logits, opt.temperature, alt_logp,
+                     scored=opt.score_blocks, eos_token_id=opt.eos_token_id)  # fmt: skip
 
 
 def log_verified(
@@ -303,19 +314,26 @@ def log_verified(
     logits: Tensor,
     temperature: float,
     alt_logp: Tensor | None = None,
+    *,
+    scored: bool = False,
+    eos_token_id: int | None = None,
 ) -> None:
     """The block-log rows of one round's verifying rows: ``state`` is the state the round
-    started from, ``logits [B, S, V]`` its forward's, ``alt_logp [B]`` the other selector's
-    block likelihood when scored (:attr:`ISDOptions.score_blocks`)."""
+    started from, ``logits [B, S, V]`` its forward's. With ``scored`` (:attr:`ISDOptions.
+    score_blocks`) the base and head blocks get their whole-block log-likelihoods
+    (:func:`block_logp`); ``alt_logp [B, M]`` holds the per-position scores of the other
+    block where it differs from the drafted one (None: it nowhere does)."""
     rows = result.verified.nonzero()[:, 0]
     if not len(rows):
         return
     M = result.verified_draft.tokens.shape[1]
     draft = result.verified_draft.select(rows)
     base_logp = head_logp = None
-    if alt_logp is not None:
-        actual = _block_logp(logits[rows, :M], draft.tokens)
-        other = alt_logp[rows]
+    if scored and draft.alt_tokens is not None:
+        own = token_logp(logits[rows, :M], draft.tokens)
+        other_pos = alt_logp[rows] if alt_logp is not None else None
+        actual = block_logp(draft.tokens, own, eos_token_id)
+        other = block_logp(draft.alt_tokens, own, eos_token_id, draft.tokens, other_pos)
         base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
     logger.log_round(
         BlockRecord.from_round(
@@ -334,10 +352,43 @@ def _dense_slots(length: int, batch: int, device: torch.device) -> KVSlots:
     return kv
 
 
-def _block_logp(logits: Tensor, blocks: Tensor) -> Tensor:
-    """Σ_i log p(x_i | ·) at temperature 1 (eq:mech_block_logp): logits ``[n, M, V]``."""
+def token_logp(logits: Tensor, blocks: Tensor) -> Tensor:
+    """log p(x_i | ·) at temperature 1, ``[n, M]`` float64, from logits ``[n, M, V]``."""
     logp = torch.log_softmax(logits.double(), dim=-1)
-    return logp.gather(-1, blocks[..., None])[..., 0].sum(-1)
+    return logp.gather(-1, blocks[..., None])[..., 0]
+
+
+def block_logp(
+    block: Tensor,
+    own: Tensor,
+    eos_token_id: int | None,
+    scored_block: Tensor | None = None,
+    scored_own: Tensor | None = None,
+) -> Tensor:
+    """L(b | c) = Σ_{i ≤ e} log p(x_i | c, x_<i) (eq:mech_block_logp), ``[n]``, where e is the
+    block's first EOS (or M): tokens after EOS are not part of the sequence, so two blocks
+    that agree up to and including their EOS are the same block and score the same.
+
+    ``own [n, M]`` are per-position scores of ``block`` itself; to score another block, pass
+    the block that was scored (``scored_block``, with ``own`` its scores) and the new block's
+    own per-position scores where they were computed (``scored_own``, NaN or None elsewhere):
+    up to the first position where the two blocks differ their conditionals are the same
+    numbers, which are taken from ``own``, so identical blocks get bitwise-identical scores.
+    """
+    M = block.shape[1]
+    pos = torch.arange(M, device=block.device)
+    logp = own
+    if scored_block is not None:
+        differs = block != scored_block
+        first = torch.where(differs.any(1), differs.long().argmax(1), M)
+        tail = scored_own if scored_own is not None else torch.full_like(own, float("nan"))
+        logp = torch.where(pos[None] < first[:, None], own, tail)
+    keep = torch.ones_like(block, dtype=torch.bool)
+    if eos_token_id is not None:
+        eos = block == eos_token_id
+        end = torch.where(eos.any(1), eos.long().argmax(1), M - 1)
+        keep = pos[None] <= end[:, None]
+    return torch.where(keep, logp, 0.0).sum(-1)
 
 
 def _request_output(state: ISDState, b: int, M: int) -> RequestOutput:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from brisk.mechanism.runs import RunTPF
 from brisk.theory import AcceptanceProfile, CostModel, RunTPFPrediction, predict_run_tpf
 
 __all__ = ["DecodeResult", "RequestOutput"]
@@ -126,11 +127,24 @@ class DecodeResult:
         lengths = [L for r in self.requests for L in r.cycle_lengths]
         return AcceptanceProfile.from_accept_lengths(np.asarray(lengths, int), self.M)
 
-    def predicted_tpf(self) -> float:
-        """ISD TPF (eq:idlm_tpf_instantiation) at the profile of the complete cycles. It equals
-        :attr:`cycle_tpf` by construction (the renewal-reward identity), so it checks the loop's
-        bookkeeping, not a prediction; see :meth:`predicted_run_tpf` for one."""
+    def cycle_renewal_tpf(self) -> float:
+        """ISD TPF (eq:idlm_tpf_instantiation) at the plug-in profile of the complete cycles.
+        The renewal-reward identity makes it equal :attr:`cycle_tpf`: a check of the loop's
+        bookkeeping. :meth:`run_tpf` has it with its uncertainty, :meth:`predicted_run_tpf`
+        predicts the whole-run TPF."""
         return self.cycle_profile().tpf(CostModel.isd(self.M))
+
+    def run_tpf(self, level: float = 0.95, seed: int = 0) -> RunTPF:
+        """The run's TPFs under the names every report uses (:mod:`brisk.mechanism.runs`):
+        whole run, complete cycles, and renewal theory at the complete cycles' profile (a
+        posterior median and ``level`` credible interval). A block log of this run reports the
+        same values."""
+        return RunTPF.from_counts(
+            requests=len(self.requests), output_tokens=self.generated, forwards=self.forwards,
+            cycle_tokens=sum(r.cycle_tokens for r in self.requests),
+            cycle_forwards=sum(r.cycle_forwards for r in self.requests),
+            cycle_profile=self.cycle_profile(), level=level, seed=seed,
+        )  # fmt: skip
 
     def predicted_run_tpf(
         self,

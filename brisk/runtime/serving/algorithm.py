@@ -50,7 +50,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 from torch import Tensor
 
-from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.blocklog import BlockLogger, verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state, step
 from brisk.runtime.isd.loop import log_verified
@@ -159,6 +159,7 @@ class BriskISD(DllmAlgorithm):
         self.K = K
         self.logger = _rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
         if self.logger is not None:  # SGLang never closes its algorithm: flush at exit
+            self.logger.declare(verification_for(self.isd, self.corrector))
             weakref.finalize(self, self.logger.close)
             atexit.register(self.logger.close)
         self._heads: ModelHeads | None = None

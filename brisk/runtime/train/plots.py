@@ -47,7 +47,7 @@ def plot_weight_evolution(metrics: str | Path, path: str | Path) -> Path:
         ax.set_title(f"positions {group.start + 1}–{group.stop}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
-    fig.suptitle("proposal-position weights over training (eq:brisk_weighting)")
+    fig.suptitle("BRISK weight w̄_i of each proposal position over training")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=120)
