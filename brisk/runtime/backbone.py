@@ -121,12 +121,23 @@ class HFBackbone:
     ) -> HFBackbone:
         """Load a local checkpoint directory (in eval mode). The MASK id comes from the argument,
         else the config's ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's
-        ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup."""
+        ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup; so is a
+        weights file that is truncated, not safetensors or of the wrong shapes, named in one
+        line (:func:`brisk.runtime.checkpoint.check_model_weights`)."""
+        from safetensors import SafetensorError
+
+        from brisk.runtime.checkpoint import check_model_weights
+
         if not Path(path).is_dir():
             raise ValueError(f"path: {path} is not a checkpoint directory")
-        model = AutoModelForCausalLM.from_pretrained(
-            path, trust_remote_code=trust_remote_code, dtype=dtype, local_files_only=True
-        ).to(device)
+        check_model_weights(path, trust_remote_code)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, trust_remote_code=trust_remote_code, dtype=dtype, local_files_only=True
+            ).to(device)
+        except (RuntimeError, SafetensorError) as err:  # what the header checks cannot see
+            first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+            raise ValueError(f"path: cannot load the model in {path}: {first.strip()}") from None
         model.eval()
         if mask_token_id is None:
             mask_token_id = getattr(model.config, "mask_token_id", None)

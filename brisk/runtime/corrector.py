@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from brisk._atomic import atomic_write
 from brisk.runtime.backbone import Backbone
+from brisk.runtime.checkpoint import check_shapes, tensor_shapes
 from brisk.runtime.kernels.corrector_step import (
     IMPLS,
     N_FEATURES,
@@ -334,7 +335,12 @@ class Corrector(nn.Module):
         config_file = path / CONFIG_NAME
         if not config_file.is_file():
             raise ValueError(f"path: {config_file} not found (not a saved corrector)")
-        meta = json.loads(config_file.read_text())
+        try:
+            meta = json.loads(config_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"path: {config_file} is not readable JSON ({err})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"path: {config_file} holds no JSON object")
         if meta.pop("format", None) != FORMAT or meta.pop("version", None) != FORMAT_VERSION:
             raise ValueError(f"path: {config_file} is not a {FORMAT} v{FORMAT_VERSION} config")
         known = {f.name for f in fields(CorrectorConfig)}
@@ -351,5 +357,12 @@ class Corrector(nn.Module):
                 f"{backbone.vocab_size}"
             )
         model = cls(config)
-        model.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+        weights = path / WEIGHTS_NAME
+        expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        found = tensor_shapes(weights)
+        check_shapes(weights, found, expected)
+        extra = sorted(set(found) - set(expected))
+        if extra:
+            raise ValueError(f"{weights}: tensor {extra[0]!r} is not part of a corrector")
+        model.load_state_dict(load_file(str(weights)))
         return model.to(device) if device is not None else model
