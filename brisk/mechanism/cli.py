@@ -30,6 +30,7 @@ from brisk.mechanism.report import (
     write_report,
 )
 from brisk.mechanism.requests import read_requests
+from brisk.mechanism.runs import run_tpf_of_log
 from brisk.mechanism.synthetic import synthetic_log
 from brisk.mechanism.tally import tally_blocks
 
@@ -154,7 +155,12 @@ def print_table(s: MechanismSummary, console: Console) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     for log in args.logs:
         rows = validate(log)
-        print(f"{log}: ok, {rows:,} blocks")
+        requests = read_requests(log, log_shape(log).M)
+        if requests is None:
+            print(f"{log}: ok, {rows:,} blocks (no request table)")
+            continue
+        run_tpf_of_log(tally_blocks(log), requests, draws=1)  # rows against their blocks
+        print(f"{log}: ok, {rows:,} blocks, {len(requests):,} requests")
     return 0
 
 

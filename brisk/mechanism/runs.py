@@ -66,9 +66,11 @@ class RunTPF:
         cycle_profile: AcceptanceProfile,
         level: float = 0.95,
         seed: int = 0,
+        draws: int = 10_000,
     ) -> RunTPF:
         """The renewal interval is computed here, with the same draws everywhere."""
-        renewal = cycle_profile.tpf_interval(CostModel.isd(cycle_profile.M), level, seed=seed)
+        cost = CostModel.isd(cycle_profile.M)
+        renewal = cycle_profile.tpf_interval(cost, level, draws=draws, seed=seed)
         return cls(requests, output_tokens, forwards, cycle_tokens, cycle_forwards,
                    cycle_profile, renewal)  # fmt: skip
 
@@ -125,7 +127,11 @@ def _finite(x: float) -> float | None:
 
 
 def run_tpf_of_log(
-    tally: RequestTally, table: RequestTable, level: float = 0.95, seed: int = 0
+    tally: RequestTally,
+    table: RequestTable,
+    level: float = 0.95,
+    seed: int = 0,
+    draws: int = 10_000,
 ) -> RunTPF:
     """The run's TPFs from its blocks (``tally``) and request table (module docstring), over
     the requests that have a row; raise :class:`BlockLogError` naming the request file and row
@@ -159,7 +165,7 @@ def run_tpf_of_log(
         forwards=int(table.forwards.sum()), cycle_tokens=int(tokens),
         cycle_forwards=int(forwards),
         cycle_profile=AcceptanceProfile(at_least[:-1].copy(), at_least[1:].copy()),
-        level=level, seed=seed,
+        level=level, seed=seed, draws=draws,
     )  # fmt: skip
 
 

@@ -176,3 +176,15 @@ def test_a_directory_without_parts_names_what_it_holds(tmp_path: Path) -> None:
         log_files(folder)
     assert "it holds x.parquet" in str(err.value)
     assert log_files(folder / "x.parquet") == [folder / "x.parquet"]
+
+
+def test_validate_checks_the_request_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = write(tmp_path / "good"), write(tmp_path / "bad", verify_rounds=[4, 2, 0])
+    assert main(["mechanism", "validate", str(good)]) == 0
+    assert "5 blocks, 3 requests" in capsys.readouterr().out
+    assert main(["mechanism", "validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "requests-000000.parquet: column 'verify_rounds', row 1" in err[0]
