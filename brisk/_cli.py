@@ -48,6 +48,15 @@ class OneLineErrors(argparse.ArgumentParser):
         raise ValueError(message.removeprefix("argument "))
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' own tqdm bars (loading and writing weights) for the command: the
+    commands draw their own progress, and a stderr holding only brisk's lines is what a one-line
+    error or interruption promises."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def with_overrides(cfg: T, overrides: dict[str, object], flags: dict[str, str] | None = None) -> T:
     """``cfg.replace(**overrides)`` for the values the command line gave (not None); an invalid
     value's error names its flag (``out_dir`` → ``--out`` through ``flags``, ``batch_size`` →
@@ -87,9 +96,13 @@ def add_problem_decode_arguments(
     parser: argparse.ArgumentParser, *, checkpoint: str, out: str, samples: int, top_k: int,
     top_k_help: str,
 ) -> None:  # fmt: skip
-    """The flags of :data:`DECODE_OPTION_FLAGS`, the checkpoint, output and thread flags."""
+    """The flags of :data:`DECODE_OPTION_FLAGS`, the checkpoint, output, resume and thread
+    flags."""
     parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
     parser.add_argument("--out", type=Path, required=True, help=out)
+    parser.add_argument(
+        "--resume", action="store_true", help="continue an interrupted run into --out"
+    )
     parser.add_argument("--problems", type=int, default=1000, help="distinct training problems")
     parser.add_argument("--samples", type=int, default=samples, help="responses per problem")
     parser.add_argument("--stride", type=int, default=8, help="ISD stride N")

@@ -16,7 +16,9 @@ from brisk._cli import (
     comma_separated,
     config_from_args,
     problem_decode_options,
+    quiet_transformers,
 )
+from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,6 +29,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b.add_argument("--config", type=Path, required=True, help="TOML or JSON training config")
     b.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
     b.add_argument("--steps", type=int, default=None, help="number of steps (overrides steps)")
+    b.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     b.set_defaults(run=run_base)
 
@@ -34,7 +37,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
     )
     add_problem_decode_arguments(
-        s, checkpoint="the model that samples", out="dataset directory (resumes a run)",
+        s, checkpoint="the model that samples", out="dataset directory",
         samples=4, top_k=16, top_k_help="candidates K of the base drafts",
     )  # fmt: skip
     s.add_argument("--chunk", type=int, default=64, help="problems per Parquet part")
@@ -83,6 +86,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.set_defaults(run=run_eval)
 
 
+@exits_on_interrupt
 def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.config import BaseTrainConfig
 
@@ -98,13 +102,15 @@ def run_base(args: argparse.Namespace) -> int:
         cfg = cfg.replace(steps=args.steps)
     from brisk.runtime.train.base import train_base
 
-    result = train_base(cfg, show_progress=not args.no_progress)
+    quiet_transformers()
+    result = train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.report is not None:
         _print_report(result.report)
     return 0
 
 
+@exits_on_interrupt
 def run_selfgen(args: argparse.Namespace) -> int:
     import torch
 
@@ -112,7 +118,9 @@ def run_selfgen(args: argparse.Namespace) -> int:
 
     options = problem_decode_options(SelfGenOptions, args, chunk=args.chunk)
     torch.set_num_threads(args.threads)
-    result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress)
+    quiet_transformers()
+    result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress,
+                              resume=args.resume)  # fmt: skip
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
@@ -120,6 +128,7 @@ def run_selfgen(args: argparse.Namespace) -> int:
     return 0
 
 
+@exits_on_interrupt
 def run_proposal(args: argparse.Namespace) -> int:
     from brisk.runtime.train.proposal_config import ProposalTrainConfig
 
@@ -137,8 +146,15 @@ def run_proposal(args: argparse.Namespace) -> int:
         raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
     from brisk.runtime.train.proposal import train_proposal
 
-    result = train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
-    if int(os.environ.get("RANK", "0")) == 0:
+    quiet_transformers()
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
+    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
+        if rank == 0:
+            raise
+        return INTERRUPTED
+    if rank == 0:
         print(
             f"trained {result.steps} steps on {result.tokens:,} tokens in "
             f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
@@ -215,6 +231,7 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     register_experiment(commands)
 
 
+@exits_on_interrupt
 def run_experiment_proposal(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -229,6 +246,7 @@ def run_experiment_proposal(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+    quiet_transformers()
     summary = run_experiment(cfg, show_progress=not args.no_progress)
     print(f"best arm by whole-run TPF: {summary['best_arm']}; summary in {cfg.out_dir}")
     return 0

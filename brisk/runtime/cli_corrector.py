@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from brisk._cli import add_problem_decode_arguments, config_from_args, problem_decode_options
+from brisk._cli import (
+    add_problem_decode_arguments,
+    config_from_args,
+    problem_decode_options,
+    quiet_transformers,
+)
+from brisk._interrupt import exits_on_interrupt
 
 __all__ = ["register_experiment", "register_train"]
 
@@ -31,6 +37,7 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
     c.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     c.set_defaults(run=run_train)
     sub = c.add_subparsers(dest="action", metavar="ACTION")
@@ -45,16 +52,17 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     k.set_defaults(run=run_collect)
 
 
+@exits_on_interrupt
 def run_collect(args: argparse.Namespace) -> int:
     import torch
 
     from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
 
     options = problem_decode_options(CollectOptions, args, feature_dtype=args.feature_dtype)
-    if args.out.exists():
-        raise ValueError(f"--out: {args.out} already exists (an event store is written once)")
     torch.set_num_threads(args.threads)
-    store = collect_from_checkpoint(args.checkpoint, args.out, options, not args.no_progress)
+    quiet_transformers()
+    store = collect_from_checkpoint(args.checkpoint, args.out, options, not args.no_progress,
+                                    resume=args.resume)  # fmt: skip
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "
@@ -63,6 +71,7 @@ def run_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+@exits_on_interrupt
 def run_train(args: argparse.Namespace) -> int:
     from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 
@@ -83,7 +92,9 @@ def run_train(args: argparse.Namespace) -> int:
         store = EventStore.open(cfg.events)
     except ValueError as err:
         raise ValueError(f"--events: {err}") from None
-    result = train_corrector(cfg, show_progress=not args.no_progress, store=store)
+    quiet_transformers()
+    result = train_corrector(cfg, show_progress=not args.no_progress, store=store,
+                             resume=args.resume)  # fmt: skip
     print(
         f"trained {result.steps} steps on {result.train_events:,} events in "
         f"{result.wall_s / 60:.2f} min; held-out loss {result.val_loss_init:.4f} → "
@@ -103,6 +114,7 @@ def register_experiment(commands: argparse._SubParsersAction[argparse.ArgumentPa
     x.set_defaults(run=run_experiment)
 
 
+@exits_on_interrupt
 def run_experiment(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -120,6 +132,7 @@ def run_experiment(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+    quiet_transformers()
     run_corrector_experiment(cfg, show_progress=not args.no_progress)
     print(f"summary in {cfg.out_dir}/summary.md")
     return 0

@@ -11,7 +11,8 @@ argument (and file and line) with exit code 2. ``--out`` is written atomically i
 when decoding ends; meanwhile each finished completion is appended to ``.<name>.partial``
 beside it, so a run killed outright keeps them. Ctrl-C stops decoding, closes the block log
 (its parts are written atomically, so every part on disk stays valid), writes the completions
-finished so far to ``--out``, prints one line and exits with 130.
+finished so far to ``--out``, prints one line and exits with 130; SIGTERM does the same, and a
+second signal cannot cut the saving short (:mod:`brisk._interrupt`).
 
 torch, transformers and the runtime are imported inside the run functions, so ``brisk --help``
 stays fast.
@@ -23,20 +24,17 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any
 
 from brisk._atomic import atomic_write_text
+from brisk._interrupt import INTERRUPTED, StopSignals, exits_on_interrupt, stop_signals
 
 DTYPES = ("float32", "bfloat16", "float16")
-INTERRUPTED = 130  # 128 + SIGINT, what shells report for a run stopped by Ctrl-C
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -346,17 +344,19 @@ def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector:
     )
 
 
+@exits_on_interrupt
 def run_decode(args: argparse.Namespace) -> int:
     _check_args(args)
     requests = [{**r, "sample": k} for r in read_prompts(args.prompts) for k in range(args.samples)]
-    with _sigint() as sigint:
+    with stop_signals() as stop:
         try:
-            setup = _setup(args, requests)
+            with stop.abortable():  # loading: nothing to keep
+                setup = _setup(args, requests)
         except KeyboardInterrupt:
             print(f"brisk: interrupted before decoding started (0/{len(requests)} requests); "
                   "nothing written", file=sys.stderr)  # fmt: skip
             return INTERRUPTED
-        result, rows = _decode(args, requests, setup, sigint)
+        result, rows = _decode(args, requests, setup, stop)
     if result is None:
         saved = [f"{len(rows)} completions to {args.out}"] if args.out is not None and rows else []
         if setup.logger is not None:
@@ -409,10 +409,11 @@ def _setup(args: argparse.Namespace, requests: list[dict[str, Any]]) -> _Setup:
 
 
 def _decode(
-    args: argparse.Namespace, requests: list[dict[str, Any]], setup: _Setup, sigint: _SigInt
+    args: argparse.Namespace, requests: list[dict[str, Any]], setup: _Setup, stop: StopSignals
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """Decode and save; the result is None when Ctrl-C stopped decoding. Rows are the finished
-    requests' completions in prompt order."""
+    """Decode and save; the result is None when a signal stopped decoding (it raises inside
+    :meth:`~brisk._interrupt.StopSignals.abortable`; during the saving after it a signal is only
+    recorded). Rows are the finished requests' completions in prompt order."""
     from brisk.runtime.isd import RequestOutput, decode
     from brisk.runtime.prompts import completion_text
     from brisk.runtime.tiny.grader import grade
@@ -443,7 +444,7 @@ def _decode(
 
     result = None
     try:
-        with progress:
+        with progress, stop.abortable():
             task = progress.add_task("decoding", total=len(requests))
             result = decode(
                 setup.backbone, setup.prompts, setup.options, corrector=setup.corrector,
@@ -453,7 +454,6 @@ def _decode(
     except KeyboardInterrupt:
         pass  # save what finished
     finally:
-        sigint.disarm()  # a Ctrl-C from here on must not cut the saving short
         if setup.logger is not None:
             setup.logger.close()
         if partial is not None:
@@ -506,36 +506,6 @@ def _progress(total: int, show: bool) -> Any:
         console=Console(stderr=True, force_terminal=show or None), transient=True,
         disable=not show,
     )  # fmt: skip
-
-
-class _SigInt:
-    """SIGINT while armed raises :class:`KeyboardInterrupt` once, then nothing: the first Ctrl-C
-    stops decoding, later ones cannot interrupt saving what finished."""
-
-    def __init__(self) -> None:
-        self.armed = True
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.armed:
-            self.armed = False
-            raise KeyboardInterrupt
-
-    def disarm(self) -> None:
-        self.armed = False
-
-
-@contextmanager
-def _sigint() -> Iterator[_SigInt]:
-    sigint = _SigInt()
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # e.g. a background job
-    if ignored or threading.current_thread() is not threading.main_thread():
-        yield sigint  # only the main thread can install handlers
-        return
-    previous = signal.signal(signal.SIGINT, sigint.handle)
-    try:
-        yield sigint
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _rejection(profile: Any) -> float:

@@ -77,8 +77,8 @@ def test_pandas_and_hf_datasets_read_it(micro_dataset: Path) -> None:
 def test_resume_after_kill_gives_the_same_dataset(
     micro_base: Path, micro_dataset: Path, tmp_path: Path
 ) -> None:
-    """SIGKILL the generator once its first part is on disk; a rerun resumes after the last
-    complete part and the result equals the uninterrupted dataset row for row."""
+    """SIGKILL the generator once its first part is on disk; a rerun with --resume continues
+    after the last complete part and the result equals the uninterrupted dataset row for row."""
     out = tmp_path / "data"
     o = MICRO_SELFGEN
     cmd = [sys.executable, "-m", "brisk.cli", "train", "selfgen", "--checkpoint", str(micro_base),
@@ -94,7 +94,7 @@ def test_resume_after_kill_gives_the_same_dataset(
     parts = sorted(p.name for p in out.glob("part-*.parquet"))
     assert parts
     assert "part-00002.parquet" not in parts
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, check=True)
     assert f"{len(parts)} resumed" in done.stdout
     assert read_dataset(out).equals(read_dataset(micro_dataset))
 

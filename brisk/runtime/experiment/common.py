@@ -1,16 +1,34 @@
-"""What every ablation command shares: the plan's checks, the checkpoint it starts from, and
-the worker pool that runs its arm × seed jobs."""
+"""What every ablation command shares: the plan's checks, the checkpoint it starts from, the
+worker pool that runs its arm × seed jobs, and how it stops.
+
+An experiment resumes by being rerun: every step whose output exists is skipped, and the step
+that was cut short continues where it stopped (training from its newest checkpoint, data from
+its last whole part, a job's evaluation from scratch). SIGINT or SIGTERM therefore stops the
+step under way at its next safe point (:mod:`brisk._interrupt`, one flag for the process; the
+workers are told too) and ends the experiment with one line saying what stays
+(:func:`experiment_step`).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_plan", "ensure_checkpoint", "run_jobs"]
+from brisk._interrupt import (
+    Interrupted,
+    signals_blocked,
+    stop_signals,
+    worker_stop_signals,
+)
+
+__all__ = ["check_plan", "ensure_checkpoint", "experiment_step", "run_jobs"]
+
+RESUME_HINT = " (rerun with --resume to continue)"  # how a command's Interrupted ends
 
 
 def check_plan(
@@ -40,6 +58,22 @@ def ensure_checkpoint(checkpoint: str, base_config: str, console: Any, show_prog
         raise ValueError(f"base: training wrote {trained.checkpoint}, expected {checkpoint}")
 
 
+@contextmanager
+def experiment_step(doing: str) -> Iterator[None]:
+    """A step of an experiment (``doing``: "training the base model"): an interruption inside
+    it ends the experiment with one line, what the step kept and that rerunning the command
+    continues (an experiment has no ``--resume``). A ``KeyboardInterrupt`` is work cut short
+    inside :meth:`~brisk._interrupt.StopSignals.abortable`, which keeps nothing of its own."""
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        kept = str(err).removeprefix("interrupted ").removesuffix(RESUME_HINT)
+        raise Interrupted(
+            f"interrupted while {doing}{': ' + kept if kept else ''}; rerun the same command "
+            "to continue"
+        ) from None
+
+
 def run_jobs(
     workers: int,
     job: Callable[..., dict[str, Any]],
@@ -48,15 +82,59 @@ def run_jobs(
     done: Callable[[int, str, int, dict[str, Any]], None],
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """``job(*args, arm, seed)`` for every (arm, seed) in ``workers`` spawned processes (one torch
-    thread each, set by the job); ``done(count, arm, seed, result)`` as each one finishes."""
+    thread each, set by the job); ``done(count, arm, seed, result)`` as each one finishes.
+
+    On SIGINT or SIGTERM (to this process, or a job's own) the jobs not started are cancelled
+    and the workers are sent SIGTERM, which stops each job at its next safe point (a training
+    run with a checkpoint, an evaluation at once); once they have ended,
+    :class:`~brisk._interrupt.Interrupted` says how many jobs finished. A worker routes the
+    signals to its own flag before it unblocks them (:func:`_start_worker`), so one that lands
+    while it starts waits."""
     results: dict[tuple[str, int], dict[str, Any]] = {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(job, *args, arm, seed): (arm, seed) for arm, seed in jobs}
-        for count, future in enumerate(as_completed(futures), 1):
-            arm, seed = futures[future]
-            results[(arm, seed)] = future.result()
-            done(count, arm, seed, results[(arm, seed)])
+    spawn = get_context("spawn")
+    with (
+        stop_signals() as stop,
+        ProcessPoolExecutor(workers, spawn, initializer=_start_worker) as pool,
+    ):
+        with signals_blocked():  # the workers start here, at submit, and inherit the mask
+            futures = {pool.submit(job, *args, arm, seed): (arm, seed) for arm, seed in jobs}
+        waiting: set[Future[dict[str, Any]]] = set(futures)
+        stopped = told = False  # a job stopped; the workers were told to stop
+        while waiting:
+            finished, waiting = wait(waiting, timeout=0.1, return_when=FIRST_COMPLETED)
+            for future in finished:
+                if future.cancelled():
+                    continue
+                arm, seed = futures[future]
+                try:
+                    results[(arm, seed)] = future.result()
+                except KeyboardInterrupt:  # the job stopped at a safe point (Interrupted too)
+                    stopped = True
+                    continue
+                done(len(results), arm, seed, results[(arm, seed)])
+            if (stop.requested or stopped) and not told:
+                told = True
+                for future in waiting:
+                    future.cancel()  # those not started (not shutdown(), which would not wait)
+                for worker in active_children():
+                    worker.terminate()  # SIGTERM, which the worker's flag takes
+            waiting = {f for f in waiting if not f.cancelled()}  # wait() never returns these
+    if told:
+        raise Interrupted(
+            f"interrupted after {len(results)}/{len(jobs)} jobs had finished; an unfinished "
+            "training keeps its newest checkpoint"
+        )
     return results
+
+
+def _start_worker() -> None:
+    """A job worker's start: SIGINT and SIGTERM to its own flag
+    (:func:`~brisk._interrupt.worker_stop_signals`), transformers' loading and saving bars off
+    (jobs run quiet: the experiment prints a line per finished job)."""
+    worker_stop_signals()
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | None]:

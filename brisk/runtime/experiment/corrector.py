@@ -15,9 +15,12 @@ Steps, each skipped when its output already exists (so a rerun resumes):
 4. the table across seeds (markdown, JSON), plots (TPF, rescue vs regression, validation loss)
    and ``brisk mechanism report`` on the shadow logs of the paper's head (first seed).
 
-Jobs run ``workers`` at a time in separate processes with one torch thread each. Outputs under
-``out_dir``: ``events/``, ``arms/<arm>/seed<s>/`` (head checkpoint, metrics, ``eval.json``,
-``shadow/``), ``summary.md``, ``summary.json``, ``arms.png``, ``rescue.png``,
+Jobs run ``workers`` at a time in separate processes with one torch thread each. SIGINT or
+SIGTERM stops the step under way at its next safe point (a training run with a checkpoint, the
+collection after its last whole batch, an evaluation at once) and ends the command with one line
+saying what stays; rerunning it continues (:mod:`brisk.runtime.experiment.common`). Outputs under
+``out_dir``: ``events/``, ``arms/<arm>/seed<s>/`` (head checkpoint, metrics, ``train.json``,
+``eval.json``, ``shadow/``), ``summary.md``, ``summary.json``, ``arms.png``, ``rescue.png``,
 ``val_loss.png``, ``mechanism/``.
 """
 
@@ -34,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
+from brisk._interrupt import StopSignals, stop_signals
 from brisk.runtime.experiment.common import (
     check_plan,
     ensure_checkpoint,
+    experiment_step,
     held_out_problems,
     job_dir,
     run_jobs,
@@ -147,7 +152,15 @@ def _mechanism(blocks: Path, K: int) -> dict[str, float]:
 
 
 def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) -> dict[str, Any]:
-    """Train (unless head off), evaluate head-on and in shadow mode; returns both."""
+    """Train (unless head off), evaluate head-on and in shadow mode; returns both. A signal
+    stops the training at its next step (with a checkpoint) and the evaluations at once."""
+    with stop_signals() as stop:  # in a worker, its flag for life
+        return _train_and_evaluate(cfg, events, arm_name, seed, stop)
+
+
+def _train_and_evaluate(
+    cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int, stop: StopSignals
+) -> dict[str, Any]:
     import torch
 
     from brisk.runtime.corrector import Corrector
@@ -167,12 +180,15 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
     ).replace(**arm.train)  # fmt: skip
     head = None
     train_info: dict[str, Any] = {}
+    trained = run / "train.json"  # kept for a rerun that finds the head trained
     if arm.trained:
         if not (run / "final" / "config.json").exists():
             r = train_corrector(tcfg, show_progress=False)
-            train_info = {"val_loss": r.val_loss, "val_loss_init": r.val_loss_init,
-                          "steps": r.steps, "train_events": r.train_events,
-                          "train_s": r.wall_s}  # fmt: skip
+            atomic_write_text(trained, json.dumps({
+                "val_loss": r.val_loss, "val_loss_init": r.val_loss_init, "steps": r.steps,
+                "train_events": r.train_events, "train_s": r.wall_s,
+            }))  # fmt: skip
+        train_info = json.loads(trained.read_text()) if trained.exists() else {}
         head = Corrector.from_pretrained(run / "final")
     problems = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed)
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
@@ -180,15 +196,16 @@ def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) 
     common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,
                   max_new_tokens=e.max_new_tokens, batch_size=e.batch_size)  # fmt: skip
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
-    ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
-                             **common)  # fmt: skip
-    result: dict[str, Any] = {"eval": ev.to_dict(), "train": train_info}
-    if head is not None and e.shadow:
-        shadow = run / "shadow"
-        shutil.rmtree(shadow, ignore_errors=True)
-        evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
-                            log_blocks=shadow, shadow=True, **common)  # fmt: skip
-        result["mechanism"] = _mechanism(shadow, head.config.K)
+    with stop.abortable():  # rerun whole: only eval.json marks the job done
+        ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
+                                 **common)  # fmt: skip
+        result: dict[str, Any] = {"eval": ev.to_dict(), "train": train_info}
+        if head is not None and e.shadow:
+            shadow = run / "shadow"
+            shutil.rmtree(shadow, ignore_errors=True)
+            evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
+                                log_blocks=shadow, shadow=True, **common)  # fmt: skip
+            result["mechanism"] = _mechanism(shadow, head.config.K)
     atomic_write_text(run / "eval.json", json.dumps(result, indent=2))
     return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
 
@@ -199,11 +216,16 @@ MECH = ("rescue", "regression", "intervention", "coverage", "mass", "delta_logp"
 def run_corrector_experiment(
     cfg: CorrectorExperimentConfig, show_progress: bool = True
 ) -> dict[str, Any]:
-    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds."""
+    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds. SIGINT or
+    SIGTERM ends it with :class:`~brisk._interrupt.Interrupted` (module docstring)."""
+    with stop_signals() as stop:
+        return _run(cfg, show_progress, stop)
+
+
+def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
     import torch
     from rich.console import Console
 
-    from brisk.runtime.experiment.evaluate import CheckpointEval, Interval, summarize
     from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
 
     console = Console(stderr=True, quiet=not show_progress)
@@ -214,7 +236,8 @@ def run_corrector_experiment(
     timings: dict[str, float] = {}
 
     # 1. The frozen backbone.
-    ensure_checkpoint(cfg.backbone, cfg.base_config, console, show_progress)
+    with experiment_step("training the backbone"):
+        ensure_checkpoint(cfg.backbone, cfg.base_config, console, show_progress)
 
     # 2. One event store for every arm.
     events = out / "events"
@@ -223,11 +246,12 @@ def run_corrector_experiment(
         console.print(f"collecting policy-reached events → {events}")
         t = time.monotonic()
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
-        store = collect_from_checkpoint(cfg.backbone, events, CollectOptions(
-            problems=c.problems, samples=c.samples, stride=cfg.stride, temperature=c.temperature,
-            top_k=c.top_k, max_new_tokens=c.max_new_tokens, problem_seed=c.problem_seed,
-            seed=c.seed,
-        ), show_progress=show_progress)  # fmt: skip
+        with experiment_step("collecting events"):
+            store = collect_from_checkpoint(cfg.backbone, events, CollectOptions(
+                problems=c.problems, samples=c.samples, stride=cfg.stride,
+                temperature=c.temperature, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
+                problem_seed=c.problem_seed, seed=c.seed,
+            ), show_progress=show_progress)  # fmt: skip
         timings["collect_s"] = time.monotonic() - t
         console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
 
@@ -243,10 +267,24 @@ def run_corrector_experiment(
             f"({(time.monotonic() - t0) / 60:.1f} min)"
         )
 
-    results = run_jobs(cfg.workers, _job, jobs, (cfg, str(events)), done)
+    with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
+        results = run_jobs(cfg.workers, _job, jobs, (cfg, str(events)), done)
     timings["arms_s"] = time.monotonic() - t
 
-    # 4. Table, plots, the mechanism report of the paper's head.
+    # 4. Table, plots, the mechanism report of the paper's head (abortable: a rerun writes them
+    # again from the jobs' results).
+    with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
+        return _summarize(cfg, results, timings, t0, console)
+
+
+def _summarize(
+    cfg: CorrectorExperimentConfig, results: dict[tuple[str, int], dict[str, Any]],
+    timings: dict[str, float], t0: float, console: Any,
+) -> dict[str, Any]:  # fmt: skip
+    from brisk.runtime.experiment.evaluate import CheckpointEval, Interval, summarize
+
+    out = Path(cfg.out_dir)
+
     def as_eval(d: dict[str, Any]) -> CheckpointEval:
         return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 

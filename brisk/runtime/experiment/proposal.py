@@ -13,9 +13,12 @@ Steps, each skipped when its output already exists (so a rerun resumes):
    arm with the highest whole-run TPF.
 
 Jobs run ``workers`` at a time in separate processes with one torch thread each (the arms are
-independent; nothing distributed). Outputs under ``out_dir``: ``data/``, ``arms/<arm>/seed<s>/``
-(checkpoint, metrics, ``eval.json``, ``blocks/``), ``summary.md``, ``summary.json``,
-``arms.png``, ``weights_<arm>.png``, ``mechanism/``.
+independent; nothing distributed). SIGINT or SIGTERM stops the step under way at its next safe
+point (a training run with a checkpoint, the data after its last whole part, an evaluation at
+once) and ends the command with one line saying what stays; rerunning it continues
+(:mod:`brisk.runtime.experiment.common`). Outputs under ``out_dir``: ``data/``,
+``arms/<arm>/seed<s>/`` (checkpoint, metrics, ``eval.json``, ``blocks/``), ``summary.md``,
+``summary.json``, ``arms.png``, ``weights_<arm>.png``, ``mechanism/``.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
+from brisk._interrupt import StopSignals, stop_signals
 from brisk.runtime.experiment.common import (
     check_plan,
     ensure_checkpoint,
+    experiment_step,
     held_out_problems,
     job_dir,
     run_jobs,
@@ -131,7 +136,15 @@ def _arm(name: str) -> Arm:
 
 
 def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict[str, Any]:
-    """Train (unless the base arm) and evaluate one arm × seed; returns the evaluation."""
+    """Train (unless the base arm) and evaluate one arm × seed; returns the evaluation. A signal
+    stops the training at its next step (with a checkpoint) and the evaluation at once."""
+    with stop_signals() as stop:  # in a worker, its flag for life
+        return _train_and_evaluate(cfg, data_dir, arm_name, seed, stop)
+
+
+def _train_and_evaluate(
+    cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int, stop: StopSignals
+) -> dict[str, Any]:
     import torch
 
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
@@ -159,21 +172,28 @@ def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict
     problems = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed)
     blocks = run / "blocks"
     shutil.rmtree(blocks, ignore_errors=True)
-    ev = evaluate_checkpoint(
-        checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=arm.name,
-        seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, log_blocks=blocks,
-    )  # fmt: skip
+    with stop.abortable():  # rerun whole: only eval.json marks the job done
+        ev = evaluate_checkpoint(
+            checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=arm.name,
+            seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+            log_blocks=blocks,
+        )  # fmt: skip
     atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
     return ev.to_dict()
 
 
 def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds."""
+    """Run (or resume) the ablation; returns the summary that ``summary.json`` holds. SIGINT or
+    SIGTERM ends it with :class:`~brisk._interrupt.Interrupted` (module docstring)."""
+    with stop_signals() as stop:
+        return _run(cfg, show_progress, stop)
+
+
+def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
     from rich.console import Console
 
-    from brisk.runtime.experiment.evaluate import CheckpointEval, summarize
-    from brisk.runtime.experiment.table import markdown_table, plot_summaries
+    from brisk.runtime.experiment.evaluate import CheckpointEval
     from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
 
     console = Console(stderr=True, quiet=not show_progress)
@@ -184,7 +204,8 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
     timings: dict[str, float] = {}
 
     # 1. The base checkpoint.
-    ensure_checkpoint(cfg.base, cfg.base_config, console, show_progress)
+    with experiment_step("training the base model"):
+        ensure_checkpoint(cfg.base, cfg.base_config, console, show_progress)
     timings["base_s"] = time.monotonic() - t0
 
     # 2. Self-generated data from the base, with the deployed decoder.
@@ -192,10 +213,11 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
     s = cfg.selfgen
     console.print(f"self-generated data → {data_dir}")
     t = time.monotonic()
-    generate_dataset(cfg.base, data_dir, SelfGenOptions(
-        problems=s.problems, samples=s.samples, stride=cfg.stride, temperature=s.temperature,
-        max_new_tokens=s.max_new_tokens, problem_seed=s.problem_seed, seed=s.seed,
-    ), show_progress=show_progress)  # fmt: skip
+    with experiment_step("generating the dataset"):
+        generate_dataset(cfg.base, data_dir, SelfGenOptions(
+            problems=s.problems, samples=s.samples, stride=cfg.stride, temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens, problem_seed=s.problem_seed, seed=s.seed,
+        ), show_progress=show_progress)  # fmt: skip
     timings["selfgen_s"] = time.monotonic() - t
 
     # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).
@@ -213,10 +235,24 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
             f"({(time.monotonic() - t0) / 60:.1f} min)"
         )
 
-    run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir)), done)
+    with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
+        run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir)), done)
     timings["arms_s"] = time.monotonic() - t
 
-    # 4. The table, the plots and the mechanism report of the best arm.
+    # 4. The table, the plots and the mechanism report of the best arm (abortable: a rerun
+    # writes them again from the jobs' results).
+    with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
+        return _summarize(cfg, evals, timings, t0, console)
+
+
+def _summarize(
+    cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], timings: dict[str, float],
+    t0: float, console: Any,
+) -> dict[str, Any]:  # fmt: skip
+    from brisk.runtime.experiment.evaluate import summarize
+    from brisk.runtime.experiment.table import markdown_table, plot_summaries
+
+    out = Path(cfg.out_dir)
     ordered = [evals[(a, seed)] for a in cfg.arms for seed in cfg.seeds]
     summaries = summarize(ordered)
     labels = {a.name: a.labels for a in ARMS}

@@ -5,7 +5,11 @@ curriculum's current stride, take an AdamW step, log, now and then evaluate and 
 Outputs under ``cfg.out_dir``: ``metrics.jsonl`` (one JSON object per log/eval event),
 ``checkpoint-<step>/`` and ``final/`` (``save_pretrained`` model + tokenizer +
 ``train_config.json``, each written to a temporary directory and renamed into place, so a reader
-never sees half of one).
+never sees half of one). A checkpoint also holds ``trainer_state.pt`` (optimizer, step, the
+block-offset and global RNG states, the size of ``metrics.jsonl``): SIGINT or SIGTERM stops the
+run between steps with a checkpoint of the step it reached, and ``resume`` continues from the
+newest one to the same parameters, bit for bit on CPU, as a run that was never stopped
+(:mod:`brisk.runtime.train.resume` has the rules of a run directory).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.tiny.model import build_model
 from brisk.runtime.tiny.task import make_split, solutions
@@ -32,6 +39,16 @@ from brisk.runtime.tiny.tokenizer import char_tokenizer
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.idlm import build_batch, idlm_forward, idlm_loss
+from brisk.runtime.train.resume import (
+    METRICS,
+    STATE,
+    MetricsLog,
+    interrupted_at,
+    load_state,
+    restore_rng,
+    rng_state,
+    start_checkpoint,
+)
 
 __all__ = ["TrainResult", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
 
@@ -53,14 +70,18 @@ def _lr(cfg: BaseTrainConfig, step: int) -> float:
 
 
 def save_checkpoint(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, cfg: BaseTrainConfig, path: Path
-) -> Path:
-    """Write model, tokenizer and config to ``path`` atomically (temp dir, then rename)."""
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, cfg: BaseTrainConfig, path: Path,
+    state: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
+    """Write model, tokenizer, config and (for a checkpoint to resume from) the trainer
+    ``state`` to ``path`` atomically (temp dir, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if state is not None:
+        torch.save(state, tmp / STATE)
     return replace_dir(tmp, path)
 
 
@@ -89,33 +110,34 @@ def cpu_settings(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def train_base(cfg: BaseTrainConfig, show_progress: bool = True) -> TrainResult:
-    with cpu_settings(cfg.threads):
-        return _train(cfg, show_progress)
+def train_base(
+    cfg: BaseTrainConfig, show_progress: bool = True, *, resume: bool = True
+) -> TrainResult:
+    """Train the base model into ``cfg.out_dir``; with ``resume`` (the library's default, which
+    the experiments rely on) an interrupted run there is continued, else a directory holding a
+    run is refused (:func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or SIGTERM
+    ends it with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
+    with cpu_settings(cfg.threads), stop_signals() as stop:
+        return _train(cfg, show_progress, resume, stop)
 
 
-def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
+def _train(
+    cfg: BaseTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
+) -> TrainResult:
     out = Path(cfg.out_dir)
+    start = start_checkpoint(out, resume, cfg.to_dict())
     out.mkdir(parents=True, exist_ok=True)
-    metrics = (out / "metrics.jsonl").open("w")
-    history: list[dict[str, Any]] = []
-
-    def log(record: dict[str, Any]) -> None:
-        history.append(record)
-        metrics.write(json.dumps(record) + "\n")
-        metrics.flush()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)  # block offsets
+    done = 0  # steps taken
 
     # Model, tokenizer and data: training problems stream from the train split; evaluation uses
     # distinct problems of the test split, which never shares a problem with training.
     tokenizer = char_tokenizer()
     model = build_model(cfg.model, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    train_stream = solutions(cfg.task, "train", cfg.seed)  # (problem, base-corpus response)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems)
     held_out = make_split(cfg.task, "test", n_eval, cfg.eval_seed) if n_eval else []
-    log({"event": "start", "params": n_params, "config": cfg.to_dict()})
 
     # AdamW without decay on norms and biases (1-D tensors), the usual GPT recipe.
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -129,22 +151,48 @@ def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
         betas=(0.9, 0.98),
     )
 
+    # Resume: weights, optimizer, RNG states and the log as they were at the checkpoint; every
+    # step draws batch_size problems, so the stream continues after step · batch_size of them.
+    state = load_state(start) if start is not None else {}
+    metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
+    log = metrics.write
+    if start is not None:
+        model.load_state_dict(load_file(start / "model.safetensors"))
+        optimizer.load_state_dict(state["optimizer"])
+        rng.setstate(state["offsets"])
+        restore_rng(state["rng"])
+        done = state["step"]
+    else:
+        log({"event": "start", "params": n_params, "config": cfg.to_dict()})
+    pairs = solutions(cfg.task, "train", cfg.seed)  # (problem, base-corpus response)
+    train_stream = islice(pairs, done * cfg.batch_size, None)
+
     def run_eval(step: int, n: int) -> EvalReport:
         report = evaluate(HFBackbone(model, tokenizer.mask_token_id), tokenizer, held_out[:n])
         model.train()
         log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})
         return report
 
+    def save(path: Path) -> Path:
+        return save_checkpoint(model, tokenizer, cfg, path, state={
+            "step": done, "optimizer": optimizer.state_dict(), "offsets": rng.getstate(),
+            "rng": rng_state(), "metrics_bytes": metrics.size,
+            "elapsed_s": time.monotonic() - t0,
+        })  # fmt: skip
+
     progress = Progress(
         TextColumn("train base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not show_progress,
     )  # fmt: skip
-    t0 = time.monotonic()
-    step = 0
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     with progress:
-        bar = progress.add_task("train", total=cfg.steps, info="")
+        bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
         model.train()
-        for step in range(cfg.steps):
+        for step in range(done, cfg.steps):
+            # Stop between steps on SIGINT/SIGTERM, with a checkpoint of the step reached.
+            if stop.requested:
+                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save, metrics)
+
             # Batch: the curriculum's stride fixes the block size M = N − 1 of the mask.
             N = cfg.stride_at(step)
             M = N - 1
@@ -165,6 +213,7 @@ def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
             loss.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+            done = step + 1
 
             # Log: slot CE is averaged over rows, weighted by how many MASK slots each row had.
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
@@ -182,17 +231,27 @@ def _train(cfg: BaseTrainConfig, show_progress: bool) -> TrainResult:
             )  # fmt: skip
 
             # Evaluate and checkpoint now and then; stop early if the wall budget is spent.
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                run_eval(step + 1, cfg.eval_problems)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                save_checkpoint(model, tokenizer, cfg, out / f"checkpoint-{step + 1:06d}")
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                run_eval(done, cfg.eval_problems)
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+                save(out / f"checkpoint-{done:06d}")
             if (time.monotonic() - t0) / 60 > cfg.max_minutes:
-                log({"event": "budget", "step": step + 1, "elapsed_s": time.monotonic() - t0})
+                log({"event": "budget", "step": done, "elapsed_s": time.monotonic() - t0})
                 break
 
+    # The trained model is saved first: an evaluation cut short by a signal loses only itself.
     train_wall = time.monotonic() - t0
     final = save_checkpoint(model, tokenizer, cfg, out / "final")
-    report = run_eval(step + 1, cfg.final_eval_problems) if cfg.final_eval_problems else None
+    report = None
+    if cfg.final_eval_problems:
+        try:
+            with stop.abortable():
+                report = run_eval(done, cfg.final_eval_problems)
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"interrupted during the final evaluation; the trained model is saved in {final} "
+                f"(brisk train eval --checkpoint {final} evaluates it)"
+            ) from None
     log({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
     metrics.close()
-    return TrainResult(final, history, report, train_wall)
+    return TrainResult(final, metrics.records, report, train_wall)

@@ -32,7 +32,7 @@ __all__ = ["BaseTrainConfig", "load_config"]
 class BaseTrainConfig:
     """Training of the tiny base model with the I-DLM objective on the arithmetic task."""
 
-    out_dir: str = "runs/tiny_base"
+    out_dir: str = "runs/tiny/base"
     seed: int = 0
     task: TaskConfig = field(default_factory=TaskConfig.tiny)
     model: TinyModelConfig = field(default_factory=TinyModelConfig.tiny)

@@ -21,7 +21,11 @@ target and is left out.) The ``top1`` ablation replaces p_S by the one-hot of it
 Outputs under ``out_dir``: ``metrics.jsonl`` (train records every ``log_every`` steps,
 validation records on held-out requests), ``checkpoint-<step>/`` and ``final/`` — each a
 :meth:`Corrector.save_pretrained` directory plus ``train_config.json``, written to a temporary
-directory and renamed into place.
+directory and renamed into place. A checkpoint also holds ``trainer_state.pt`` (optimizer, step,
+the epoch's event order and its generator, the global RNG states, the size of
+``metrics.jsonl``): SIGINT or SIGTERM stops training between steps with a checkpoint of the step
+reached, and ``resume`` continues from the newest one to the head an uninterrupted run ends with,
+bit for bit on CPU (:mod:`brisk.runtime.train.resume` has the rules of a run directory).
 """
 
 from __future__ import annotations
@@ -32,15 +36,27 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from brisk._interrupt import stop_signals
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 from brisk.runtime.train.corrector_events import EventStore
+from brisk.runtime.train.resume import (
+    METRICS,
+    STATE,
+    MetricsLog,
+    config_changes,
+    interrupted_at,
+    load_state,
+    restore_rng,
+    rng_state,
+    start_checkpoint,
+)
 
 if TYPE_CHECKING:
     from brisk.runtime.backbone import Backbone
@@ -188,7 +204,9 @@ def validation(
     return {f"val_{k}": v / max(n, 1) for k, v in totals.items()} | {"val_positions": n}
 
 
-def _save(head: Corrector, cfg: CorrectorTrainConfig, path: Path) -> Path:
+def _save(
+    head: Corrector, cfg: CorrectorTrainConfig, path: Path, state: dict[str, Any] | None = None
+) -> Path:
     import shutil
 
     from brisk.runtime.train.base import replace_dir
@@ -197,6 +215,8 @@ def _save(head: Corrector, cfg: CorrectorTrainConfig, path: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     head.save_pretrained(tmp)
     (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    if state is not None:
+        torch.save(state, tmp / STATE)
     return replace_dir(tmp, path)
 
 
@@ -227,10 +247,16 @@ def train_corrector(
     show_progress: bool = True,
     backbone: Backbone | None = None,
     store: EventStore | None = None,
+    *,
+    resume: bool = True,
 ) -> TrainResult:
     """Train a head on ``cfg.events`` (module docstring); ``backbone`` / ``store`` may be passed
-    in already loaded (tests, experiments)."""
+    in already loaded (tests, experiments). With ``resume`` (the library's default, which the
+    experiments rely on) an interrupted run in ``cfg.out_dir`` is continued, else a directory
+    holding a run is refused (:func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or
+    SIGTERM ends it between steps with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from safetensors.torch import load_file
 
     from brisk.runtime.train.base import cpu_settings
 
@@ -244,50 +270,79 @@ def train_corrector(
         backbone = load_backbone(store)
     store.check_backbone(backbone)
     out = Path(cfg.out_dir)
+    begin = start_checkpoint(out, resume, cfg.to_dict())
     out.mkdir(parents=True, exist_ok=True)
     train_idx, val_idx = split_requests(store, cfg)
-    start = time.perf_counter()
-    with cpu_settings(cfg.threads):
+    with cpu_settings(cfg.threads), stop_signals() as stop:
         torch.manual_seed(cfg.seed)
         head = Corrector(head_config(backbone, store, cfg)).float()
         optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        rng = np.random.default_rng(cfg.seed)
+        rng = np.random.default_rng(cfg.seed)  # each epoch's order of the training events
         per_epoch = math.ceil(len(train_idx) / cfg.batch_size)
         total = per_epoch * cfg.epochs
         eval_every = cfg.eval_every or per_epoch
-        metrics = open(out / "metrics.jsonl", "w")  # noqa: SIM115 (closed below)
-        init = validation(head, backbone, store, val_idx, cfg)
-        metrics.write(json.dumps({"step": 0, **init}) + "\n")
-        last = init
+
+        # Resume: head, optimizer, RNG states, the epoch's order and the log as they were at
+        # the checkpoint; a new run starts with the untrained head's held-out loss.
+        state = load_state(begin) if begin is not None else {}
+        store_id = {k: v for k, v in store.meta.items() if k != "checkpoint"}
+        changes = config_changes(state["store"], store_id) if begin is not None else []
+        if changes:
+            raise ValueError(f"--resume: {begin} was trained on another event store than "
+                             f"{store.path} ({'; '.join(changes)})")  # fmt: skip
+        metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
+        if begin is not None:
+            head.load_state_dict(load_file(begin / "model.safetensors"))
+            optimizer.load_state_dict(state["optimizer"])
+            rng.bit_generator.state = state["order_rng"]
+            restore_rng(state["rng"])
+            step, order, init, last = state["step"], state["order"], state["init"], state["last"]
+        else:
+            step, order = 0, train_idx
+            init = last = validation(head, backbone, store, val_idx, cfg)
+            metrics.write({"step": 0, **init})
+        start = time.perf_counter() - state.get("elapsed_s", 0.0)
+
+        def save(path: Path) -> Path:
+            return _save(head, cfg, path, {
+                "step": step, "store": store_id, "optimizer": optimizer.state_dict(),
+                "order": order, "order_rng": rng.bit_generator.state, "rng": rng_state(),
+                "init": init, "last": last, "metrics_bytes": metrics.size,
+                "elapsed_s": time.perf_counter() - start,
+            })  # fmt: skip
+
         columns = (TextColumn("corrector"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"),
                    TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn())  # fmt: skip
-        step = 0
         with Progress(*columns, disable=not show_progress) as progress:
-            bar = progress.add_task("train", total=total, loss=float("nan"))
-            for epoch in range(cfg.epochs):
-                order = rng.permutation(train_idx)
-                for lo in range(0, len(order), cfg.batch_size):
-                    batch = event_batch(store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target)
-                    loss, _ = batch.loss(head, backbone, cfg.beta)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-                    optimizer.step()
-                    step += 1
-                    progress.update(bar, advance=1, loss=float(loss.loss.detach()))
-                    if step % cfg.log_every == 0 or step == total:
-                        record = {"step": step, "epoch": epoch, "loss": float(loss.loss.detach()),
-                                  "ce": float(loss.ce.detach()), "kl": float(loss.kl.detach()),
-                                  "positions": loss.positions, "grad_norm": float(grad_norm),
-                                  "gate": float(torch.sigmoid(head.alpha.detach()))}  # fmt: skip
-                        metrics.write(json.dumps(record) + "\n")
-                    if step % eval_every == 0 or step == total:
-                        last = validation(head, backbone, store, val_idx, cfg)
-                        metrics.write(json.dumps({"step": step, "epoch": epoch, **last}) + "\n")
-                        metrics.flush()
-                    if cfg.save_every and step % cfg.save_every == 0:
-                        _save(head, cfg, out / f"checkpoint-{step:06d}")
+            bar = progress.add_task("train", total=total, completed=step, loss=float("nan"))
+            while step < total:
+                # Stop between steps on SIGINT/SIGTERM, with a checkpoint of the step reached.
+                if stop.requested:
+                    raise interrupted_at(step, total, out / f"checkpoint-{step:06d}", save,
+                                         metrics)  # fmt: skip
+                epoch, k = divmod(step, per_epoch)
+                if k == 0:
+                    order = rng.permutation(train_idx)
+                lo = k * cfg.batch_size
+                batch = event_batch(store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target)
+                loss, _ = batch.loss(head, backbone, cfg.beta)
+                optimizer.zero_grad(set_to_none=True)
+                loss.loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+                optimizer.step()
+                step += 1
+                progress.update(bar, advance=1, loss=float(loss.loss.detach()))
+                if step % cfg.log_every == 0 or step == total:
+                    metrics.write({"step": step, "epoch": epoch, "loss": float(loss.loss.detach()),
+                                   "ce": float(loss.ce.detach()), "kl": float(loss.kl.detach()),
+                                   "positions": loss.positions, "grad_norm": float(grad_norm),
+                                   "gate": float(torch.sigmoid(head.alpha.detach()))})  # fmt: skip
+                if step % eval_every == 0 or step == total:
+                    last = validation(head, backbone, store, val_idx, cfg)
+                    metrics.write({"step": step, "epoch": epoch, **last})
+                if cfg.save_every and step % cfg.save_every == 0:
+                    save(out / f"checkpoint-{step:06d}")
         metrics.close()
         final = _save(head, cfg, out / "final")
     return TrainResult(final, step, len(train_idx), len(val_idx), last["val_loss"],

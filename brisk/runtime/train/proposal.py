@@ -23,8 +23,13 @@ step: weights, profile, losses), checkpoints and ``weights.png``.
 Checkpoints (``checkpoint-NNNNNN/`` every ``save_every`` steps and ``final/``) hold the model
 (safetensors + HF config), tokenizer, the base run's ``train_config.json``, this run's
 ``proposal_config.json`` and ``trainer_state.pt`` (optimizer, step, tokens seen, data cursor,
-profile tracker, RNG states); each is written to a temporary directory and renamed. ``resume``
-continues from the newest one and ends bit-identical to an uninterrupted run on CPU.
+profile tracker, RNG states, the size of ``metrics.jsonl``); each is written to a temporary
+directory and renamed. SIGINT or SIGTERM stops the run between steps with a checkpoint of the
+step it reached; under torchrun the ranks all-reduce their stop flag at every step, so all stop
+at the same step, rank 0 saves while the others wait. ``resume`` continues from the newest
+checkpoint and ends bit-identical to an uninterrupted run on CPU; the rules of a run directory
+(a used one is refused without ``resume``, another configuration is named) are those of
+:mod:`brisk.runtime.train.resume`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.train.acceptance import (
     BlockAcceptance,
     block_acceptance,
@@ -54,17 +60,26 @@ from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch, idlm_forward
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.proposal_data import Example, ExampleStream, load_examples
+from brisk.runtime.train.resume import (
+    METRICS,
+    STATE,
+    MetricsLog,
+    interrupted_at,
+    latest_checkpoint,
+    load_state,
+    restore_rng,
+    rng_state,
+    start_checkpoint,
+)
 from brisk.theory import AcceptanceProfile, ProfileTracker
 
 __all__ = ["ProposalResult", "latest_checkpoint", "train_proposal", "weighted_loss"]
-
-STATE = "trainer_state.pt"
 
 
 @dataclass(frozen=True)
 class ProposalResult:
     checkpoint: Path  # final/
-    history: list[dict[str, Any]]  # this process's metrics records (rank 0: all of them)
+    history: list[dict[str, Any]]  # rank 0: every record of metrics.jsonl; others: their own
     steps: int
     tokens: int
     wall_s: float
@@ -94,6 +109,19 @@ class _Dist:
             values = values.clone()
             dist.all_reduce(values)
         return values
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """Whether ``flag`` holds on some rank: one all-reduce, on ``device`` (nccl needs the
+        GPU)."""
+        if self.world == 1:
+            return flag
+        return bool(self.sum(torch.tensor([float(flag)], device=device)).item() > 0)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
 
 def weighted_loss(
@@ -159,12 +187,6 @@ def _profile_counts(acc: BlockAcceptance, M: int, dist: _Dist) -> tuple[np.ndarr
     return p.reached, p.accepted, hist
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-NNNNNN`` of a run (None if there is none)."""
-    done = [p for p in Path(out_dir).glob("checkpoint-*") if (p / STATE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
-
-
 def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
           state: dict[str, Any]) -> Path:  # fmt: skip
     tmp = path.with_name(f".{path.name}.tmp")
@@ -177,15 +199,30 @@ def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
     return replace_dir(tmp, path)
 
 
+def _kept_log(state: dict[str, Any], metrics: Path) -> int:
+    """The bytes of ``metrics.jsonl`` a run resumed from ``state`` keeps: the size its checkpoint
+    noted, or, for a checkpoint written before checkpoints noted it, the records up to its
+    step."""
+    if not state or "metrics_bytes" in state:
+        return int(state.get("metrics_bytes", 0))
+    lines = metrics.read_text().splitlines(keepends=True) if metrics.is_file() else []
+    return sum(len(line.encode()) for line in lines if json.loads(line)["step"] <= state["step"])
+
+
 def train_proposal(
     cfg: ProposalTrainConfig, *, resume: bool = False, show_progress: bool = True
 ) -> ProposalResult:
-    """Train (or, with ``resume``, continue) a proposal model; see the module docstring."""
-    with cpu_settings(cfg.threads):
-        return _train(cfg, resume, show_progress)
+    """Train (or, with ``resume``, continue) a proposal model; see the module docstring. Without
+    ``resume`` a directory that holds a run is refused
+    (:func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or SIGTERM ends it between
+    steps with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
+    with cpu_settings(cfg.threads), stop_signals() as stop:
+        return _train(cfg, resume, show_progress, stop)
 
 
-def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> ProposalResult:
+def _train(
+    cfg: ProposalTrainConfig, resume: bool, show_progress: bool, stop: StopSignals
+) -> ProposalResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -196,12 +233,10 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
     examples = load_examples(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
 
-    # Where to start: the init checkpoint, or the newest checkpoint of this run.
-    start = latest_checkpoint(out) if resume else None
-    if start is not None:
-        saved = json.loads((start / "proposal_config.json").read_text())
-        if {**saved, "out_dir": ""} != {**cfg.to_dict(), "out_dir": ""}:
-            raise ValueError(f"--resume: {start} was trained with another configuration")
+    # Where to start: the init checkpoint, or the newest checkpoint of this run. Every rank
+    # reads the directory before rank 0 writes to it.
+    start = start_checkpoint(out, resume, cfg.to_dict(), "proposal_config.json")
+    dist.barrier()
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(start or cfg.init, dtype=torch.float32,
                                                  local_files_only=True).to(device)  # fmt: skip
@@ -215,14 +250,13 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
     tracker = ProfileTracker(M, cfg.profile_decay)
     step, tokens, static_rates = 0, 0, None
     stream = ExampleStream(examples, cfg.seed)
+    state = load_state(start) if start is not None else {}
     if start is not None:
-        st = torch.load(start / STATE, weights_only=False)
-        optimizer.load_state_dict(st["optimizer"])
-        step, tokens, static_rates = st["step"], st["tokens"], st["static_rates"]
-        stream = ExampleStream(examples, cfg.seed, **st["cursor"])
-        tracker.load_state_dict(st["tracker"])
-        torch.set_rng_state(st["rng"]["torch"])
-        random.setstate(st["rng"]["python"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, tokens, static_rates = state["step"], state["tokens"], state["static_rates"]
+        stream = ExampleStream(examples, cfg.seed, **state["cursor"])
+        tracker.load_state_dict(state["tracker"])
+        restore_rng(state["rng"])
     net: Any = model
     if dist.world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
@@ -243,24 +277,22 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
                 reached, accepted = reached + r, accepted + a
         static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
-    metrics_path = out / "metrics.jsonl"
-    history: list[dict[str, Any]] = []
+    # The log (rank 0), as it was at the checkpoint: the records of later steps go.
+    metrics = None
     if dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if start is not None and metrics_path.exists():  # drop records past the checkpoint
-            kept = [line for line in metrics_path.read_text().splitlines()
-                    if json.loads(line).get("step", -1) <= step]  # fmt: skip
-        metrics_path.write_text("".join(line + "\n" for line in kept))
-    metrics = metrics_path.open("a") if dist.rank == 0 else None
+        metrics = MetricsLog(out / METRICS, keep=_kept_log(state, out / METRICS))
+    history: list[dict[str, Any]] = metrics.records if metrics is not None else []
+    log = metrics.write if metrics is not None else history.append
 
-    def state() -> dict[str, Any]:
-        return {
+    def save(path: Path) -> Path:
+        return _save(path, model, tokenizer, cfg, {
             "optimizer": optimizer.state_dict(), "step": step, "tokens": tokens,
             "static_rates": static_rates, "cursor": stream.cursor,
-            "tracker": tracker.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-        }  # fmt: skip
+            "tracker": tracker.state_dict(), "rng": rng_state(),
+            "metrics_bytes": metrics.size if metrics is not None else 0,
+            "elapsed_s": time.monotonic() - t0,
+        })  # fmt: skip
 
     progress = Progress(
         TextColumn(f"proposal {cfg.data} {cfg.weights}/{cfg.profile}"), BarColumn(),
@@ -268,11 +300,22 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
         disable=not show_progress or dist.rank != 0,
     )  # fmt: skip
-    t0 = time.monotonic()
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     model.train()
     with progress:
         bar = progress.add_task("train", total=cfg.token_budget, completed=tokens, info="")
         while tokens < cfg.token_budget:
+            # Stop between steps on SIGINT/SIGTERM, every rank at the same step: the flag is
+            # all-reduced, rank 0 saves the step reached and says so, the others wait for the
+            # save (torchrun tears every rank down once one exits) and end quietly.
+            if dist.any(stop.requested, device):
+                err = Interrupted(f"interrupted at step {step}")
+                if metrics is not None:
+                    err = interrupted_at(step, f"{tokens:,}/{cfg.token_budget:,} tokens",
+                                         out / f"checkpoint-{step:06d}", save, metrics)  # fmt: skip
+                dist.barrier()
+                raise err
+
             # Batch: this rank's rows of the global batch, laid out in blocks of M.
             rows = stream.take(cfg.batch_size)[dist.rank :: dist.world]
             batch = _batch(cfg, rows, tokenizer, step, device)
@@ -343,27 +386,20 @@ def _train(cfg: ProposalTrainConfig, resume: bool, show_progress: bool) -> Propo
                     "batch_reached": reached.tolist(), "batch_accepted": accepted.tolist(),
                     "accept_hist": hist.tolist(), "elapsed_s": time.monotonic() - t0,
                 }  # fmt: skip
-                history.append(record)
-                if metrics is not None:
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
+                log(record)
             progress.update(bar, completed=min(tokens, cfg.token_budget),
                             info=f"loss {out_loss['loss_value']:.3f}")  # fmt: skip
             due = cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget
             if due and dist.rank == 0:
-                _save(out / f"checkpoint-{step:06d}", model, tokenizer, cfg, state())
+                save(out / f"checkpoint-{step:06d}")
 
     wall = time.monotonic() - t0
     final = out / "final"
-    if dist.rank == 0:
-        _save(final, model, tokenizer, cfg, state())
-        if metrics is not None:
-            metrics.close()
+    if metrics is not None:  # rank 0
+        save(final)
+        metrics.close()
         from brisk.runtime.train.plots import plot_weight_evolution
 
-        plot_weight_evolution(metrics_path, out / "weights.png")
-    if dist.world > 1:
-        import torch.distributed as tdist
-
-        tdist.barrier()
+        plot_weight_evolution(metrics.path, out / "weights.png")
+    dist.barrier()
     return ProposalResult(final, history, step, tokens, wall)

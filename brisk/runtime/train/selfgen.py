@@ -13,10 +13,13 @@ response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the referen
 native ISD rule: positions after the first rejection are not reached).
 
 Provenance (checkpoint hash, tokenizer hash, decoder options, task, problem seed) is written to
-``_provenance.json`` before the first part and into every part's schema metadata; a rerun into the
-same directory resumes after the last complete part and refuses a directory made with other
-settings. Parts are written to a temporary file and renamed, so a kill loses at most the chunk
-being decoded.
+``_provenance.json`` before the first part and into every part's schema metadata. Parts are
+written to a temporary file and renamed, so a kill loses at most the chunk being decoded; SIGINT
+or SIGTERM discards that chunk at once and ends with :class:`~brisk._interrupt.Interrupted`.
+With ``resume`` (the library's default, which the experiments rely on) a rerun into the same
+directory continues after the last complete part, to the dataset an uninterrupted run writes;
+without it a directory holding parts is refused, and either way one made with other settings
+is (the differences named).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from brisk._atomic import atomic_write_text
+from brisk._interrupt import Interrupted, stop_signals
+from brisk.runtime.train.resume import config_changes
 
 __all__ = [
     "SelfGenOptions",
@@ -167,44 +172,37 @@ def read_provenance(out: str | Path) -> dict[str, Any]:
 
 
 def generate_dataset(
-    checkpoint: str | Path, out: str | Path, options: SelfGenOptions, show_progress: bool = True
+    checkpoint: str | Path,
+    out: str | Path,
+    options: SelfGenOptions,
+    show_progress: bool = True,
+    *,
+    resume: bool = True,
 ) -> SelfGenResult:
-    """Decode, grade and write the dataset (module docstring); resumes an interrupted run."""
-    import pyarrow as pa
+    """Decode, grade and write the dataset (module docstring); ``resume`` continues an
+    interrupted run."""
     import pyarrow.parquet as pq
     import torch
     from rich.progress import Progress
 
     from brisk.runtime.isd import decode
-    from brisk.runtime.prompts import completion_text, encode_prompts
-    from brisk.runtime.tiny.grader import grade
+    from brisk.runtime.prompts import encode_prompts
     from brisk.runtime.tiny.task import make_split
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
     provenance = json.loads(json.dumps(_provenance(checkpoint, options)))  # as it reads back
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / PROVENANCE).exists():
-        old = read_provenance(out)
-        if {k: old.get(k) for k in provenance if k != "checkpoint"} != {
-            k: v for k, v in provenance.items() if k != "checkpoint"
-        }:
-            raise ValueError(
-                f"--out: {out} holds a dataset made with another checkpoint or other options; "
-                "use a new directory"
-            )
-    else:
-        atomic_write_text(out / PROVENANCE, json.dumps(provenance, indent=2))
+    _claim(out, provenance, options, resume)
 
     task = provenance_task(provenance)
     problems = make_split(task, "train", options.problems, options.problem_seed)
     tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
-    M, R = dec.M, options.samples
+    R = options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
     rows = correct = written = skipped = 0
-    with Progress(disable=not show_progress) as progress:
+    with stop_signals() as stop, Progress(disable=not show_progress) as progress:
         bar = progress.add_task("selfgen", total=len(problems) * R)
         for c, lo in enumerate(chunks):
             part = out / f"part-{c:05d}.parquet"
@@ -218,44 +216,94 @@ def generate_dataset(
                 skipped += 1
                 progress.advance(bar, n)
                 continue
+
+            # Between parts: stop on SIGINT/SIGTERM; the complete parts stay.
+            if stop.requested:
+                raise _interrupted(out, c, len(chunks), rows)
+            # A chunk: decoded at once, thrown away if a signal cuts it short.
             index = [(lo + i, r) for i in range(len(chunk)) for r in range(R)]
             prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
             seeds = [options.decode_seed(i, r) for i, r in index]
-            with torch.inference_mode():
-                result = decode(backbone, prompts, dec, seeds=seeds, request_ids=seeds,
-                                batch_size=options.batch_size,
-                                on_finish=lambda _r, _o: progress.advance(bar))  # fmt: skip
-            texts = [completion_text(tokenizer, t) for t in result.tokens]
-            grades = [grade(t, problems[i].answer) for t, (i, _) in zip(texts, index, strict=True)]
-            profiles = [req.profile(M) for req in result.requests]
-            table = pa.table(
-                {
-                    "problem": pa.array([i for i, _ in index], pa.int32()),
-                    "sample": pa.array([r for _, r in index], pa.int16()),
-                    "seed": pa.array(seeds, pa.int64()),
-                    "prompt": [problems[i].prompt for i, _ in index],
-                    "response": texts,
-                    "answer": [str(problems[i].answer) for i, _ in index],
-                    "correct": pa.array(grades, pa.bool_()),
-                    "finished": [req.finished for req in result.requests],
-                    "accept_lengths": pa.array(
-                        [req.accept_lengths for req in result.requests], pa.list_(pa.int8())
-                    ),
-                    "reached": pa.array(
-                        [p.reached.tolist() for p in profiles], pa.list_(pa.int32(), M)
-                    ),
-                    "accepted": pa.array(
-                        [p.accepted.tolist() for p in profiles], pa.list_(pa.int32(), M)
-                    ),
-                }
-            ).replace_schema_metadata(meta)
+            try:
+                with stop.abortable(), torch.inference_mode():
+                    result = decode(backbone, prompts, dec, seeds=seeds, request_ids=seeds,
+                                    batch_size=options.batch_size,
+                                    on_finish=lambda _r, _o: progress.advance(bar))  # fmt: skip
+            except KeyboardInterrupt:
+                raise _interrupted(out, c, len(chunks), rows) from None
+            table = _part(tokenizer, problems, index, seeds, result, dec.M)
             tmp = part.with_name(f".{part.name}.tmp")
-            pq.write_table(table, tmp)
+            pq.write_table(table.replace_schema_metadata(meta), tmp)
             os.replace(tmp, part)
             rows += len(index)
-            correct += sum(grades)
+            correct += sum(table["correct"].to_pylist())
             written += 1
     return SelfGenResult(out, rows, correct, written, skipped)
+
+
+def _claim(out: Path, provenance: dict[str, Any], options: SelfGenOptions, resume: bool) -> None:
+    """Make ``out`` the dataset's directory: a new one gets the provenance; one made with other
+    settings is refused, and one holding parts unless ``resume``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for tmp in out.glob(".part-*.tmp"):  # what a kill during a write left
+        tmp.unlink()
+    if (out / PROVENANCE).exists():
+        old = read_provenance(out)
+        changes = config_changes({**old, "checkpoint": None}, {**provenance, "checkpoint": None})
+        if changes:
+            raise ValueError(
+                f"--out: {out} holds a dataset made with another checkpoint or other options "
+                f"({'; '.join(changes)}); use a new directory"
+            )
+    else:
+        atomic_write_text(out / PROVENANCE, json.dumps(provenance, indent=2))
+    parts, total = len(list(out.glob("part-*.parquet"))), -(-options.problems // options.chunk)
+    if parts and not resume:
+        held = "a complete dataset" if parts == total else f"a dataset ({parts} of {total} parts)"
+        way_out = "" if parts == total else "pass --resume to continue it or "
+        raise ValueError(f"--out: {out} already holds {held}; {way_out}choose another --out")
+
+
+def _interrupted(out: Path, done: int, total: int, rows: int) -> Interrupted:
+    if not done:
+        return Interrupted(f"interrupted before the first part was complete (0/{total}); "
+                           "nothing saved")  # fmt: skip
+    return Interrupted(
+        f"interrupted after {done}/{total} parts ({rows} responses); they stay in {out} "
+        "(rerun with --resume to continue)"
+    )
+
+
+def _part(
+    tokenizer: Any, problems: list[Any], index: list[tuple[int, int]], seeds: list[int],
+    result: Any, M: int,
+) -> Any:  # fmt: skip
+    """A chunk's graded responses as a Parquet table (the columns of the module docstring)."""
+    import pyarrow as pa
+
+    from brisk.runtime.prompts import completion_text
+    from brisk.runtime.tiny.grader import grade
+
+    texts = [completion_text(tokenizer, t) for t in result.tokens]
+    grades = [grade(t, problems[i].answer) for t, (i, _) in zip(texts, index, strict=True)]
+    profiles = [req.profile(M) for req in result.requests]
+    return pa.table(
+        {
+            "problem": pa.array([i for i, _ in index], pa.int32()),
+            "sample": pa.array([r for _, r in index], pa.int16()),
+            "seed": pa.array(seeds, pa.int64()),
+            "prompt": [problems[i].prompt for i, _ in index],
+            "response": texts,
+            "answer": [str(problems[i].answer) for i, _ in index],
+            "correct": pa.array(grades, pa.bool_()),
+            "finished": [req.finished for req in result.requests],
+            "accept_lengths": pa.array(
+                [req.accept_lengths for req in result.requests], pa.list_(pa.int8())
+            ),
+            "reached": pa.array([p.reached.tolist() for p in profiles], pa.list_(pa.int32(), M)),
+            "accepted": pa.array([p.accepted.tolist() for p in profiles], pa.list_(pa.int32(), M)),
+        }
+    )
 
 
 def deployed_decoder(checkpoint: str | Path, options: Any) -> tuple[Any, Any, Any]:
