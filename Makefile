@@ -42,9 +42,11 @@ demo: $(STAMP)
 
 # The runtime pipeline on this CPU (~10-15 min): train the tiny I-DLM base model, decode the
 # held-out problems with ISD at N = 4 and 8 (logging every block), and report on the logs.
+# A rerun keeps a trained base and continues an interrupted one (--resume).
 TINY := runs/tiny
 tiny: $(STAMP)
-	$(BIN)/brisk train base --config configs/tiny_base.toml --out $(TINY)/base
+	test -d $(TINY)/base/final || \
+	  $(BIN)/brisk train base --config configs/tiny_base.toml --out $(TINY)/base --resume
 	$(BIN)/brisk decode problems --checkpoint $(TINY)/base/final --n 200 --out $(TINY)/test.jsonl
 	for N in 4 8; do rm -rf $(TINY)/blocks_N$$N; \
 	  $(BIN)/brisk decode --model $(TINY)/base/final --prompts $(TINY)/test.jsonl --samples 5 \
@@ -57,7 +59,8 @@ tiny: $(STAMP)
 # head off, on 200 held-out problems.
 PAPER := runs/paper
 paper: $(STAMP)
-	$(BIN)/brisk train base --config configs/paper_base.toml --out $(PAPER)/base
+	test -d $(PAPER)/base/final || \
+	  $(BIN)/brisk train base --config configs/paper_base.toml --out $(PAPER)/base --resume
 	$(BIN)/brisk decode problems --checkpoint $(PAPER)/base/final --n 200 --out $(PAPER)/test.jsonl
 	$(BIN)/brisk decode --model $(PAPER)/base/final --prompts $(PAPER)/test.jsonl --stride 8 \
 	  --temperature 1 --max-new-tokens 160 --batch-size 200 --out $(PAPER)/out_N8.jsonl

@@ -49,9 +49,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--alpha", type=float, default=0.5, help="D-PACE smoothing α in [0, 1]")
     p.set_defaults(run=run_tpf)
 
-    f = commands.add_parser(
-        "figure", help="write the paper's TPF-vs-rejection figure as PNG"
-    )
+    f = commands.add_parser("figure", help="write the paper's TPF-vs-rejection figure as PNG")
     f.add_argument("--stride", type=int, default=8, help=f"ISD stride N, 2..{MAX_STRIDE}")
     f.add_argument("--out", type=Path, required=True, help="output directory (created if needed)")
     f.set_defaults(run=run_figure)

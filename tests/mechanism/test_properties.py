@@ -18,7 +18,6 @@ from brisk.mechanism.stats import Mean, Rate, RateArray
 from brisk.mechanism.tally import RequestTally, tally_batches, tally_blocks
 from tests.mechanism.logs import random_columns, random_logs
 
-
 VERIFICATIONS = [
     UNKNOWN_VERIFICATION,
     Verification("greedy", "argmax", 1.0),

@@ -76,7 +76,8 @@ def test_the_report_names_each_tpf_once(tmp_path: Path, capsys: pytest.CaptureFi
         line = next(x for x in printed.splitlines() if name in x)
         assert value in line
     assert RENEWAL in printed
-    assert "TPF (ISD)" not in printed and "ISD at N" not in printed
+    assert "TPF (ISD)" not in printed
+    assert "ISD at N" not in printed
     md = (out / "summary.md").read_text()
     assert f"| {WHOLE_RUN} | 19 tokens ÷ 10 forwards | 1.900 |" in md
 
@@ -116,16 +117,12 @@ def test_requests_without_a_row_are_counted_and_left_out(tmp_path: Path) -> None
 def test_bad_request_rows_name_file_column_and_row(
     tmp_path: Path, change: dict[str, Any], column: str, row: int, words: str
 ) -> None:
-    try:
-        log = write(tmp_path / "log", **change)
-    except BlockLogError as err:  # the writer checks rows it can check alone
-        assert (err.column, err.row) == (column, row)
-        assert words in str(err)
-        return
+    """Rows the writer can check alone are refused as they are written, the others when the
+    log is read against its blocks."""
     with pytest.raises(BlockLogError, match=words) as err:
-        analyze(log, draws=5)
+        analyze(write(tmp_path / "log", **change), draws=5)
     assert (err.value.column, err.value.row) == (column, row)
-    assert "requests-000000.parquet" in err.value.file
+    assert err.value.file.startswith(str(tmp_path / "log"))
 
 
 def test_a_rejection_must_be_closed_before_a_later_round(tmp_path: Path) -> None:
@@ -133,8 +130,9 @@ def test_a_rejection_must_be_closed_before_a_later_round(tmp_path: Path) -> None
     with BlockLogWriter(tmp_path / "log", M=3, K=3) as writer:
         for b in (block(4, 0, 1), block(4, 1, 3)):
             writer.write_block(**b)
-        writer.write_requests({"request_id": [4], "prompt_tokens": [9], "output_tokens": [7],
-                               "forwards": [3], "verify_rounds": [2], "finished": ["eos"]})  # fmt: skip
+        row = {"request_id": [4], "prompt_tokens": [9], "output_tokens": [7], "forwards": [3],
+               "verify_rounds": [2], "finished": ["eos"]}  # fmt: skip
+        writer.write_requests(row)
     with pytest.raises(BlockLogError, match="1 rejections in the log") as err:
         analyze(tmp_path / "log", draws=5)
     assert (err.value.column, err.value.row) == ("forwards", 0)

@@ -173,4 +173,4 @@ def test_block_scores_match_an_independent_scoring(
             differ += not same
             tied += same
             with_eos += EOS in base or EOS in own
-    assert differ > 5 and tied > 5 and with_eos > 5, (differ, tied, with_eos)
+    assert min(differ, tied, with_eos) > 5, (differ, tied, with_eos)
