@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,27 @@ def micro_prompts(n: int, seed: int) -> list[list[int]]:
         torch.randint(0, 11, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
         for _ in range(n)
     ]
+
+
+def micro_experiment_toml(out: Path, base: Path, seeds: list[int], arms: list[str],
+                          workers: int) -> str:  # fmt: skip
+    """A proposal-ablation config small enough for the suite (micro base, stride 4)."""
+    return f"""
+out_dir = "{out}"
+base = "{base}"
+stride = 4
+seeds = {seeds}
+arms = {json.dumps(arms)}
+workers = {workers}
+[selfgen]
+problems = 24
+samples = 2
+max_new_tokens = 24
+[train]
+token_budget = 1200
+batch_size = 16
+[eval]
+problems = 12
+max_new_tokens = 24
+batch_size = 12
+"""

@@ -9,29 +9,13 @@ from pathlib import Path
 import pytest
 
 from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
+from tests.runtime.conftest import micro_experiment_toml
 
 
 @pytest.mark.slow
 def test_micro_ablation_writes_table_plots_and_report(micro_base: Path, tmp_path: Path) -> None:
-    text = f"""
-out_dir = "{tmp_path / "exp"}"
-base = "{micro_base}"
-stride = 4
-seeds = [0, 1]
-arms = ["base", "selfgen-correct-uniform", "selfgen-correct-dynamic"]
-workers = 1
-[selfgen]
-problems = 24
-samples = 2
-max_new_tokens = 24
-[train]
-token_budget = 1200
-batch_size = 16
-[eval]
-problems = 12
-max_new_tokens = 24
-batch_size = 12
-"""
+    arms = ["base", "selfgen-correct-uniform", "selfgen-correct-dynamic"]
+    text = micro_experiment_toml(tmp_path / "exp", micro_base, [0, 1], arms, workers=1)
     (tmp_path / "exp.toml").write_text(text)
     cfg = ExperimentConfig.load(tmp_path / "exp.toml")
     summary = run_experiment(cfg, show_progress=False)

@@ -45,7 +45,7 @@ from brisk.runtime.train.corrector_events import CollectOptions, EventStore, col
 from brisk.runtime.train.proposal import train_proposal
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import read_dataset
-from tests.runtime.conftest import MICRO_SELFGEN
+from tests.runtime.conftest import MICRO_SELFGEN, micro_experiment_toml
 
 # -- the signal handling
 
@@ -440,25 +440,6 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
 
 # -- an experiment, and brisk decode
 
-EXPERIMENT = """
-out_dir = "{out}"
-base = "{base}"
-stride = 4
-seeds = [0]
-arms = ["base", "selfgen-correct-uniform"]
-workers = 2
-[selfgen]
-problems = 24
-samples = 2
-max_new_tokens = 24
-[train]
-token_budget = 1200
-batch_size = 16
-[eval]
-problems = 12
-max_new_tokens = 24
-batch_size = 12
-"""
 CLOCKS = ("tokens_per_s", "tokens_per_s_net", "head_s")
 
 
@@ -476,7 +457,8 @@ def test_an_experiment_stops_on_sigint_and_a_rerun_finishes_it(
     has logged a step (the main process alone: it tells its workers): one line, 130; the rerun
     skips what is done, continues the rest and ends with an uninterrupted run's figures."""
     for name in ("whole", "part"):
-        text = EXPERIMENT.format(out=tmp_path / name, base=micro_base)
+        text = micro_experiment_toml(tmp_path / name, micro_base, [0],
+                                     ["base", "selfgen-correct-uniform"], workers=2)  # fmt: skip
         (tmp_path / f"{name}.toml").write_text(text)
     run_experiment(ExperimentConfig.load(tmp_path / "whole.toml"), show_progress=False)
     part = tmp_path / "part"
