@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from brisk.mechanism.runs import COMPLETE_CYCLES, WHOLE_RUN
 from brisk.runtime.experiment.evaluate import ArmSummary
 
 __all__ = ["markdown_table", "plot_summaries"]
@@ -19,8 +20,8 @@ COLUMNS = (  # (metric, header, scale, digits)
     ("accuracy", "Acc. (%)", 100.0, 1),
     ("rejection", "Reject (%)", 100.0, 2),
     ("accept_length", "E[L]", 1.0, 2),
-    ("tpf_run", "TPF, whole run", 1.0, 2),
-    ("tpf_cycles", "TPF, complete cycles", 1.0, 2),
+    ("tpf_run", WHOLE_RUN, 1.0, 2),
+    ("tpf_cycles", COMPLETE_CYCLES, 1.0, 2),
     ("tokens_per_s", "tok/s (CPU)", 1.0, 0),
 )
 
@@ -67,7 +68,7 @@ def plot_summaries(summaries: Sequence[ArmSummary], path: str | Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(arms) + 1.5), sharey=True)
     for ax, (metric, title, scale) in zip(
         axes,
-        [("tpf_run", "TPF, whole run", 1.0), ("accuracy", "accuracy (%)", 100.0)],
+        [("tpf_run", WHOLE_RUN, 1.0), ("accuracy", "accuracy (%)", 100.0)],
         strict=True,
     ):
         iv = [s.metrics[metric] for s in summaries]
