@@ -1,43 +1,14 @@
-"""Normalized answer matching (the paper's grader): extract the final answer, normalize, compare.
-
-The answer is the text after the last ``####`` marker, up to the end of its line. Normalization
-strips whitespace, thousands separators, a leading ``+``, a trailing full stop and redundant
-zeros (``007`` → ``7``, ``4.0`` → ``4``). Anything that does not parse as a number after that is
-compared as a whitespace-collapsed, lower-cased string. Malformed output (no marker, empty answer,
-binary junk) is simply incorrect; the grader never raises.
+"""Normalized answer matching (the paper's grader) for the arithmetic world: the answer after the
+last ``####``, normalized (:func:`brisk.runtime.tasks.graders.normalize_answer`), against the
+problem's integer answer. Malformed output (no marker, empty answer, binary junk) is simply
+incorrect; the grader never raises.
 """
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
+from brisk.runtime.tasks.graders import extract_answer, normalize_answer
 
 __all__ = ["extract_answer", "grade", "normalize_answer"]
-
-_MARKER = "####"
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
-
-
-def extract_answer(text: object) -> str | None:
-    """The raw answer after the last ``####``, or None when there is none."""
-    if not isinstance(text, str) or _MARKER not in text:
-        return None
-    tail = text.rsplit(_MARKER, 1)[1].split("\n", 1)[0].strip()
-    return tail or None
-
-
-def normalize_answer(answer: str) -> str:
-    """Canonical form of an answer string (numbers in plain decimal, other text collapsed)."""
-    s = answer.strip().replace(",", "").rstrip(".").strip()
-    if _NUMBER.fullmatch(s):
-        try:
-            value = Decimal(s)
-        except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-            return s
-        value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value
-        text = format(value.normalize(), "f")
-        return "0" if text in ("-0", "+0") else text
-    return " ".join(s.lower().split())
 
 
 def grade(output: object, reference: object) -> bool:

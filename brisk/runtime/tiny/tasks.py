@@ -1,0 +1,64 @@
+"""The arithmetic world as a registered task (``get_task("arithmetic", ...)``): its problems, their
+integer answers and the ``gsm8k`` grader, through the same interface as a user's data."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brisk._atomic import atomic_write_text
+from brisk.runtime.tasks.graders import Grades, grade_all
+from brisk.runtime.tasks.task import Problem, register_task
+from brisk.runtime.tiny.task import Split, TaskConfig, make_split
+
+__all__ = ["ArithmeticTask"]
+
+PRESETS = {"tiny": TaskConfig.tiny, "paper": TaskConfig.paper, "trivial": TaskConfig.trivial}
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """``n`` distinct problems of ``split`` drawn with ``seed`` from the world ``config``.
+
+    >>> task = ArithmeticTask(n=2, seed=1)
+    >>> [p.prompt for p in task.problems()]
+    ['Q: 3+1=?\\n', 'Q: 6+8=?\\n']
+    >>> task.grade(task.problems(), ["3+1=4\\n#### 4", "#### 13"]).correct
+    [True, False]
+    """
+
+    config: TaskConfig = field(default_factory=TaskConfig.tiny)
+    split: Split = "test"
+    n: int = 200
+    seed: int = 1
+    grader: str = "gsm8k"
+
+    @classmethod
+    def build(cls, preset: str = "tiny", **options: Any) -> ArithmeticTask:
+        """The task of a named world (``tiny``, ``paper``, ``trivial``)."""
+        if preset not in PRESETS:
+            raise ValueError(f"preset: need one of {', '.join(PRESETS)}, got {preset!r}")
+        return cls(PRESETS[preset](), **options)
+
+    def problems(self, tokenizer: Any = None) -> list[Problem]:
+        return [
+            Problem(i, p.prompt, p.answer, {"prompt": p.prompt, "answer": p.answer})
+            for i, p in enumerate(make_split(self.config, self.split, self.n, self.seed))
+        ]
+
+    def grade(
+        self, problems: list[Problem], responses: list[str], workers: int | None = None
+    ) -> Grades:
+        return grade_all(self.grader, responses, [p.answer for p in problems], workers)
+
+    def export(self, path: str | Path) -> Path:
+        """The problems as JSON lines ``{"prompt", "answer"}``, what a user's file looks like
+        (read back with ``Source(path, {"prompt": "prompt", "answer": "answer"})``)."""
+        rows = [json.dumps({"prompt": p.prompt, "answer": p.answer}) for p in self.problems()]
+        atomic_write_text(Path(path), "".join(r + "\n" for r in rows))
+        return Path(path)
+
+
+register_task("arithmetic", ArithmeticTask.build)
