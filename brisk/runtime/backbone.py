@@ -7,8 +7,9 @@ MASK id. Keeping the KV operations separate is what lets a paged cache (SGLang's
 same contract. The forward has no side effects beyond appending to the cache: train/eval mode and
 gradient recording are the caller's (``decode`` runs under ``torch.inference_mode``; a trainer
 calls the same forward with gradients on). :class:`HFBackbone` provides this for any
-``AutoModelForCausalLM`` (our tiny Qwen3, or an I-DLM ``SDARForCausalLM`` checkpoint loaded with
-``trust_remote_code``).
+``AutoModelForCausalLM`` (our tiny Qwen3, a user's Qwen3 or Llama) and for an I-DLM
+``SDARForCausalLM`` checkpoint, which loads as Qwen3 without remote code
+(:mod:`brisk.runtime.architectures`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoTokenizer, DynamicCache, PreTrainedModel
 
 __all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone"]
 
@@ -126,15 +127,14 @@ class HFBackbone:
         line (:func:`brisk.runtime.checkpoint.check_model_weights`)."""
         from safetensors import SafetensorError
 
+        from brisk.runtime.architectures import load_causal_lm
         from brisk.runtime.checkpoint import check_model_weights
 
         if not Path(path).is_dir():
             raise ValueError(f"path: {path} is not a checkpoint directory")
         check_model_weights(path, trust_remote_code)
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, trust_remote_code=trust_remote_code, dtype=dtype, local_files_only=True
-            ).to(device)
+            model = load_causal_lm(path, trust_remote_code, dtype).to(device)
         except (RuntimeError, SafetensorError) as err:  # what the header checks cannot see
             first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
             raise ValueError(f"path: cannot load the model in {path}: {first.strip()}") from None

@@ -62,7 +62,9 @@ def check_model_weights(path: str | Path, trust_remote_code: bool = False) -> No
     other formats.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from brisk.runtime.architectures import load_config
 
     directory = Path(path)
     files = sorted(directory.glob("*.safetensors"))
@@ -70,9 +72,7 @@ def check_model_weights(path: str | Path, trust_remote_code: bool = False) -> No
     if not files:
         return
     try:
-        config = AutoConfig.from_pretrained(
-            directory, trust_remote_code=trust_remote_code, local_files_only=True
-        )
+        config = load_config(directory, trust_remote_code)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError):
