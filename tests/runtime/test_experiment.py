@@ -92,6 +92,28 @@ def test_summaries_table_and_plot(tmp_path: Path) -> None:
         summarize([fake("a", 0, 3.0), fake("a", 0, 3.1)])
 
 
+def test_evaluation_decodes_in_batches_of_batch_size(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch_size = 80 over 100 problems decodes batches of 80 and 20 (decode's own default of
+    64 used to split them into 64 + 16 + 20), and tok/s is measured at that batch size."""
+    from brisk.runtime.isd import loop
+
+    sizes: list[int] = []
+    init = loop._Batch.__init__
+
+    def record(self: loop._Batch, backbone: object, ctx: object, logger: object,
+               prompts: list[list[int]], *args: object) -> None:  # fmt: skip
+        sizes.append(len(prompts))
+        init(self, backbone, ctx, logger, prompts, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop._Batch, "__init__", record)
+    problems = make_split(TaskConfig.tiny(), "test", 100, seed=0)
+    evaluate_checkpoint(checkpoint, [p.prompt for p in problems], [p.answer for p in problems],
+                        arm="base", seed=0, stride=4, max_new_tokens=4, batch_size=80)  # fmt: skip
+    assert sizes == [80, 20]
+
+
 def test_checkpoint_numbers_follow_their_definitions(checkpoint: Path) -> None:
     problems = make_split(TaskConfig.trivial(), "test", 12, seed=0)
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]

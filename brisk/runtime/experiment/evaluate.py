@@ -125,19 +125,11 @@ def evaluate_checkpoint(
     start = time.perf_counter()
     try:
         with torch.inference_mode():
-            for lo in range(0, n, batch_size):
-                ids = list(range(lo, min(lo + batch_size, n)))
-                results.append(
-                    decode(
-                        backbone,
-                        [encoded[r] for r in ids],
-                        options,
-                        corrector=corrector,
-                        seeds=[seed * n + r for r in ids],
-                        request_ids=ids,
-                        logger=logger,
-                    )
-                )
+            results.append(
+                decode(backbone, encoded, options, corrector=corrector,
+                       seeds=[seed * n + r for r in range(n)], request_ids=list(range(n)),
+                       logger=logger, batch_size=batch_size)
+            )  # fmt: skip
     finally:
         if corrector is not None:
             del corrector.select  # the class's method again
