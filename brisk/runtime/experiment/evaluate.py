@@ -105,7 +105,6 @@ def evaluate_checkpoint(
     )  # fmt: skip
     encoded = encode_prompts(tokenizer, prompts)
     n = len(encoded)
-    results = []
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     logger = BlockLogger(log_blocks, options.M, K) if log_blocks is not None else None
     head_s = 0.0
@@ -125,19 +124,17 @@ def evaluate_checkpoint(
     start = time.perf_counter()
     try:
         with torch.inference_mode():
-            results.append(
-                decode(backbone, encoded, options, corrector=corrector,
-                       seeds=[seed * n + r for r in range(n)], request_ids=list(range(n)),
-                       logger=logger, batch_size=batch_size)
-            )  # fmt: skip
+            result = decode(backbone, encoded, options, corrector=corrector,
+                            seeds=[seed * n + r for r in range(n)], request_ids=list(range(n)),
+                            logger=logger, batch_size=batch_size)  # fmt: skip
     finally:
         if corrector is not None:
             del corrector.select  # the class's method again
     wall = time.perf_counter() - start
     if logger is not None:
         logger.close()
-    requests = [out for res in results for out in res.requests]
-    texts = [t for res in results for t in completion_texts(tokenizer, res)]
+    requests = result.requests
+    texts = completion_texts(tokenizer, result)
     correct = [grade(t, a) for t, a in zip(texts, answers, strict=True)]
     lengths = np.concatenate([np.asarray(r.accept_lengths, int) for r in requests])
     reached = sum((r.profile(options.M).reached for r in requests), np.zeros(options.M, int))
