@@ -48,15 +48,6 @@ class OneLineErrors(argparse.ArgumentParser):
         raise ValueError(message.removeprefix("argument "))
 
 
-def quiet_transformers() -> None:
-    """Silence transformers' own tqdm bars (loading and writing weights) for the command: the
-    commands draw their own progress, and a stderr holding only brisk's lines is what a one-line
-    error or interruption promises."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-
 def with_overrides(cfg: T, overrides: dict[str, object], flags: dict[str, str] | None = None) -> T:
     """``cfg.replace(**overrides)`` for the values the command line gave (not None); an invalid
     value's error names its flag (``out_dir`` → ``--out`` through ``flags``, ``batch_size`` →

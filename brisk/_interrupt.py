@@ -53,10 +53,22 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 A = TypeVar("A")
 
 
+RESUME_HINT = " (rerun with --resume to continue)"
+
+
 class Interrupted(KeyboardInterrupt):
-    """A command stopped at a safe point after SIGINT or SIGTERM; ``str(err)`` is the one line
-    the user sees (what was saved, how to continue). A ``KeyboardInterrupt``, so that no
-    ``except Exception`` on the way up swallows it."""
+    """A command stopped at a safe point after SIGINT or SIGTERM. ``what`` says where it stopped
+    and what was saved (``"at step 41/120; saved DIR"``), ``resumable`` whether ``--resume``
+    continues it; ``str(err)`` is the one line the user sees (``"interrupted " + what``, and the
+    hint). A ``KeyboardInterrupt``, so that no ``except Exception`` on the way up swallows it.
+
+    >>> str(Interrupted("at step 3/9; saved ckpt", resumable=True))
+    'interrupted at step 3/9; saved ckpt (rerun with --resume to continue)'
+    """
+
+    def __init__(self, what: str, *, resumable: bool = False) -> None:
+        super().__init__(f"interrupted {what}" + (RESUME_HINT if resumable else ""))
+        self.what, self.resumable = what, resumable
 
 
 class StopSignals:

@@ -16,8 +16,8 @@ from brisk._cli import (
     comma_separated,
     config_from_args,
     problem_decode_options,
-    quiet_transformers,
 )
+from brisk._hf import quiet_transformers
 from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 
 

@@ -10,8 +10,8 @@ from brisk._cli import (
     add_problem_decode_arguments,
     config_from_args,
     problem_decode_options,
-    quiet_transformers,
 )
+from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 
 __all__ = ["register_experiment", "register_train"]

@@ -94,41 +94,28 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     """Requests from ``path``; anything malformed is an error naming the file and line."""
+    from brisk.runtime.tasks.sources import read_json_lines, read_lines
+
     if not path.exists():
         raise ValueError(f"--prompts: {path} does not exist")
     if not path.is_file():
         raise ValueError(f"--prompts: {path} is not a file")
-    data = path.read_bytes()
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        number = data.count(b"\n", 0, err.start) + 1
-        detail = f"not UTF-8 text (byte 0x{data[err.start]:02x})"
-        raise ValueError(f"--prompts: {path} line {number}: {detail}") from None
-    requests = []
-    as_json = path.suffix in {".jsonl", ".json"}
-    for number, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
-        line = raw.removesuffix("\r")
-        if not line.strip():
-            continue
-        if not as_json:
-            requests.append({"prompt": line})
-            continue
+        if path.suffix in {".jsonl", ".json"}:
+            items = read_json_lines(path)
+        else:
+            items = [(number, {"prompt": line}) for number, line in read_lines(path)]
+    except ValueError as err:
+        raise ValueError(f"--prompts: {err}") from None
+    for number, item in items:
         where = f"--prompts: {path} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: {err.msg} (column {err.colno})") from None
-        if not isinstance(item, dict):
-            raise ValueError(f'{where}: expected a JSON object with a "prompt" string')
         if "prompt" not in item:
             raise ValueError(f'{where}: no "prompt" field (keys: {", ".join(item) or "none"})')
         if not isinstance(item["prompt"], str):
             raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
-        requests.append(item)
-    if not requests:
+    if not items:
         raise ValueError(f"--prompts: {path} holds no prompts")
-    return requests
+    return [item for _, item in items]
 
 
 def check_output_file(path: Path, flag: str) -> None:
@@ -251,35 +238,36 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import torch
     from transformers import AutoTokenizer
 
+    from brisk._hf import quiet_transformers
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.corrector import Corrector
 
     device = _device(args.device)
-    with _quiet_loading():
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                args.model, trust_remote_code=args.trust_remote_code, local_files_only=True
-            )
-        except (OSError, ValueError) as err:
-            raise ValueError(f"--model: no tokenizer in {args.model}: {_one_line(err)}") from None
-        # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
-        mask_id = args.mask_token_id if args.mask_token_id is not None else tokenizer.mask_token_id
-        try:
-            backbone = HFBackbone.from_pretrained(
-                args.model, mask_token_id=mask_id, trust_remote_code=args.trust_remote_code,
-                dtype=getattr(torch, args.dtype), device=device,
-            )  # fmt: skip
-        except ValueError as err:
-            if not str(err).startswith("mask_token_id:"):
-                raise ValueError(f"--model: {_one_line(err)}") from None
-            if args.mask_token_id is not None:  # outside the vocabulary
-                raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
-            raise ValueError(
-                f"--mask-token-id: {args.model} defines no MASK token (none in its tokenizer, "
-                "no mask_token_id in its config); pass --mask-token-id"
-            ) from None
-        except OSError as err:
+    quiet_transformers()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.model, trust_remote_code=args.trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--model: no tokenizer in {args.model}: {_one_line(err)}") from None
+    # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
+    mask_id = args.mask_token_id if args.mask_token_id is not None else tokenizer.mask_token_id
+    try:
+        backbone = HFBackbone.from_pretrained(
+            args.model, mask_token_id=mask_id, trust_remote_code=args.trust_remote_code,
+            dtype=getattr(torch, args.dtype), device=device,
+        )  # fmt: skip
+    except ValueError as err:
+        if not str(err).startswith("mask_token_id:"):
             raise ValueError(f"--model: {_one_line(err)}") from None
+        if args.mask_token_id is not None:  # outside the vocabulary
+            raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
+        raise ValueError(
+            f"--mask-token-id: {args.model} defines no MASK token (none in its tokenizer, "
+            "no mask_token_id in its config); pass --mask-token-id"
+        ) from None
+    except OSError as err:
+        raise ValueError(f"--model: {_one_line(err)}") from None
     corrector = None
     if args.corrector is not None:
         with _argument("--corrector"):
@@ -289,21 +277,6 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
-
-
-@contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """No transformers progress bar while local files load: stderr carries brisk's own bar
-    and its one-line messages only."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector: Any,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,20 @@ problems = 12
 max_new_tokens = 24
 batch_size = 12
 """
+
+
+def tokenizer_without_mask() -> Any:
+    """The tiny world's characters and specials, but no MASK token (a plain causal LM's)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from brisk.runtime.tiny.tokenizer import CHARS
+
+    specials = ("<pad>", "<bos>", "<eos>", "<unk>")
+    vocab = {t: i for i, t in enumerate((*specials, *CHARS))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+        unk_token="<unk>",
+    )  # fmt: skip

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from brisk.cli import main
 from brisk.runtime.architectures import add_mask_token, load_config
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.isd import ISDOptions, decode
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import CHARS, char_tokenizer
+from brisk.runtime.tiny.tokenizer import char_tokenizer
+from tests.runtime.conftest import tokenizer_without_mask
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +74,8 @@ def test_brisk_decode_takes_an_sdar_checkpoint(
 
 
 def test_a_model_without_a_mask_token_gets_one() -> None:
-    specials = ("<pad>", "<bos>", "<eos>", "<unk>")
-    vocab = {t: i for i, t in enumerate((*specials, *CHARS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        unk_token="<unk>",
-    )  # fmt: skip
+    tokenizer = tokenizer_without_mask()
+    vocab = tokenizer.get_vocab()
     torch.manual_seed(0)
     model = build_model(TinyModelConfig.micro(), tokenizer)
     V = model.get_input_embeddings().weight.shape[0]

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from brisk.cli import main
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import CHARS, char_tokenizer
+from brisk.runtime.tiny.tokenizer import char_tokenizer
+from tests.runtime.conftest import tokenizer_without_mask
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +138,7 @@ def test_the_default_budget_fits_the_model(
 def test_checkpoint_without_a_mask_token(
     tmp_path: Path, prompts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    specials = ("<pad>", "<bos>", "<eos>", "<unk>")
-    vocab = {t: i for i, t in enumerate((*specials, *CHARS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        unk_token="<unk>",
-    )  # fmt: skip
+    tokenizer = tokenizer_without_mask()
     model_dir = tmp_path / "no-mask"
     build_model(TinyModelConfig.micro(), tokenizer).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)

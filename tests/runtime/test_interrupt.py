@@ -95,8 +95,8 @@ def test_the_command_line_turns_an_interruption_into_one_line_and_130(
     def run(message: str) -> int:
         raise Interrupted(message) if message else KeyboardInterrupt
 
-    assert exits_on_interrupt(run)("saved x") == INTERRUPTED
-    assert capsys.readouterr().err == "brisk: saved x\n"
+    assert exits_on_interrupt(run)("at step 2; saved x") == INTERRUPTED
+    assert capsys.readouterr().err == "brisk: interrupted at step 2; saved x\n"
     assert exits_on_interrupt(run)("") == INTERRUPTED
     assert capsys.readouterr().err.count("\n") == 1
 

@@ -19,6 +19,7 @@ from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
 
+from brisk._hf import quiet_transformers
 from brisk._interrupt import (
     Interrupted,
     signals_blocked,
@@ -27,8 +28,6 @@ from brisk._interrupt import (
 )
 
 __all__ = ["check_plan", "ensure_checkpoint", "experiment_step", "run_jobs"]
-
-RESUME_HINT = " (rerun with --resume to continue)"  # how a command's Interrupted ends
 
 
 def check_plan(
@@ -67,11 +66,8 @@ def experiment_step(doing: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as err:
-        kept = str(err).removeprefix("interrupted ").removesuffix(RESUME_HINT)
-        raise Interrupted(
-            f"interrupted while {doing}{': ' + kept if kept else ''}; rerun the same command "
-            "to continue"
-        ) from None
+        kept = f": {err.what}" if isinstance(err, Interrupted) else ""
+        raise Interrupted(f"while {doing}{kept}; rerun the same command to continue") from None
 
 
 def run_jobs(
@@ -121,8 +117,8 @@ def run_jobs(
             waiting = {f for f in waiting if not f.cancelled()}  # wait() never returns these
     if told:
         raise Interrupted(
-            f"interrupted after {len(results)}/{len(jobs)} jobs had finished; an unfinished "
-            "training keeps its newest checkpoint"
+            f"after {len(results)}/{len(jobs)} jobs had finished; an unfinished training keeps "
+            "its newest checkpoint"
         )
     return results
 
@@ -132,9 +128,7 @@ def _start_worker() -> None:
     (:func:`~brisk._interrupt.worker_stop_signals`), transformers' loading and saving bars off
     (jobs run quiet: the experiment prints a line per finished job)."""
     worker_stop_signals()
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    quiet_transformers()
 
 
 def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | None]:

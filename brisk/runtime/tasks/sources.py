@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["KINDS", "Source", "read_records"]
+__all__ = ["KINDS", "Source", "read_json_lines", "read_lines", "read_records"]
 
 Kind = Literal["auto", "jsonl", "parquet", "csv", "hf-disk", "hf"]
 KINDS: tuple[str, ...] = ("auto", "jsonl", "parquet", "csv", "hf-disk", "hf")
@@ -113,28 +113,48 @@ def read_records(source: Source) -> list[dict[str, Any]]:
 Rows = tuple[list[Mapping[str, Any]], list[str]]
 
 
-def _jsonl(path: Path, source: Source) -> Rows:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    rows: list[Mapping[str, Any]] = []
-    lines: list[int] = []
-    columns: dict[str, None] = {}
+def read_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the non-blank lines of a UTF-8 text file (``.gz`` decompressed,
+    a byte-order mark and ``\\r`` line ends dropped); undecodable bytes are a ``ValueError``
+    naming the file and line."""
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise ValueError(f"{path}: not a readable gzip file ({err})") from None
     try:
-        with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"path: {path} line {number}: {err.msg}") from None
-                if not isinstance(item, dict):
-                    raise ValueError(f"path: {path} line {number}: not a JSON object")
-                rows.append(item)
-                lines.append(number)
-                columns.update(dict.fromkeys(item))
-    except (UnicodeDecodeError, OSError, EOFError) as err:
-        raise ValueError(f"path: {path} is not readable UTF-8 JSON lines ({err})") from None
-    for row, number in zip(rows, lines, strict=True):  # JSON lines may differ in their keys
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        number = data.count(b"\n", 0, err.start) + 1
+        detail = f"not UTF-8 text (byte 0x{data[err.start]:02x})"
+        raise ValueError(f"{path} line {number}: {detail}") from None
+    lines = enumerate(text.removeprefix("\ufeff").split("\n"), 1)
+    return [(n, line.removesuffix("\r")) for n, line in lines if line.strip()]
+
+
+def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every JSON-lines record; a line that is not a JSON object is a
+    ``ValueError`` naming the file, line and column."""
+    records = []
+    for number, line in read_lines(path):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number}: {err.msg} (column {err.colno})") from None
+        if not isinstance(item, dict):
+            raise ValueError(f"{path} line {number}: expected a JSON object")
+        records.append((number, item))
+    return records
+
+
+def _jsonl(path: Path, source: Source) -> Rows:
+    try:
+        records = read_json_lines(path)
+    except ValueError as err:
+        raise ValueError(f"path: {err}") from None
+    columns = dict.fromkeys(key for _, item in records for key in item)
+    for number, row in records:  # JSON lines may differ in their keys
         absent = [(role, col) for role, col in source.fields.items() if col not in row]
         if absent and all(col in columns for _, col in absent):
             role, col = absent[0]
@@ -142,7 +162,7 @@ def _jsonl(path: Path, source: Source) -> Rows:
                 f"fields: {role} = {col!r} is missing at {path} line {number} "
                 f"(fields there: {', '.join(row) or 'none'})"
             )
-    return rows, list(columns)
+    return [item for _, item in records], list(columns)
 
 
 def _csv(path: Path, source: Source) -> Rows:

@@ -249,7 +249,7 @@ def _train(
                 report = run_eval(done, cfg.final_eval_problems)
         except KeyboardInterrupt:
             raise Interrupted(
-                f"interrupted during the final evaluation; the trained model is saved in {final} "
+                f"during the final evaluation; the trained model is saved in {final} "
                 f"(brisk train eval --checkpoint {final} evaluates it)"
             ) from None
     log({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})

@@ -352,11 +352,12 @@ class _Partial:
         shutil.rmtree(self.staging, ignore_errors=True)
         if not self.requests:
             shutil.rmtree(self.path, ignore_errors=True)
-            return Interrupted(f"interrupted before the first batch was complete (0/{total} "
-                               "requests); nothing saved")  # fmt: skip
+            return Interrupted(f"before the first batch was complete (0/{total} requests); "
+                               "nothing saved")  # fmt: skip
         return Interrupted(
-            f"interrupted after {self.requests}/{total} requests ({self.events} events); they "
-            f"stay in {self.path} (rerun with --resume to continue)"
+            f"after {self.requests}/{total} requests ({self.events} events); they stay in "
+            f"{self.path}",
+            resumable=True,
         )
 
     def finish(self, ids: list[int], meta: dict[str, Any]) -> None:

@@ -309,7 +309,7 @@ def _train(
             # all-reduced, rank 0 saves the step reached and says so, the others wait for the
             # save (torchrun tears every rank down once one exits) and end quietly.
             if dist.any(stop.requested, device):
-                err = Interrupted(f"interrupted at step {step}")
+                err = Interrupted(f"at step {step}")
                 if metrics is not None:
                     err = interrupted_at(step, f"{tokens:,}/{cfg.token_budget:,} tokens",
                                          out / f"checkpoint-{step:06d}", save, metrics)  # fmt: skip

@@ -136,10 +136,10 @@ def interrupted_at(
     if step == 0:
         metrics.close()
         metrics.path.unlink(missing_ok=True)
-        return Interrupted(f"interrupted at {at}, before the first step; nothing saved")
+        return Interrupted(f"at {at}, before the first step; nothing saved")
     if not (checkpoint / STATE).is_file():
         save(checkpoint)
-    return Interrupted(f"interrupted at {at}; saved {checkpoint} (rerun with --resume to continue)")
+    return Interrupted(f"at {at}; saved {checkpoint}", resumable=True)
 
 
 class MetricsLog:

@@ -266,11 +266,9 @@ def _claim(out: Path, provenance: dict[str, Any], options: SelfGenOptions, resum
 
 def _interrupted(out: Path, done: int, total: int, rows: int) -> Interrupted:
     if not done:
-        return Interrupted(f"interrupted before the first part was complete (0/{total}); "
-                           "nothing saved")  # fmt: skip
+        return Interrupted(f"before the first part was complete (0/{total}); nothing saved")
     return Interrupted(
-        f"interrupted after {done}/{total} parts ({rows} responses); they stay in {out} "
-        "(rerun with --resume to continue)"
+        f"after {done}/{total} parts ({rows} responses); they stay in {out}", resumable=True
     )
 
 
