@@ -18,7 +18,6 @@ from brisk.mechanism.io import (
     count_blocks,
     log_files,
     log_shape,
-    log_verification,
     validate,
 )
 from brisk.mechanism.report import (
@@ -116,8 +115,7 @@ def run_report(args: argparse.Namespace) -> int:
         files = [str(f) for f in log_files(args.logs)]
         ks = args.k if args.k is not None else default_ks(tally.shape.K)
         requests = read_requests(args.logs, tally.shape.M)
-        summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files, requests,
-                            log_verification(files))  # fmt: skip
+        summary = summarize(tally, ks, args.bootstrap, args.seed, args.level, files, requests)
         written = write_report(summary, args.out)
     print_table(summary, console)
     console.print(

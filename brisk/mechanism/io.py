@@ -46,6 +46,7 @@ __all__ = [
     "block_table",
     "count_blocks",
     "log_files",
+    "log_info",
     "log_shape",
     "log_verification",
     "read_blocks",
@@ -146,39 +147,44 @@ def _open(file: Path) -> pq.ParquetFile:
         ) from None
 
 
-def log_shape(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> LogShape:
-    """M and K shared by every file of the logs (checked against each file's metadata)."""
-    shapes = {f: shape_from_schema(_open(f).schema_arrow, str(f)) for f in log_files(paths)}
-    first_file, first = next(iter(shapes.items()))
-    for f, shape in shapes.items():
-        if shape != first:
+def log_info(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+) -> tuple[LogShape, Verification]:
+    """M, K and the verification shared by every file of the logs, from one read of each
+    file's footer. Files of another M or K are an error; so are files verified differently (a
+    report applies one replay rule, so greedy and sampled logs, or logs at different
+    temperatures, are not pooled). The error names the file."""
+    found = {}
+    for f in log_files(paths):
+        schema = _open(f).schema_arrow
+        found[f] = (shape_from_schema(schema, str(f)), verification_of(schema, str(f)))
+    first_file, (shape0, rule0) = next(iter(found.items()))
+    for f, (shape, rule) in found.items():
+        if shape != shape0:
             raise BlockLogError(
-                str(f),
-                "(schema metadata)",
-                None,
-                f"M = {shape.M}, K = {shape.K}, but {first_file} has M = {first.M}, K = {first.K}",
-            )
-    return first
+                str(f), "(schema metadata)", None,
+                f"M = {shape.M}, K = {shape.K}, but {first_file} has M = {shape0.M}, "
+                f"K = {shape0.K}",
+            )  # fmt: skip
+        if rule != rule0 and not (rule.rule == rule0.rule == "unknown"):
+            raise BlockLogError(
+                str(f), "(schema metadata)", None,
+                f"verified {rule.describe()}, but {first_file} was verified {rule0.describe()}; "
+                "report them separately",
+            )  # fmt: skip
+    return shape0, rule0
+
+
+def log_shape(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> LogShape:
+    """M and K shared by every file of the logs (:func:`log_info`)."""
+    return log_info(paths)[0]
 
 
 def log_verification(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
 ) -> Verification:
-    """How the logs were verified: one :class:`~brisk.mechanism.schema.Verification` shared by
-    every file (a report applies one replay rule, so mixing greedy and sampled logs, or logs at
-    different temperatures, is an error naming the file)."""
-    found = {f: verification_of(_open(f).schema_arrow, str(f)) for f in log_files(paths)}
-    first_file, first = next(iter(found.items()))
-    for f, v in found.items():
-        if v != first and not (v.rule == first.rule == "unknown"):
-            raise BlockLogError(
-                str(f),
-                "(schema metadata)",
-                None,
-                f"verified {v.describe()}, but {first_file} was verified {first.describe()}; "
-                "report them separately",
-            )
-    return first
+    """How the logs were verified (:func:`log_info`)."""
+    return log_info(paths)[1]
 
 
 def count_blocks(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> int:
@@ -219,8 +225,7 @@ def read_blocks(
 def _read(
     files: list[Path], columns: Sequence[str] | None, batch_rows: int, check: bool
 ) -> Iterator[BlockBatch]:
-    shape = log_shape(files)
-    verification = log_verification(files)
+    shape, verification = log_info(files)
     wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
     unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
     if unknown:
@@ -438,6 +443,7 @@ class BlockLogWriter:
         self._buffer: list[pa.Table] = []
         self._buffered = 0
         self._requests: list[pa.Table] = []
+        self._requests_buffered = 0
         self.requests_written = 0
         self.request_parts = 0
         self._closed = False
@@ -489,8 +495,9 @@ class BlockLogWriter:
             raise ValueError("write_requests: the writer is closed")
         table = request_table(columns, self.shape.M, file=str(self.path))
         self._requests.append(table)
+        self._requests_buffered += table.num_rows
         self.requests_written += table.num_rows
-        if sum(t.num_rows for t in self._requests) >= self.rows_per_group:
+        if self._requests_buffered >= self.rows_per_group:
             self.flush()
 
     def flush(self) -> None:
@@ -502,7 +509,7 @@ class BlockLogWriter:
             final = self.path / f"requests-{self.request_parts:06d}.parquet"
             _write_atomic(table, final, compression=self.compression, row_group_size=table.num_rows)
             self.request_parts += 1
-            self._requests = []
+            self._requests, self._requests_buffered = [], 0
 
     def close(self) -> None:
         if not self._closed:

@@ -20,7 +20,7 @@ from brisk.mechanism.coverage import PROB_SCALE
 from brisk.mechanism.io import BlockBatch, read_blocks
 from brisk.mechanism.likelihood import LOGP_SCALE
 from brisk.mechanism.replay import SAMPLED_RTOL
-from brisk.mechanism.schema import LogShape, Verification
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification
 from brisk.mechanism.tally import MAX_FEATURES, RequestTally
 
 __all__ = ["reference_rates", "reference_tally"]
@@ -157,6 +157,7 @@ def reference_tally(
     """
     per_request: dict[int, dict[str, list[int]]] = {}
     shape: LogShape | None = None
+    verification = UNKNOWN_VERIFICATION
     seen = 0
     items = [source] if isinstance(source, str | os.PathLike) else list(source)
     batches: Iterable[BlockBatch]
@@ -165,7 +166,7 @@ def reference_tally(
     else:
         batches = read_blocks([b for b in items if not isinstance(b, BlockBatch)])
     for batch in batches:
-        shape = batch.shape
+        shape, verification = batch.shape, batch.verification
         M, K = shape.M, shape.K
         cols = {name: arr.tolist() for name, arr in batch.columns.items()}
         for r in range(len(batch)):
@@ -184,7 +185,7 @@ def reference_tally(
     ids = sorted(per_request)
     names = per_request[ids[0]].keys()
     sums = {n: np.array([per_request[i][n] for i in ids], dtype=np.int64) for n in names}
-    return RequestTally(shape, np.array(ids, dtype=np.int64), sums)
+    return RequestTally(shape, np.array(ids, dtype=np.int64), sums, verification)
 
 
 def reference_rates(tally: RequestTally) -> dict[str, tuple[float, float]]:

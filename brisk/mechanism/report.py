@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
-from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files, log_verification
+from brisk.mechanism.io import DEFAULT_BATCH_ROWS, log_files
 from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repetition
 from brisk.mechanism.replay import SameStateReplay, same_state_replay
@@ -175,7 +175,6 @@ def summarize(
     level: float = 0.95,
     files: Sequence[str] = (),
     requests: RequestTable | None = None,
-    verification: Verification = UNKNOWN_VERIFICATION,
 ) -> MechanismSummary:
     """All statistics of a tally; ``ks`` must lie in 1..K (default: :func:`default_ks`).
     ``requests``: the log's request table, for the run's TPFs."""
@@ -202,7 +201,7 @@ def summarize(
         repetition=repetition(sums, boot),
         profile=profile,
         tpf=profile.tpf_interval(CostModel.isd(tally.shape.M), level=level, seed=seed),
-        verification=verification,
+        verification=tally.verification,
         run=None if requests is None else run_tpf_of_log(tally, requests, level, seed),
         unlisted_requests=(
             0 if requests is None else int((~np.isin(tally.request_ids, requests.request_id)).sum())
@@ -227,7 +226,7 @@ def analyze(
     files = tuple(str(f) for f in log_files(paths))
     tally = tally_blocks(files, batch_rows=batch_rows, progress=progress)
     requests = read_requests(paths, tally.shape.M)
-    return summarize(tally, ks, draws, seed, level, files, requests, log_verification(files))
+    return summarize(tally, ks, draws, seed, level, files, requests)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from brisk.mechanism.io import DEFAULT_BATCH_ROWS, BlockBatch, log_files, read_b
 from brisk.mechanism.likelihood import likelihood_features
 from brisk.mechanism.repetition import repetition_features
 from brisk.mechanism.replay import BlockState, replay_features
-from brisk.mechanism.schema import BlockLogError, LogShape
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, BlockLogError, LogShape, Verification
 from brisk.theory import AcceptanceProfile
 
 __all__ = ["RequestTally", "block_features", "tally_batches", "tally_blocks"]
@@ -56,12 +56,14 @@ class RequestTally:
     """Per-request sums ``sums[name]`` of shape [R, c], rows in sorted ``request_ids`` order.
 
     ``sums["accept_len"][r, k]`` counts request r's blocks with L = k; ``sums["last_block"]``
-    is a maximum, not a sum (module docstring).
+    is a maximum, not a sum (module docstring). ``verification`` is the blocks' (every batch
+    of a log shares it).
     """
 
     shape: LogShape
     request_ids: IntArray
     sums: Mapping[str, IntArray]
+    verification: Verification = UNKNOWN_VERIFICATION
 
     @property
     def n_blocks(self) -> int:
@@ -130,8 +132,9 @@ def tally_batches(
     partial_ids: list[IntArray] = []
     partial: dict[str, list[IntArray]] = {}
     shape: LogShape | None = None
+    verification = UNKNOWN_VERIFICATION
     for batch in batches:
-        shape = batch.shape
+        shape, verification = batch.shape, batch.verification
         ids, sums = _group_sum(batch["request_id"].astype(np.int64), block_features(batch))
         partial_ids.append(ids)
         for k, v in sums.items():
@@ -143,4 +146,4 @@ def tally_batches(
     ids, sums = _group_sum(
         np.concatenate(partial_ids), {k: np.concatenate(v) for k, v in partial.items()}
     )
-    return RequestTally(shape, ids, sums)
+    return RequestTally(shape, ids, sums, verification)

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-__all__ = ["AS_TRANSFORMERS", "add_mask_token", "load_causal_lm", "load_config"]
+__all__ = ["AS_TRANSFORMERS", "add_mask_token", "load_causal_lm", "model_config"]
 
 AS_TRANSFORMERS: dict[str, str] = {"SDARForCausalLM": "qwen3"}
 
@@ -46,7 +46,7 @@ def _raw_config(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
+def model_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
     """The checkpoint's config as the transformers class brisk loads it with (module docstring).
     Remote code runs only with ``trust_remote_code``; without it an architecture of
     :data:`AS_TRANSFORMERS` reads as its transformers twin."""
@@ -69,8 +69,13 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
-    """The checkpoint's causal LM (module docstring), weights loaded, on the CPU."""
-    config = load_config(path, trust_remote_code)
+    """The checkpoint's causal LM (module docstring), weights loaded, on the CPU. Its weights
+    files are checked first (:func:`brisk.runtime.checkpoint.check_model_weights`): a damaged
+    one is a ``ValueError`` naming it."""
+    from brisk.runtime.checkpoint import check_model_weights
+
+    config = model_config(path, trust_remote_code)
+    check_model_weights(path, config, trust_remote_code)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         path, config=config, trust_remote_code=trust_remote_code, dtype=dtype,
         local_files_only=True,

@@ -124,15 +124,13 @@ class HFBackbone:
         else the config's ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's
         ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup; so is a
         weights file that is truncated, not safetensors or of the wrong shapes, named in one
-        line (:func:`brisk.runtime.checkpoint.check_model_weights`)."""
+        line (:func:`brisk.runtime.architectures.load_causal_lm`)."""
         from safetensors import SafetensorError
 
         from brisk.runtime.architectures import load_causal_lm
-        from brisk.runtime.checkpoint import check_model_weights
 
         if not Path(path).is_dir():
             raise ValueError(f"path: {path} is not a checkpoint directory")
-        check_model_weights(path, trust_remote_code)
         try:
             model = load_causal_lm(path, trust_remote_code, dtype).to(device)
         except (RuntimeError, SafetensorError) as err:  # what the header checks cannot see

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = ["check_model_weights", "check_shapes", "tensor_shapes"]
 
@@ -53,30 +54,26 @@ def check_shapes(
             )
 
 
-def check_model_weights(path: str | Path, trust_remote_code: bool = False) -> None:
-    """Check a transformers checkpoint directory's safetensors files against its config.
+def check_model_weights(path: str | Path, config: Any, trust_remote_code: bool = False) -> None:
+    """Check a transformers checkpoint directory's safetensors files against its ``config``.
 
-    Every ``*.safetensors`` file must be readable; a tensor that the model built from
-    ``config.json`` also has must have its shape. Tied or renamed parameters that the files do
-    not hold under the model's own name are left to transformers, and so are checkpoints in
-    other formats.
+    Every ``*.safetensors`` file must be readable; a tensor that the model built from the
+    config also has must have its shape. Tied or renamed parameters that the files do not hold
+    under the model's own name are left to transformers, and so are checkpoints in other
+    formats.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    from brisk.runtime.architectures import load_config
-
-    directory = Path(path)
-    files = sorted(directory.glob("*.safetensors"))
+    files = sorted(Path(path).glob("*.safetensors"))
     found = {f: tensor_shapes(f) for f in files}
     if not files:
         return
     try:
-        config = load_config(directory, trust_remote_code)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError):
-        return  # the loader says what is wrong with the config itself
+        return  # a model class transformers cannot build: its loader says what is wrong
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     for file, shapes in found.items():
         check_shapes(file, shapes, {k: v for k, v in expected.items() if k in shapes})

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from brisk.cli import main
-from brisk.runtime.architectures import add_mask_token, load_config
+from brisk.runtime.architectures import add_mask_token, model_config
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.isd import ISDOptions, decode
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
@@ -42,7 +42,7 @@ def qwen3_and_sdar(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 
 def test_an_sdar_checkpoint_loads_as_qwen3(qwen3_and_sdar: tuple[Path, Path]) -> None:
     qwen3, sdar = qwen3_and_sdar
-    config = load_config(sdar)
+    config = model_config(sdar)
     assert config.model_type == "qwen3"
     assert config.architectures == ["Qwen3ForCausalLM"]
     assert (config.block_size, config.mask_token_id) == (4, char_tokenizer().mask_token_id)
