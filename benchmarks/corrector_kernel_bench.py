@@ -15,7 +15,9 @@ hidden states, candidate logits), batch C ∈ {1, 8, 32}. Rows:
 GPU timings are medians of ``--repeats`` (≥ 100) calls after warm-up, each timed with
 ``torch.cuda.Event``; the head's share is its latency ÷ one ISD forward (2N − 1 slots per request
 over ``--context`` cached tokens) of a Qwen3-8B-shaped model with random weights (36 layers,
-bf16; ``--layers`` to change). On CPU only the eager rows run (wall-clock medians; the fused
+bf16; ``--layers`` to change), both as transformers runs it eagerly (the host launching every
+layer's kernels) and replayed from a CUDA graph over a static cache (causal mask, the same
+slots), the cost of a served forward. On CPU only the eager rows run (wall-clock medians; the fused
 kernel on CPU is Triton's interpreter, which says nothing about speed) and the script says that
 the GPU rows need a GPU.
 
@@ -25,6 +27,7 @@ the GPU rows need a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -91,8 +94,9 @@ def inputs(C: int, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor
     }
 
 
-def forward_ms(C: int, layers: int, context: int, repeats: int) -> float:
-    """One ISD forward (2N − 1 slots per request) of a Qwen3-8B-shaped model, random bf16."""
+@functools.cache
+def forward_backbone(layers: int) -> Any:
+    """A Qwen3-8B-shaped model with random bf16 weights on the GPU (built once)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from brisk.runtime.backbone import HFBackbone
@@ -101,9 +105,19 @@ def forward_ms(C: int, layers: int, context: int, repeats: int) -> float:
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                          vocab_size=V, max_position_embeddings=4096,
                          tie_word_embeddings=False)  # fmt: skip
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
-    backbone = HFBackbone(model, mask_token_id=V - 1)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return HFBackbone(model, mask_token_id=V - 1)
+
+
+def forward_ms(C: int, layers: int, context: int, repeats: int) -> float:
+    """One ISD forward (2N − 1 slots per request) of a Qwen3-8B-shaped model, random bf16."""
+    backbone = forward_backbone(layers)
     cache = backbone.new_cache()
     with torch.inference_mode():
         backbone.forward(torch.randint(0, V - 1, (C, context), device="cuda"), cache)
@@ -114,6 +128,37 @@ def forward_ms(C: int, layers: int, context: int, repeats: int) -> float:
             backbone.trim(cache, context)
 
         return time_ms(fwd, max(repeats // 5, 20), cuda=True)
+
+
+def forward_graph_ms(C: int, layers: int, context: int, repeats: int) -> float:
+    """The same forward replayed from a CUDA graph over a static KV cache (causal mask): what a
+    served forward costs without the host's per-layer launches."""
+    from transformers import StaticCache
+
+    model = forward_backbone(layers).model
+    S = 2 * M + 1
+    cache = StaticCache(config=model.config, max_cache_len=context + S)
+    with torch.inference_mode():
+        prefix = torch.randint(0, V - 1, (C, context), device="cuda")
+        model(input_ids=prefix, past_key_values=cache, use_cache=True,
+              cache_position=torch.arange(context, device="cuda"))  # fmt: skip
+        ids = torch.randint(0, V - 1, (C, S), device="cuda")
+        positions = torch.arange(context, context + S, device="cuda")
+
+        def fwd() -> Tensor:
+            return model(input_ids=ids, past_key_values=cache, use_cache=True,
+                         cache_position=positions).logits  # fmt: skip
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fwd()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fwd()
+        return time_ms(graph.replay, max(repeats // 5, 20), cuda=True)
 
 
 @torch.inference_mode()
@@ -138,11 +183,23 @@ def measure(
         from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
 
         graphs = CorrectorGraphs(head, backbone, buckets=(C,))
+        want = head.select(*call, u=x["u"], impl="naive")
+        fused = head.select(*call, u=x["u"], impl="triton")
+        replay = graphs.select(*call, u=x["u"])
+        row["tokens_equal"] = bool(torch.equal(fused.tokens, want.tokens)
+                                   and torch.equal(replay.tokens, want.tokens))  # fmt: skip
+        row["max_logit_diff"] = max(float((fused.refined - want.refined).abs().max()),
+                                    float((replay.refined - want.refined).abs().max()))  # fmt: skip
         row["fused_ms"] = time_ms(lambda: head.select(*call, u=x["u"], impl="triton"),
                                   args.repeats, cuda)  # fmt: skip
         row["graph_ms"] = time_ms(lambda: graphs.select(*call, u=x["u"]), args.repeats, cuda)
         if not args.no_forward:
             row["forward_ms"] = forward_ms(C, args.layers, args.context, args.repeats)
+            try:
+                row["forward_graph_ms"] = forward_graph_ms(C, args.layers, args.context,
+                                                           args.repeats)  # fmt: skip
+            except Exception as e:  # reported beside the table; the other rows still run
+                row["forward_graph_error"] = f"{type(e).__name__}: {e}"[:300]
             torch.cuda.empty_cache()
     return row
 
@@ -179,13 +236,21 @@ def main() -> None:
 
     title = f"Corrector head per verify round, Qwen3-8B shapes, {device.type}"
     table = Table("C", "eager, gathered rows (ms)", "eager (ms)", "fused (ms)",
-                  "fused + graph (ms)", "speed-up fused", "speed-up graph", "head ÷ forward",
-                  title=title)  # fmt: skip
+                  "fused + graph (ms)", "speed-up fused", "speed-up graph", "forward (ms)",
+                  "head ÷ forward", "graphed forward (ms)", "head ÷ graphed forward",
+                  "tokens = eager", title=title)  # fmt: skip
     for row in rows:
-        share = f"{100 * row['graph_ms'] / row['forward_ms']:.2f} %" if "forward_ms" in row else "–"
+
+        def share(key: str, row: dict[str, Any] = row) -> str:
+            return f"{100 * row['graph_ms'] / row[key]:.2f} %" if key in row else "–"
+
         table.add_row(str(row["C"]), cell(row, "eager_gather_ms"), cell(row, "eager_ms"),
                       cell(row, "fused_ms"), cell(row, "graph_ms"), speedup(row, "fused_ms"),
-                      speedup(row, "graph_ms"), share)  # fmt: skip
+                      speedup(row, "graph_ms"), cell(row, "forward_ms"), share("forward_ms"),
+                      cell(row, "forward_graph_ms"), share("forward_graph_ms"),
+                      str(row.get("tokens_equal", "–")))  # fmt: skip
+        if "forward_graph_error" in row:
+            console.print(f"C = {row['C']}: graphed forward failed: {row['forward_graph_error']}")
     console.print(table)
     console.print(f"folding the two [V, 64] tables once: {fold_s:.2f} s on {device.type}")
     if not cuda:

@@ -180,13 +180,16 @@ def test_teacher_forcing_and_the_no_feedback_ablation() -> None:
 def test_through_the_head_at_hidden_sizes_up_to_4096(H: int) -> None:
     """Corrector.select with impl 'triton' vs 'naive' (folded tables feed both)."""
     backbone = TableBackbone(300, H, seed=H)
+    backbone.E, backbone.E_out = backbone.E.to(DEVICE), backbone.E_out.to(DEVICE)
     head = randomized(CorrectorConfig.paper(hidden_size=H, vocab_size=300, M=7), seed=1)
+    head = head.to(DEVICE)
     g = torch.Generator().manual_seed(H)
     B = 3
     logits, ids = (3 * torch.randn(B, 7, 300, generator=g)).topk(16, dim=-1)
-    args = (torch.randn(B, H, generator=g), torch.randint(0, 300, (B,), generator=g),
-            torch.randn(B, 7, H, generator=g), logits, ids)  # fmt: skip
-    u = torch.rand(B, 7, generator=g)
+    cpu_args = (torch.randn(B, H, generator=g), torch.randint(0, 300, (B,), generator=g),
+                torch.randn(B, 7, H, generator=g), logits, ids)  # fmt: skip
+    args = tuple(t.to(DEVICE) for t in cpu_args)
+    u = torch.rand(B, 7, generator=g).to(DEVICE)
     for T in (0.0, 1.0):
         a = head.select(backbone, *args, T, u=u if T else None, impl="naive")  # type: ignore[arg-type]
         b = head.select(backbone, *args, T, u=u if T else None, impl="triton")  # type: ignore[arg-type]
@@ -201,10 +204,13 @@ def test_through_the_head_at_hidden_sizes_up_to_4096(H: int) -> None:
 def test_auto_on_cpu_is_the_naive_loop_and_unsupported_inputs_fall_back_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    inputs, weights = kernel_inputs(2, 3, 4, seed=9)
+    inputs, weights = kernel_inputs(2, 3, 4, seed=9)  # on the GPU when one runs the kernels
     naive = corrector_select(*inputs, weights, 0.0, None)
-    auto = select(*inputs, weights, 0.0, None, impl="auto")
-    assert torch.equal(auto.refined, naive.refined)
+    cpu = tuple(t.cpu() for t in inputs)
+    cpu_weights = StepWeights(**{k: v.cpu() for k, v in weights.__dict__.items()})
+    auto = select(*cpu, cpu_weights, 0.0, None, impl="auto")
+    assert auto.refined.device.type == "cpu"
+    assert torch.equal(auto.refined, corrector_select(*cpu, cpu_weights, 0.0, None).refined)
     doubles = tuple(t.double() if t.is_floating_point() else t for t in inputs)
     weights = StepWeights(**{k: v.double() for k, v in weights.__dict__.items()})
     import brisk.runtime.kernels.corrector_step as dispatch
@@ -259,13 +265,13 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     from brisk.runtime.tiny.task import make_split
     from brisk.runtime.train.config import BaseTrainConfig
 
-    backbone = HFBackbone.from_pretrained(micro_base)
+    backbone = HFBackbone.from_pretrained(micro_base, device=DEVICE)
     tokenizer = AutoTokenizer.from_pretrained(micro_base)
     task = BaseTrainConfig.load(micro_base / "train_config.json").task
     prompts = encode_prompts(tokenizer, [p.prompt for p in make_split(task, "test", 16, 1)])
     head = randomized(
         CorrectorConfig.small(backbone.hidden_size, backbone.vocab_size, M=3, K=8), seed=2
-    )
+    ).to(DEVICE)
     options = isd_options(tokenizer, stride=4, temperature=T, max_new_tokens=24)
     outs = {}
     for impl in ("naive", "triton"):
@@ -275,6 +281,33 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     assert [r.accept_lengths for r in outs["triton"].requests] == [
         r.accept_lengths for r in outs["naive"].requests
     ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("T", [0.0, 0.8], ids=["greedy", "T0.8"])
+def test_cuda_graph_replay_equals_the_naive_head(T: float) -> None:
+    """Replay from a captured bucket (B padded up to it) gives the naive head's selection: ranks
+    and tokens identical, refined logits within the kernel's tolerance; a second replay with
+    new inputs in the same buffers gives the new answer (the graph reads its inputs)."""
+    from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
+    from tests.runtime.test_corrector import block_inputs
+
+    head = randomized(CorrectorConfig.small(64, 300, M=3, K=8), seed=4).cuda()
+    backbone = TableBackbone(300, 64)
+    backbone.E, backbone.E_out = backbone.E.cuda(), backbone.E_out.cuda()
+    graphs = CorrectorGraphs(head, backbone, buckets=(1, 4, 8))
+    for B, seed in [(1, 1), (3, 2), (3, 3), (8, 4), (11, 5)]:  # 11: beyond the buckets, eager
+        x = {k: v.cuda() for k, v in block_inputs(backbone, B, 3, seed=seed).items()}
+        cand_logits, cand_ids = x["base_logits"].topk(8, dim=-1)
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(B, 3, generator=g).cuda() if T > 0 else None
+        args = (backbone, x["anchor_hidden"], x["anchor_ids"], x["mask_hidden"], cand_logits,
+                cand_ids, T, u)  # fmt: skip
+        want = head.select(*args, impl="naive")
+        got = graphs.select(*args)
+        assert torch.equal(got.ranks, want.ranks), (B, seed)
+        assert torch.equal(got.tokens, want.tokens), (B, seed)
+        torch.testing.assert_close(got.refined, want.refined, atol=ATOL, rtol=RTOL)
 
 
 def test_cuda_graphs_need_cuda() -> None:
