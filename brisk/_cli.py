@@ -87,14 +87,17 @@ def add_problem_decode_arguments(
     parser: argparse.ArgumentParser, *, checkpoint: str, out: str, samples: int, top_k: int,
     top_k_help: str,
 ) -> None:  # fmt: skip
-    """The flags of :data:`DECODE_OPTION_FLAGS`, the checkpoint, output, resume and thread
-    flags."""
+    """The flags of :data:`DECODE_OPTION_FLAGS`, the task's, the checkpoint, output, resume and
+    thread flags."""
+    from brisk.runtime.tasks.spec import add_task_arguments
+
     parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
     parser.add_argument("--out", type=Path, required=True, help=out)
     parser.add_argument(
         "--resume", action="store_true", help="continue an interrupted run into --out"
     )
-    parser.add_argument("--problems", type=int, default=1000, help="distinct training problems")
+    parser.add_argument("--problems", type=int, default=1000,
+                        help="problems (from a file: all of a smaller selection)")  # fmt: skip
     parser.add_argument("--samples", type=int, default=samples, help="responses per problem")
     parser.add_argument("--stride", type=int, default=8, help="ISD stride N")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -105,15 +108,20 @@ def add_problem_decode_arguments(
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_task_arguments(parser, "the checkpoint's own world, its train split")
 
 
 def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace, **extra: Any) -> T:
     """``cls`` from those flags (and ``extra``), after checking the thread count and the
     checkpoint; an option's error names its flag."""
+    from brisk.runtime.tasks.spec import task_from_args
+
     if args.threads < 1:
         raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    task = task_from_args(args)
     try:
-        options = cls(**{name: getattr(args, name) for name in DECODE_OPTION_FLAGS}, **extra)
+        options = cls(**{name: getattr(args, name) for name in DECODE_OPTION_FLAGS}, task=task,
+                      **extra)  # fmt: skip
     except ValueError as err:
         raise ValueError(f"--{str(err).replace('_', '-')}") from None
     if not (args.checkpoint / "config.json").is_file():

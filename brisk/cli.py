@@ -11,6 +11,7 @@ from brisk.mechanism import cli as mechanism_cli
 from brisk.runtime import cli as runtime_cli
 from brisk.runtime import decode_cli
 from brisk.runtime.serving import cli as serving_cli
+from brisk.runtime.tasks import cli as tasks_cli
 from brisk.theory import cli as theory_cli
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_cli.register(layers)
     runtime_cli.register_experiment(layers)
     decode_cli.register(layers)
+    tasks_cli.register(layers)
     mechanism_cli.register(layers)
     serving_cli.register(layers)
     return parser

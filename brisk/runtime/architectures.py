@@ -26,7 +26,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-__all__ = ["AS_TRANSFORMERS", "add_mask_token", "load_causal_lm", "model_config"]
+__all__ = [
+    "AS_TRANSFORMERS",
+    "add_mask_token",
+    "load_causal_lm",
+    "model_config",
+    "training_token_ids",
+]
 
 AS_TRANSFORMERS: dict[str, str] = {"SDARForCausalLM": "qwen3"}
 
@@ -88,14 +94,36 @@ def add_mask_token(model: PreTrainedModel, tokenizer: Any, token: str = "<|MASK|
     token), grow the input and output embeddings by the rows the tokenizer now needs (new rows
     at the mean of the old ones, so the new logit starts where an average token's would) and
     record ``mask_token_id`` in the config. Returns the id; a tokenizer that already has the
-    token keeps it (and the model is resized only if it is short of rows)."""
+    token keeps it (and the model is resized only if it is short of rows). The token becomes
+    the tokenizer's ``mask_token``, saved with it."""
     existing = tokenizer.convert_tokens_to_ids(token)
     if isinstance(existing, int) and existing != tokenizer.unk_token_id:
         mask_id = existing
+        tokenizer.mask_token = token
     else:
-        tokenizer.add_special_tokens({"additional_special_tokens": [token]})
+        tokenizer.add_special_tokens({"mask_token": token})
         mask_id = int(tokenizer.convert_tokens_to_ids(token))
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     model.config.mask_token_id = mask_id
     return int(mask_id)
+
+
+def training_token_ids(tokenizer: Any, config: Any, where: str) -> tuple[int, int]:
+    """The MASK and padding ids training lays batches out with: the config's ``mask_token_id``
+    (I-DLM checkpoints) or the tokenizer's mask token; the tokenizer's pad token, else its EOS
+    (padding is never attended or scored). ``where`` names the checkpoint in the error."""
+    mask_id = getattr(config, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = tokenizer.mask_token_id
+    if mask_id is None:
+        raise ValueError(
+            f"{where}: the model has no MASK token (no config.mask_token_id, no tokenizer mask "
+            "token); add one with brisk.runtime.architectures.add_mask_token"
+        )
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError(f"{where}: the tokenizer has neither a pad nor an EOS token")
+    return int(mask_id), int(pad_id)

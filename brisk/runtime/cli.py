@@ -73,7 +73,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
-    e.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
+    e.add_argument("--problems", type=int, default=200,
+                   help="held-out problems (from a file: all of a smaller selection)")  # fmt: skip
     e.add_argument(
         "--strides",
         type=comma_separated(int, "integers"),
@@ -83,6 +84,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.add_argument("--seed", type=int, default=None, help="test-split seed (default: the run's)")
     e.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     e.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    from brisk.runtime.tasks.spec import add_task_arguments
+
+    add_task_arguments(e, "the checkpoint's own world, its test split")
     e.set_defaults(run=run_eval)
 
 
@@ -119,12 +123,18 @@ def run_selfgen(args: argparse.Namespace) -> int:
     options = problem_decode_options(SelfGenOptions, args, chunk=args.chunk)
     torch.set_num_threads(args.threads)
     quiet_transformers()
-    result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress,
-                              resume=args.resume)  # fmt: skip
+    from brisk.runtime.tasks.spec import task_flag_errors
+
+    with task_flag_errors():
+        result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress,
+                                  resume=args.resume)  # fmt: skip
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
     )
+    if result.grader_errors:
+        print(f"the grader raised on {result.grader_errors} responses (counted wrong); first: "
+              f"{result.first_grader_error}")  # fmt: skip
     return 0
 
 
@@ -166,29 +176,35 @@ def run_eval(args: argparse.Namespace) -> int:
     import torch
 
     from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.tiny.task import TaskConfig, make_split
+    from brisk.runtime.tasks.spec import task_flag_errors, task_from_args
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.evaluate import evaluate
 
     for flag, value in (("--problems", args.problems), ("--threads", args.threads)):
         if value < 1:
             raise ValueError(f"{flag}: must be an integer ≥ 1, got {value}")
+    if not (args.checkpoint / "config.json").is_file():
+        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
+    spec = task_from_args(args)
+    seed = args.seed
     config_file = args.checkpoint / "train_config.json"
-    if not config_file.exists():
-        raise ValueError(f"--checkpoint: {args.checkpoint} has no train_config.json")
-    try:
-        cfg = BaseTrainConfig.load(config_file)
-    except ValueError as err:
-        raise ValueError(f"--checkpoint: {err}") from None
-    torch.set_num_threads(args.threads)
-    backbone = HFBackbone.from_pretrained(args.checkpoint)
+    if seed is None and spec.is_default and config_file.is_file():
+        try:
+            seed = BaseTrainConfig.load(config_file).eval_seed  # the run's own held-out draw
+        except ValueError as err:
+            raise ValueError(f"--checkpoint: {err}") from None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    task: TaskConfig = cfg.task
-    seed = cfg.eval_seed if args.seed is None else args.seed
-    problems = make_split(task, "test", args.problems, seed)
-    report = evaluate(backbone, tokenizer, problems, strides=args.strides)
+    with task_flag_errors():
+        task = spec.resolve(n=args.problems, seed=1 if seed is None else seed, split="test",
+                            checkpoint=args.checkpoint)  # fmt: skip
+        problems = task.problems(tokenizer)
+    if not problems:
+        raise ValueError("--task: the selection holds no problems")
+    torch.set_num_threads(args.threads)
+    backbone = HFBackbone.from_pretrained(args.checkpoint)
+    report = evaluate(backbone, tokenizer, problems, strides=args.strides, task=task)
     _print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2))

@@ -61,8 +61,11 @@ def run_collect(args: argparse.Namespace) -> int:
     options = problem_decode_options(CollectOptions, args, feature_dtype=args.feature_dtype)
     torch.set_num_threads(args.threads)
     quiet_transformers()
-    store = collect_from_checkpoint(args.checkpoint, args.out, options, not args.no_progress,
-                                    resume=args.resume)  # fmt: skip
+    from brisk.runtime.tasks.spec import task_flag_errors
+
+    with task_flag_errors():
+        store = collect_from_checkpoint(args.checkpoint, args.out, options,
+                                        not args.no_progress, resume=args.resume)  # fmt: skip
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "

@@ -1,10 +1,12 @@
 """``brisk decode``: ISD decoding of a prompt file, with statistics tied back to the theory.
 
-Prompts come as JSON Lines, one object per request: ``{"prompt": str, "answer": ...}`` (the
-answer is optional; with it the output is graded by normalized answer matching), or as a plain
-text file with one prompt per line. ``brisk decode problems`` writes the tiny world's held-out
-problems in that format. Prompts are encoded and completions decoded by
-:mod:`brisk.runtime.prompts`, the same helpers the Python API offers.
+Prompts come as JSON Lines, one object per request: ``{"prompt": str, "answer": ...,
+"grader": str}`` (answer and grader optional; with an answer the output is graded by the row's
+grader, else ``--grader``, else normalized answer matching, ``gsm8k``), or as a plain text file
+with one prompt per line. ``brisk decode problems`` writes a task's problems in that format:
+by default the checkpoint's own world's held-out ones, or any task (``--task FILE --fields …
+--format chat --grader math``), rendered for the checkpoint's tokenizer. Prompts are encoded
+and completions decoded by :mod:`brisk.runtime.prompts`, the same helpers the Python API offers.
 
 Every argument is checked before the model loads; bad input ends as one line naming the
 argument (and file and line) with exit code 2. ``--out`` is written atomically in prompt order
@@ -79,16 +81,25 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="MASK id (default: the tokenizer's mask token, else config.mask_token_id)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--grader", default="",
+                        help="grader of rows with an answer and no grader of their own "
+                             "(default gsm8k: normalized answer matching)")  # fmt: skip
     parser.add_argument(
         "--no-progress", action="store_true", help="hide the progress bar (shown on a terminal)"
     )
     parser.set_defaults(run=run_decode)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("problems", help="write tiny-world problems as a prompt file")
-    p.add_argument("--checkpoint", type=Path, required=True, help="a tiny base checkpoint")
-    p.add_argument("--n", type=int, default=200)
-    p.add_argument("--split", choices=("test", "train"), default="test")
+    p = sub.add_parser("problems", help="write a task's problems as a prompt file")
+    p.add_argument("--checkpoint", type=Path, required=True,
+                   help="the model (its tokenizer renders the prompts; its world is the default "
+                        "task)")  # fmt: skip
+    p.add_argument("--n", type=int, default=200, help="problems (from a file: all of fewer)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="which problems (default: the checkpoint's held-out draw)")  # fmt: skip
     p.add_argument("--out", type=Path, required=True)
+    from brisk.runtime.tasks.spec import add_task_arguments
+
+    add_task_arguments(p, "the checkpoint's own world, its test split")
     p.set_defaults(run=run_problems)
 
 
@@ -107,10 +118,17 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             items = [(number, {"prompt": line}) for number, line in read_lines(path)]
     except ValueError as err:
         raise ValueError(f"--prompts: {err}") from None
+    from brisk.runtime.tasks.graders import resolve_grader
+
     for number, item in items:
         where = f"--prompts: {path} line {number}"
         if "prompt" not in item:
             raise ValueError(f'{where}: no "prompt" field (keys: {", ".join(item) or "none"})')
+        if "grader" in item:
+            try:
+                resolve_grader(item["grader"])
+            except ValueError as err:
+                raise ValueError(f'{where}: "grader": {err}') from None
         if not isinstance(item["prompt"], str):
             raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
     if not items:
@@ -153,31 +171,44 @@ def _argument(flag: str | None = None) -> Iterator[None]:
 
 
 def run_problems(args: argparse.Namespace) -> int:
-    from brisk.runtime.tiny.task import make_split
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.tasks.spec import task_flag_errors, task_from_args
     from brisk.runtime.train.config import BaseTrainConfig
 
     _positive(args.n, "--n")
-    config_file = args.checkpoint / "train_config.json"
-    if not config_file.is_file():
-        raise ValueError(f"--checkpoint: {args.checkpoint} has no train_config.json")
+    if not (args.checkpoint / "config.json").is_file():
+        raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
     check_output_file(args.out, "--out")
-    try:
-        cfg = BaseTrainConfig.load(config_file)
-    except ValueError as err:
-        raise ValueError(f"--checkpoint: {err}") from None
-    seed = cfg.eval_seed if args.split == "test" else cfg.seed
-    with _argument("--n"):
-        problems = make_split(cfg.task, args.split, args.n, seed)
-    _write_jsonl(
-        args.out,
-        [{"id": i, "prompt": p.prompt, "answer": p.answer} for i, p in enumerate(problems)],
-    )
-    print(f"wrote {len(problems)} {args.split} problems to {args.out}")
+    spec = task_from_args(args)
+    split = spec.split or "test"
+    seed = args.seed
+    config_file = args.checkpoint / "train_config.json"
+    if seed is None and not spec.path and config_file.is_file():
+        try:
+            cfg = BaseTrainConfig.load(config_file)
+        except ValueError as err:
+            raise ValueError(f"--checkpoint: {err}") from None
+        seed = cfg.eval_seed if split == "test" else cfg.seed
+    with task_flag_errors():
+        task = spec.resolve(n=args.n, seed=seed or 0, split=split, checkpoint=args.checkpoint)
+        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
+        problems = task.problems(tokenizer)
+    grader = task.describe().get("grader")
+    rows = [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "grader": grader}
+            for p in problems]  # fmt: skip
+    _write_jsonl(args.out, [{k: v for k, v in r.items() if v is not None} for r in rows])
+    print(f"wrote {len(problems)} problems to {args.out}")
     return 0
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """Everything that can be checked without the model."""
+    if args.grader:
+        from brisk.runtime.tasks.graders import resolve_grader
+
+        with _argument("--grader"):
+            resolve_grader(args.grader)
     if args.model is None:
         raise ValueError("--model: required (a checkpoint directory)")
     if not args.model.is_dir():
@@ -389,7 +420,7 @@ def _decode(
     recorded). Rows are the finished requests' completions in prompt order."""
     from brisk.runtime.isd import RequestOutput, decode
     from brisk.runtime.prompts import completion_text
-    from brisk.runtime.tiny.grader import grade
+    from brisk.runtime.tasks.graders import grade_all
 
     M, tokenizer = setup.options.M, setup.tokenizer
     done: dict[int, dict[str, Any]] = {}
@@ -408,8 +439,12 @@ def _decode(
             "tpf": output.tpf,
             "accept_hist": output.histogram(M),
         }
-        if "answer" in req:
-            row["correct"] = grade(row["completion"], req["answer"])
+        if "answer" in req:  # a grader that raises counts as wrong (and is reported)
+            grader = req.get("grader") or args.grader or "gsm8k"
+            graded = grade_all(grader, [row["completion"]], [req["answer"]], workers=1)
+            row["correct"] = graded.correct[0] is True
+            if graded.errors:
+                row["grader_error"] = graded.first_error
         done[r] = row
         if partial is not None:
             partial.add(row)

@@ -142,11 +142,22 @@ def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | N
     return run, None
 
 
-def held_out_problems(checkpoint: str | Path, n: int, seed: int) -> list[Any]:
-    """``n`` test-split problems of the task the checkpoint was trained on (its
-    ``train_config.json``), the same for every arm and seed."""
-    from brisk.runtime.tiny.task import make_split
-    from brisk.runtime.train.config import BaseTrainConfig
+def held_out_problems(
+    checkpoint: str | Path, n: int, seed: int, task: Any = None
+) -> tuple[list[Any], str]:
+    """``n`` held-out problems (the same for every arm and seed) and their grader's name: of
+    ``task`` (a :class:`~brisk.runtime.tasks.spec.TaskSpec`), by default the test split of the
+    world the checkpoint was trained on (its ``train_config.json``)."""
+    from transformers import AutoTokenizer
 
-    task = BaseTrainConfig.load(Path(checkpoint) / "train_config.json").task
-    return make_split(task, "test", n, seed)
+    from brisk.runtime.tasks.spec import TaskSpec
+
+    spec = task if task is not None else TaskSpec()
+    resolved = spec.resolve(n=n, seed=seed, split="test", checkpoint=checkpoint)
+    problems = resolved.problems(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
+    if not problems:
+        raise ValueError("eval.task: the selection holds no problems")
+    grader = resolved.describe().get("grader")
+    if grader is None:
+        raise ValueError("eval.task: the evaluation needs answers and a grader")
+    return problems, grader

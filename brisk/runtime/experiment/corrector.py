@@ -190,11 +190,13 @@ def _train_and_evaluate(
             }))  # fmt: skip
         train_info = json.loads(trained.read_text()) if trained.exists() else {}
         head = Corrector.from_pretrained(run / "final")
-    problems = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed)
+    problems, grader = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed,
+                                         cfg.eval.task)  # fmt: skip
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
     e = cfg.eval
     common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,
-                  max_new_tokens=e.max_new_tokens, batch_size=e.batch_size)  # fmt: skip
+                  max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
+                  grader=grader)  # fmt: skip
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
     with stop.abortable():  # rerun whole: only eval.json marks the job done
         ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
@@ -248,7 +250,7 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
         with experiment_step("collecting events"):
             store = collect_from_checkpoint(cfg.backbone, events, CollectOptions(
-                problems=c.problems, samples=c.samples, stride=cfg.stride,
+                task=c.task, problems=c.problems, samples=c.samples, stride=cfg.stride,
                 temperature=c.temperature, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
                 problem_seed=c.problem_seed, seed=c.seed,
             ), show_progress=show_progress)  # fmt: skip

@@ -71,6 +71,7 @@ def evaluate_checkpoint(
     corrector: Any = None,
     log_blocks: str | Path | None = None,
     shadow: bool = False,
+    grader: str = "gsm8k",
 ) -> CheckpointEval:
     """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
 
@@ -89,7 +90,7 @@ def evaluate_checkpoint(
     from brisk.runtime.blocklog import BlockLogger
     from brisk.runtime.isd import decode
     from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options
-    from brisk.runtime.tiny.grader import grade
+    from brisk.runtime.tasks.graders import grade_all
 
     if len(prompts) != len(answers):
         raise ValueError(f"answers: expected {len(prompts)} (one per prompt), got {len(answers)}")
@@ -135,7 +136,7 @@ def evaluate_checkpoint(
         logger.close()
     requests = result.requests
     texts = completion_texts(tokenizer, result)
-    correct = [grade(t, a) for t, a in zip(texts, answers, strict=True)]
+    correct = [c is True for c in grade_all(grader, texts, list(answers), workers=1).correct]
     lengths = np.concatenate([np.asarray(r.accept_lengths, int) for r in requests])
     reached = sum((r.profile(options.M).reached for r in requests), np.zeros(options.M, int))
     accepted = sum((r.profile(options.M).accepted for r in requests), np.zeros(options.M, int))

@@ -42,6 +42,7 @@ from brisk.runtime.experiment.common import (
     job_dir,
     run_jobs,
 )
+from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.config import load_config
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
@@ -76,6 +77,7 @@ BRISK_ARM = "selfgen-correct-dynamic"
 
 @dataclass(frozen=True)
 class SelfGenSection:
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, train split
     problems: int = 1000
     samples: int = 4
     temperature: float = 1.0
@@ -97,6 +99,7 @@ class TrainSection:
 
 @dataclass(frozen=True)
 class EvalSection:
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, test split
     problems: int = 200
     temperature: float = 1.0
     max_new_tokens: int = 160
@@ -169,7 +172,8 @@ def _train_and_evaluate(
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
             train_proposal(pcfg, resume=True, show_progress=False)
-    problems = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed)
+    problems, grader = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed,
+                                         cfg.eval.task)  # fmt: skip
     blocks = run / "blocks"
     shutil.rmtree(blocks, ignore_errors=True)
     with stop.abortable():  # rerun whole: only eval.json marks the job done
@@ -177,7 +181,7 @@ def _train_and_evaluate(
             checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=arm.name,
             seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
             max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-            log_blocks=blocks,
+            log_blocks=blocks, grader=grader,
         )  # fmt: skip
     atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
     return ev.to_dict()
@@ -215,8 +219,9 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
     t = time.monotonic()
     with experiment_step("generating the dataset"):
         generate_dataset(cfg.base, data_dir, SelfGenOptions(
-            problems=s.problems, samples=s.samples, stride=cfg.stride, temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, problem_seed=s.problem_seed, seed=s.seed,
+            task=s.task, problems=s.problems, samples=s.samples, stride=cfg.stride,
+            temperature=s.temperature, max_new_tokens=s.max_new_tokens,
+            problem_seed=s.problem_seed, seed=s.seed,
         ), show_progress=show_progress)  # fmt: skip
     timings["selfgen_s"] = time.monotonic() - t
 

@@ -176,8 +176,8 @@ def _csv(path: Path, source: Source) -> Rows:
 
 
 def _parquet(path: Path, source: Source) -> Rows:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
     rows: list[Mapping[str, Any]] = []
@@ -194,7 +194,7 @@ def _parquet(path: Path, source: Source) -> Rows:
 
 
 def _hf_disk(path: Path, source: Source) -> Rows:
-    import datasets
+    import datasets  # type: ignore[import-untyped]
 
     data = datasets.load_from_disk(str(path))
     return _rows_of(_split_of(data, source, path))

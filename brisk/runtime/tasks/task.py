@@ -77,11 +77,27 @@ class Task:
 
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
+_REBUILD: dict[str, Callable[[dict[str, Any]], Any]] = {}
 
 
-def register_task(name: str, factory: Callable[..., Any]) -> None:
-    """Make ``factory(**options)`` available as the task ``name``."""
+def register_task(
+    name: str, factory: Callable[..., Any],
+    rebuild: Callable[[dict[str, Any]], Any] | None = None,
+) -> None:  # fmt: skip
+    """Make ``factory(**options)`` available as the task ``name``; ``rebuild`` makes a task
+    again from its ``describe()`` (what provenance records)."""
     _REGISTRY[name] = factory
+    if rebuild is not None:
+        _REBUILD[name] = rebuild
+
+
+def rebuild_task(description: dict[str, Any]) -> Any:
+    """The registered task a ``describe()`` record names, made again from it."""
+    _load_builtin()
+    name = description.get("name")
+    if name not in _REBUILD:
+        raise ValueError(f"task: cannot rebuild a task described as {name!r}")
+    return _REBUILD[str(name)](description)
 
 
 def task_names() -> list[str]:

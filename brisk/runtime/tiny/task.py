@@ -252,9 +252,10 @@ def sample_response(
 ) -> str:
     """A response to ``problem`` drawn from ``corpus``'s mixture of styles and swaps."""
     weights, swap_prob = cfg.corpus(corpus)
-    style: str | tuple[str, ...] = rng.choices(STYLES, weights=weights)[0]
+    first: str = rng.choices(STYLES, weights=weights)[0]
+    style: str | tuple[str, ...] = first
     if cfg.style_per_line:  # the first line's style drawn above, then one per further line
-        style = (style, *rng.choices(STYLES, weights=weights, k=len(problem.ops) - 1))
+        style = (first, *rng.choices(STYLES, weights=weights, k=len(problem.ops) - 1))
     swaps = tuple(rng.random() < swap_prob for _ in problem.ops)
     verbs = tuple(rng.choices(VERBS, weights=cfg.verb_weights)[0] for _ in problem.ops)
     return problem.write(style, swaps, verbs)

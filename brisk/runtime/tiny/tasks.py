@@ -3,7 +3,9 @@ integer answers and the ``gsm8k`` grader, through the same interface as a user's
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk.runtime.tasks.graders import Grades, grade_all
 from brisk.runtime.tasks.task import Problem, register_task
-from brisk.runtime.tiny.task import Split, TaskConfig, make_split
+from brisk.runtime.tiny.task import Split, TaskConfig, make_split, sample_response
 
 __all__ = ["ArithmeticTask"]
 
@@ -43,10 +45,38 @@ class ArithmeticTask:
         return cls(PRESETS[preset](), **options)
 
     def problems(self, tokenizer: Any = None) -> list[Problem]:
+        """The problems; each record also holds the canonical ``response``."""
         return [
-            Problem(i, p.prompt, p.answer, {"prompt": p.prompt, "answer": p.answer})
+            Problem(i, p.prompt, p.answer,
+                    {"prompt": p.prompt, "answer": p.answer, "response": p.response})
             for i, p in enumerate(make_split(self.config, self.split, self.n, self.seed))
-        ]
+        ]  # fmt: skip
+
+    def references(self, problems: list[Problem], samples: int) -> list[list[str]]:
+        """The world's "open-source" reference corpus: ``samples`` responses per problem,
+        drawn with ``random.Random(f"reference:{i}")`` (``i`` the problem's index)."""
+        world = make_split(self.config, self.split, self.n, self.seed)
+        out = []
+        for i, _ in enumerate(problems):
+            rng = random.Random(f"reference:{i}")
+            out.append([sample_response(world[i], self.config, rng, "reference")
+                        for _ in range(samples)])  # fmt: skip
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """What rebuilds this task (:meth:`from_description`): the world's settings."""
+        return {"name": "arithmetic", "config": dataclasses.asdict(self.config),
+                "split": self.split, "n": self.n, "seed": self.seed,
+                "grader": self.grader}  # fmt: skip
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> ArithmeticTask:
+        from brisk.runtime.train.config import _parse
+
+        config = _parse(TaskConfig, description["config"], "task.config.")
+        assert isinstance(config, TaskConfig)
+        return cls(config, description["split"], description["n"], description["seed"],
+                   description["grader"])  # fmt: skip
 
     def grade(
         self, problems: list[Problem], responses: list[str], workers: int | None = None
@@ -61,4 +91,4 @@ class ArithmeticTask:
         return Path(path)
 
 
-register_task("arithmetic", ArithmeticTask.build)
+register_task("arithmetic", ArithmeticTask.build, ArithmeticTask.from_description)

@@ -34,7 +34,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -43,6 +43,7 @@ import numpy as np
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
 from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.resume import config_changes
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class EventWriter(BlockLogger):
 class CollectOptions:
     """Which training problems to decode, and how (the deployed decoder, head off)."""
 
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
     problems: int = 1000
     samples: int = 2  # responses per problem
     stride: int = 8
@@ -384,37 +386,37 @@ def collect_from_checkpoint(
     *,
     resume: bool = True,
 ) -> EventStore:
-    """Events of a tiny-world checkpoint on its training problems, graded by answer match
-    (interruption and ``resume`` as in :func:`collect_events`)."""
+    """Events of a checkpoint on the training problems of ``options.task`` (by default the world
+    it was trained on), each response graded by the task's grader (interruption and ``resume``
+    as in :func:`collect_events`)."""
     from rich.progress import Progress
 
     from brisk.runtime.prompts import completion_text, encode_prompts
-    from brisk.runtime.tiny.grader import grade
-    from brisk.runtime.tiny.task import make_split
-    from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.selfgen import checkpoint_hash, deployed_decoder, tokenizer_hash
 
     checkpoint = Path(checkpoint)
-    cfg_file = checkpoint / "train_config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"--checkpoint: {checkpoint} has no train_config.json (not a brisk "
-                         "tiny-world checkpoint)")  # fmt: skip
+    if not checkpoint.is_dir():
+        raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
+    task = options.task.resolve(n=options.problems, seed=options.problem_seed, split="train",
+                                checkpoint=checkpoint)  # fmt: skip
     refuse_complete(Path(out))  # before loading the model
-    task = BaseTrainConfig.load(cfg_file).task
-    problems = make_split(task, "train", options.problems, options.problem_seed)
     tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
+    problems = task.problems(tokenizer)
+    if not problems:
+        raise ValueError("--task: the selection holds no problems")
     index = [(i, s) for i in range(len(problems)) for s in range(options.samples)]
     prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
     seeds = [options.decode_seed(i, s) for i, s in index]
 
-    def correct(r: int, output: Any) -> bool:
-        return grade(completion_text(tokenizer, output.tokens), problems[index[r][0]].answer)
+    def correct(r: int, output: Any) -> bool:  # a grader that raises counts as wrong
+        text = completion_text(tokenizer, output.tokens)
+        return task.grade([problems[index[r][0]]], [text], workers=1).correct[0] is True
 
     provenance = {
         "checkpoint": str(checkpoint),
         "checkpoint_hash": checkpoint_hash(checkpoint),
         "tokenizer_hash": tokenizer_hash(checkpoint),
-        "task": asdict(task),
+        "task": task.describe(),
         "decoder": {"algorithm": "isd", "head": "off"},
         "options": asdict(options),
     }

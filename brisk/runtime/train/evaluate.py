@@ -1,7 +1,8 @@
 """Held-out evaluation of a base model: answer accuracy of the clean stream, MASK-stream accuracy.
 
 * **Answer accuracy**: plain autoregressive greedy decoding through :class:`Backbone` (KV cache,
-  one token per forward), graded by normalized answer matching.
+  one token per forward), graded by the task's grader (default: normalized answer matching,
+  the ``gsm8k`` grader).
 * **Proposal accuracy per position**: the MASK stream under the block-diffusion mask of stride
   ``N`` (block size ``M = N − 1``). A block that starts at ``t + 1`` holds MASKs at ``t+1..t+M``
   behind the clean prefix ``x_0[..t]``; slot ``i`` proposes ``x_0[t + i + 1]``, which is exactly
@@ -9,6 +10,10 @@
   makes every response position an anchor; only blocks lying inside the response count, so the
   context is always ``[clean prefix, MASK × M]``. Accuracy at slot ``i`` = share of argmax
   proposals equal to the reference token (teacher forcing, the reference prefix as context).
+
+A problem is anything with ``prompt``, ``answer`` and a reference response: its ``response``
+attribute (the arithmetic world's problems) or its record's ``response`` field (a task's
+:class:`~brisk.runtime.tasks.task.Problem`, the role mapped with ``--fields response=COL``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.tiny.grader import grade
-from brisk.runtime.tiny.task import Problem
+from brisk.runtime.prompts import encode_prompt
+from brisk.runtime.tasks.graders import grade_all
 from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward
 
 __all__ = [
@@ -32,7 +38,23 @@ __all__ = [
     "evaluate",
     "greedy_decode",
     "proposal_accuracy",
+    "reference_response",
 ]
+
+Problem = Any  # prompt, answer and a reference response (module docstring)
+
+
+def reference_response(problem: Problem) -> str:
+    """The problem's reference response (module docstring); a clear error when it has none."""
+    response = getattr(problem, "response", None)
+    if response is None:
+        response = getattr(problem, "record", {}).get("response")
+    if response is None:
+        raise ValueError(
+            "fields: the proposal accuracy needs each problem's reference response "
+            "(map one with --fields response=COLUMN, or pass --strides with no value)"
+        )
+    return str(response)
 
 
 def encode_problem(
@@ -40,15 +62,16 @@ def encode_problem(
 ) -> tuple[list[int], int]:
     """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included); the
     response defaults to the problem's canonical one."""
-    return encode_example(problem.prompt, problem.response if response is None else response,
-                          tokenizer)  # fmt: skip
+    text = reference_response(problem) if response is None else response
+    return encode_example(problem.prompt, text, tokenizer)
 
 
 def encode_example(
     prompt: str, response: str, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[int], int]:
-    """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included)."""
-    ids = [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    """``[bos, prompt, response, eos]`` token ids and the prompt length (bos included, when the
+    tokenizer has one: :func:`~brisk.runtime.prompts.encode_prompt`)."""
+    ids = encode_prompt(tokenizer, prompt)
     out = tokenizer.encode(response, add_special_tokens=False)
     return [*ids, *out, tokenizer.eos_token_id], len(ids)
 
@@ -136,17 +159,22 @@ def evaluate(
     problems: Sequence[Problem],
     strides: Sequence[int] = (4, 8),
     max_new: int | None = None,
+    task: Any = None,
 ) -> EvalReport:
     """Greedy answer accuracy and MASK-stream accuracy at each stride. ``max_new`` defaults to
-    what the model's positions leave after the longest prompt (at most 256 tokens)."""
-    encoded = [encode_problem(p, tokenizer) for p in problems]
-    prompts = [ids[:n] for ids, n in encoded]
+    what the model's positions leave after the longest prompt (at most 256 tokens); ``task``
+    (its ``grade``) grades the answers, by default the ``gsm8k`` grader."""
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
     if max_new is None:
         room = (backbone.max_positions or 10**9) - max((len(p) for p in prompts), default=0)
         max_new = max(1, min(256, room))
     outputs = greedy_decode(backbone, prompts, max_new, tokenizer.eos_token_id)
     texts = [str(tokenizer.decode(o)) for o in outputs]
-    correct = sum(grade(t, p.answer) for t, p in zip(texts, problems, strict=True))
+    if task is not None:
+        grades = task.grade(list(problems), texts, workers=1)
+    else:
+        grades = grade_all("gsm8k", texts, [p.answer for p in problems], workers=1)
+    correct = sum(g is True for g in grades.correct)
     return EvalReport(
         accuracy=correct / max(len(problems), 1),
         n_problems=len(problems),

@@ -168,14 +168,15 @@ def _encode(rows: list[tuple[int, Example]], tokenizer: Any) -> tuple[list[list[
 
 
 def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer: Any, step: int,
-           device: torch.device) -> IDLMBatch:  # fmt: skip
+           device: torch.device, ids: tuple[int, int]) -> IDLMBatch:  # fmt: skip
     seqs, prompt_lens = _encode(rows, tokenizer)
     M = cfg.M
     offset = (
         random.Random(f"{cfg.seed}:offset:{step}").randrange(M) if cfg.random_block_offset else 0
     )
-    return build_batch(seqs, prompt_lens, M, tokenizer.mask_token_id, tokenizer.pad_token_id,
-                       offset=offset, device=device)  # fmt: skip
+    mask_id, pad_id = ids
+    return build_batch(seqs, prompt_lens, M, mask_id, pad_id, offset=offset,
+                       device=device)  # fmt: skip
 
 
 def _profile_counts(acc: BlockAcceptance, M: int, dist: _Dist) -> tuple[np.ndarray, np.ndarray,
@@ -193,7 +194,9 @@ def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    shutil.copy(Path(cfg.init) / "train_config.json", tmp / "train_config.json")
+    world = Path(cfg.init) / "train_config.json"  # a brisk base's world travels with it
+    if world.is_file():
+        shutil.copy(world, tmp / "train_config.json")
     (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     torch.save(state, tmp / STATE)
     return replace_dir(tmp, path)
@@ -224,7 +227,9 @@ def _train(
     cfg: ProposalTrainConfig, resume: bool, show_progress: bool, stop: StopSignals
 ) -> ProposalResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.architectures import load_causal_lm, training_token_ids
 
     dist = _Dist.from_env()
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available()
@@ -238,8 +243,8 @@ def _train(
     start = start_checkpoint(out, resume, cfg.to_dict(), "proposal_config.json")
     dist.barrier()
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(start or cfg.init, dtype=torch.float32,
-                                                 local_files_only=True).to(device)  # fmt: skip
+    model = load_causal_lm(start or cfg.init, False, torch.float32).to(device)
+    ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -268,7 +273,7 @@ def _train(
         with torch.no_grad():
             for k in range(cfg.static_batches):
                 rows = probe.take(cfg.batch_size)[dist.rank :: dist.world]
-                batch = _batch(cfg, rows, tokenizer, -1 - k, device)
+                batch = _batch(cfg, rows, tokenizer, -1 - k, device, ids)
                 noisy, clean = idlm_forward(model, batch)
                 acc = block_acceptance(noisy, clean, slot_table(batch),
                                        torch.tensor([i for i, _ in rows]), cfg.seed,
@@ -318,7 +323,7 @@ def _train(
 
             # Batch: this rank's rows of the global batch, laid out in blocks of M.
             rows = stream.take(cfg.batch_size)[dist.rank :: dist.world]
-            batch = _batch(cfg, rows, tokenizer, step, device)
+            batch = _batch(cfg, rows, tokenizer, step, device, ids)
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr

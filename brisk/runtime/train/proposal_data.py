@@ -3,8 +3,9 @@
 - ``selfgen-correct`` / ``selfgen-all``: the rows of a self-generated dataset
   (:mod:`brisk.runtime.train.selfgen`), correct ones only or all of them;
 - ``reference``: the same problems, each with as many responses as the dataset has samples,
-  written by the task's generator from its "open-source" reference corpus (a style mixture
-  unlike the base corpus the model learned its own preference from).
+  from the task's references: the arithmetic world writes them from its "open-source"
+  reference corpus (a style mixture unlike the base corpus the model learned its own preference
+  from); a data file gives each problem's ``response`` field (e.g. MATH's ``solution``).
 
 :class:`ExampleStream` walks the examples in a seeded order, reshuffled each epoch; its cursor
 (epoch, position) is all a checkpoint needs to resume it.
@@ -35,8 +36,6 @@ class Example:
 
 def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
     """The training examples of ``cfg.data``; every problem is checked against the checkpoint."""
-    from brisk.runtime.tiny.task import make_split, sample_response
-
     if not cfg.dataset:
         raise ValueError("--dataset: proposal training needs a self-generated dataset")
     provenance = read_provenance(cfg.dataset)
@@ -53,15 +52,13 @@ def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
             f"training uses stride {cfg.stride}"
         )
     if cfg.data == "reference":
+        from transformers import AutoTokenizer
+
         task = provenance_task(provenance)
-        options = provenance["options"]
-        problems = make_split(task, "train", options["problems"], options["problem_seed"])
-        out = []
-        for i, problem in enumerate(problems):
-            rng = random.Random(f"reference:{i}")
-            out += [Example(problem.prompt, sample_response(problem, task, rng, "reference"))
-                    for _ in range(options["samples"])]  # fmt: skip
-        return out
+        problems = task.problems(AutoTokenizer.from_pretrained(init, local_files_only=True))
+        references = task.references(problems, provenance["options"]["samples"])
+        return [Example(p.prompt, r) for p, rs in zip(problems, references, strict=True)
+                for r in rs]  # fmt: skip
     table = read_dataset(cfg.dataset)
     prompts, responses = table["prompt"].to_pylist(), table["response"].to_pylist()
     correct = table["correct"].to_pylist()

@@ -1,10 +1,13 @@
 """Self-generated training data (``brisk train selfgen``): the deployed decoder's own samples.
 
-For each of ``n`` distinct training problems, ``R`` responses are decoded from a checkpoint with
-ISD at stride N and temperature T (head off, exact verification), graded by normalized answer
-matching and written as a Parquet dataset: a directory of ``part-NNNNN.parquet`` files, one per
-chunk of problems, readable by ``pandas.read_parquet(DIR)`` and by
-``datasets.load_dataset("parquet", data_files="DIR/*.parquet")``. Columns:
+For each of ``n`` distinct training problems of a task
+(:class:`~brisk.runtime.tasks.spec.TaskSpec`: by default the world the checkpoint was trained
+on, its train split; or a user's data file with its prompt format and grader), ``R`` responses
+are decoded from a checkpoint with ISD at stride N and temperature T (head off, exact
+verification), graded by the task's grader (normalized answer matching) and written as a
+Parquet dataset: a directory of ``part-NNNNN.parquet`` files, one per chunk of problems,
+readable by ``pandas.read_parquet(DIR)`` and by ``datasets.load_dataset("parquet",
+data_files="DIR/*.parquet")``. Columns:
 
 ``problem`` (index of the problem), ``sample`` (0..R−1), ``seed`` (the decode seed of the
 response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the reference answer),
@@ -12,7 +15,8 @@ response), ``prompt``, ``response`` (text, EOS removed), ``answer`` (the referen
 ``reached`` / ``accepted`` (the response's acceptance counts per proposal position under the
 native ISD rule: positions after the first rejection are not reached).
 
-Provenance (checkpoint hash, tokenizer hash, decoder options, task, problem seed) is written to
+Provenance (checkpoint hash, tokenizer and chat-template hash, decoder options, the task: the
+world's settings or the data file's sha256, fields, format and grader) is written to
 ``_provenance.json`` before the first part and into every part's schema metadata. Parts are
 written to a temporary file and renamed, so a kill loses at most the chunk being decoded; SIGINT
 or SIGTERM discards that chunk at once and ends with :class:`~brisk._interrupt.Interrupted`.
@@ -28,7 +32,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
+from brisk.runtime.tasks.spec import ResolvedTask, TaskSpec, task_from_description
 from brisk.runtime.train.resume import config_changes
 
 __all__ = [
@@ -47,17 +52,20 @@ __all__ = [
     "provenance_task",
     "read_dataset",
     "read_provenance",
+    "tokenizer_hash",
 ]
 
 PROVENANCE = "_provenance.json"  # "_" so Parquet readers skip it
 META_KEY = b"brisk.selfgen"
-FORMAT = "brisk-selfgen/1"
+FORMAT = "brisk-selfgen/2"  # 2: the task described (a world or a data file); 1: a world's config
 
 
 @dataclass(frozen=True)
 class SelfGenOptions:
-    """What to sample: ``problems`` training problems (seed ``problem_seed``), ``samples`` each."""
+    """What to sample: ``problems`` problems of ``task`` (seed ``problem_seed``), ``samples``
+    each."""
 
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
     problems: int = 1000
     samples: int = 4
     stride: int = 8
@@ -110,7 +118,11 @@ def checkpoint_hash(checkpoint: str | Path) -> str:
 
 
 def tokenizer_hash(checkpoint: str | Path) -> str:
-    files = [f for f in Path(checkpoint).glob("tokenizer*.json") if f.is_file()]
+    """sha256 (16 hex digits) over the tokenizer's files and its chat template (a dataset made
+    with another tokenizer or chat format is refused for a model)."""
+    path = Path(checkpoint)
+    files = [*path.glob("tokenizer*.json"), *path.glob("chat_template*.jinja")]
+    files = [f for f in files if f.is_file()]
     return _hash_files(files) if files else ""
 
 
@@ -121,21 +133,24 @@ class SelfGenResult:
     correct: int
     parts_written: int
     parts_skipped: int
+    grader_errors: int = 0  # responses the grader raised on (counted wrong)
+    first_grader_error: str | None = None
 
 
-def _provenance(checkpoint: Path, options: SelfGenOptions) -> dict[str, Any]:
-    from brisk.runtime.train.config import BaseTrainConfig
+def resolve_task(checkpoint: Path, options: SelfGenOptions) -> ResolvedTask:
+    """The task ``options`` sample from: its ``problems`` drawn with ``problem_seed``, the
+    train split of a world."""
+    return options.task.resolve(n=options.problems, seed=options.problem_seed, split="train",
+                                checkpoint=checkpoint)  # fmt: skip
 
-    cfg_file = checkpoint / "train_config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"{checkpoint}: no train_config.json (not a brisk tiny-world checkpoint)")
-    cfg = BaseTrainConfig.load(cfg_file)
+
+def _provenance(checkpoint: Path, options: SelfGenOptions, task: ResolvedTask) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "checkpoint": str(checkpoint),
         "checkpoint_hash": checkpoint_hash(checkpoint),
         "tokenizer_hash": tokenizer_hash(checkpoint),
-        "task": asdict(cfg.task),
+        "task": task.describe(),
         "decoder": {
             "algorithm": "isd",
             "head": "off",
@@ -149,12 +164,21 @@ def _provenance(checkpoint: Path, options: SelfGenOptions) -> dict[str, Any]:
     }
 
 
-def provenance_task(provenance: dict[str, Any]) -> Any:
-    """The :class:`TaskConfig` a dataset's problems were drawn from (checked like a config)."""
-    from brisk.runtime.tiny.task import TaskConfig
-    from brisk.runtime.train.config import _parse
-
-    return _parse(TaskConfig, provenance["task"], "task.")
+def provenance_task(provenance: dict[str, Any]) -> ResolvedTask:
+    """The task a dataset's problems were drawn from (format 1 recorded only a world's config:
+    its train split, ``problems`` drawn with ``problem_seed``)."""
+    if provenance.get("format") == "brisk-selfgen/1":
+        options = provenance["options"]
+        world = {
+            "name": "arithmetic",
+            "config": provenance["task"],
+            "split": "train",
+            "n": options["problems"],
+            "seed": options["problem_seed"],
+            "grader": "gsm8k",
+        }
+        return task_from_description(world)
+    return task_from_description(provenance["task"])
 
 
 def read_provenance(out: str | Path) -> dict[str, Any]:
@@ -166,7 +190,7 @@ def read_provenance(out: str | Path) -> dict[str, Any]:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{file}: invalid JSON ({err.msg})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, "brisk-selfgen/1"):
         raise ValueError(f"{file}: not a {FORMAT} provenance file")
     return data
 
@@ -187,21 +211,25 @@ def generate_dataset(
 
     from brisk.runtime.isd import decode
     from brisk.runtime.prompts import encode_prompts
-    from brisk.runtime.tiny.task import make_split
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
-    provenance = json.loads(json.dumps(_provenance(checkpoint, options)))  # as it reads back
-    _claim(out, provenance, options, resume)
+    from transformers import AutoTokenizer
 
-    task = provenance_task(provenance)
-    problems = make_split(task, "train", options.problems, options.problem_seed)
+    task = resolve_task(checkpoint, options)
+    problems = task.problems(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
+    if not problems:
+        raise ValueError("--task: the selection holds no problems")
+    provenance = json.loads(json.dumps(_provenance(checkpoint, options, task)))  # as read back
+    _claim(out, provenance, options, resume, len(problems))
+
     tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
     R = options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
-    rows = correct = written = skipped = 0
+    rows = correct = written = skipped = errors = 0
+    first_error: str | None = None
     with stop_signals() as stop, Progress(disable=not show_progress) as progress:
         bar = progress.add_task("selfgen", total=len(problems) * R)
         for c, lo in enumerate(chunks):
@@ -231,17 +259,21 @@ def generate_dataset(
                                     on_finish=lambda _r, _o: progress.advance(bar))  # fmt: skip
             except KeyboardInterrupt:
                 raise _interrupted(out, c, len(chunks), rows) from None
-            table = _part(tokenizer, problems, index, seeds, result, dec.M)
+            table, grades = _part(tokenizer, task, problems, index, seeds, result, dec.M)
+            errors += grades.errors
+            first_error = first_error or grades.first_error
             tmp = part.with_name(f".{part.name}.tmp")
             pq.write_table(table.replace_schema_metadata(meta), tmp)
             os.replace(tmp, part)
             rows += len(index)
             correct += sum(table["correct"].to_pylist())
             written += 1
-    return SelfGenResult(out, rows, correct, written, skipped)
+    return SelfGenResult(out, rows, correct, written, skipped, errors, first_error)
 
 
-def _claim(out: Path, provenance: dict[str, Any], options: SelfGenOptions, resume: bool) -> None:
+def _claim(
+    out: Path, provenance: dict[str, Any], options: SelfGenOptions, resume: bool, n_problems: int
+) -> None:
     """Make ``out`` the dataset's directory: a new one gets the provenance; one made with other
     settings is refused, and one holding parts unless ``resume``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -257,7 +289,7 @@ def _claim(out: Path, provenance: dict[str, Any], options: SelfGenOptions, resum
             )
     else:
         atomic_write_text(out / PROVENANCE, json.dumps(provenance, indent=2))
-    parts, total = len(list(out.glob("part-*.parquet"))), -(-options.problems // options.chunk)
+    parts, total = len(list(out.glob("part-*.parquet"))), -(-n_problems // options.chunk)
     if parts and not resume:
         held = "a complete dataset" if parts == total else f"a dataset ({parts} of {total} parts)"
         way_out = "" if parts == total else "pass --resume to continue it or "
@@ -273,19 +305,19 @@ def _interrupted(out: Path, done: int, total: int, rows: int) -> Interrupted:
 
 
 def _part(
-    tokenizer: Any, problems: list[Any], index: list[tuple[int, int]], seeds: list[int],
-    result: Any, M: int,
-) -> Any:  # fmt: skip
-    """A chunk's graded responses as a Parquet table (the columns of the module docstring)."""
+    tokenizer: Any, task: ResolvedTask, problems: list[Any], index: list[tuple[int, int]],
+    seeds: list[int], result: Any, M: int,
+) -> tuple[Any, Any]:  # fmt: skip
+    """A chunk's graded responses as a Parquet table (the columns of the module docstring) and
+    their grades; a response the grader raised on counts as wrong."""
     import pyarrow as pa
 
     from brisk.runtime.prompts import completion_text
-    from brisk.runtime.tiny.grader import grade
 
     texts = [completion_text(tokenizer, t) for t in result.tokens]
-    grades = [grade(t, problems[i].answer) for t, (i, _) in zip(texts, index, strict=True)]
+    graded = task.grade([problems[i] for i, _ in index], texts)
     profiles = [req.profile(M) for req in result.requests]
-    return pa.table(
+    table = pa.table(
         {
             "problem": pa.array([i for i, _ in index], pa.int32()),
             "sample": pa.array([r for _, r in index], pa.int16()),
@@ -293,7 +325,7 @@ def _part(
             "prompt": [problems[i].prompt for i, _ in index],
             "response": texts,
             "answer": [str(problems[i].answer) for i, _ in index],
-            "correct": pa.array(grades, pa.bool_()),
+            "correct": pa.array([g is True for g in graded.correct], pa.bool_()),
             "finished": [req.finished for req in result.requests],
             "accept_lengths": pa.array(
                 [req.accept_lengths for req in result.requests], pa.list_(pa.int8())
@@ -302,6 +334,7 @@ def _part(
             "accepted": pa.array([p.accepted.tolist() for p in profiles], pa.list_(pa.int32(), M)),
         }
     )
+    return table, graded
 
 
 def deployed_decoder(checkpoint: str | Path, options: Any) -> tuple[Any, Any, Any]:
