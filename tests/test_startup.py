@@ -42,9 +42,9 @@ CASES = [
         id="theory-numpy-api",
     ),
     pytest.param("import brisk.mechanism", id="mechanism"),
-    pytest.param("import brisk.mechanism.cli", id="mechanism-cli"),
-    # brisk.runtime.cli and decode_cli must import torch inside their run functions only.
-    pytest.param("import brisk.runtime.cli, brisk.runtime.decode_cli", id="runtime-cli"),
+    pytest.param("import brisk.cli.mechanism", id="mechanism-cli"),
+    # brisk.cli.train and brisk.cli.decode must import torch inside their run functions only.
+    pytest.param("import brisk.cli.train, brisk.cli.decode", id="runtime-cli"),
 ]
 
 

@@ -37,8 +37,8 @@ def _imports_torch(module: str) -> bool:
 
 
 def test_mechanism_cli_starts_without_torch() -> None:
-    if not _imports_torch("brisk.mechanism.cli"):
+    if not _imports_torch("brisk.cli.mechanism"):
         return
     if _imports_torch("brisk.theory"):
         pytest.skip("brisk.theory imports torch at import time (brisk.mechanism builds on it)")
-    pytest.fail("importing brisk.mechanism.cli imports torch, brisk.theory alone does not")
+    pytest.fail("importing brisk.cli.mechanism imports torch, brisk.theory alone does not")

@@ -188,7 +188,7 @@ def test_ctrl_c_saves_the_finished_completions_and_the_block_log(
 def test_command_modules_import_without_torch() -> None:
     """`brisk --help` stays fast: the command modules load torch only inside their commands."""
     heavy = "{'torch', 'transformers', 'brisk.runtime.isd'}"
-    imports = "import sys, brisk.runtime.cli, brisk.runtime.decode_cli"
+    imports = "import sys, brisk.cli.train, brisk.cli.decode"
     code = f"{imports}; print(sys.modules.keys() & {heavy})"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

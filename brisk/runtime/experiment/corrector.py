@@ -302,11 +302,10 @@ def _summarize(
     table = _markdown(cfg, summaries, mech)
     _plots(cfg, summaries, mech, out)
     if PAPER_ARM in cfg.arms and cfg.eval.shadow:
-        from brisk.cli import main as brisk_main
+        from brisk.mechanism.report import analyze, write_report
 
         shadow = out / "arms" / PAPER_ARM / f"seed{cfg.seeds[0]}" / "shadow"
-        brisk_main(["mechanism", "report", str(shadow), "--out", str(out / "mechanism"),
-                    "--bootstrap", "200"])  # fmt: skip
+        write_report(analyze(shadow, draws=200), out / "mechanism")  # brisk mechanism report
     timings["total_s"] = time.monotonic() - t0
     summary = {
         "config": cfg.to_dict(),

@@ -272,11 +272,10 @@ def _summarize(
         metrics = out / "arms" / a / f"seed{cfg.seeds[0]}" / "metrics.jsonl"
         if metrics.exists():
             plot_weight_evolution(metrics, out / f"weights_{a}.png")
-    from brisk.cli import main as brisk_main
+    from brisk.mechanism.report import analyze, write_report
 
     blocks = out / "arms" / best / f"seed{cfg.seeds[0]}" / "blocks"
-    brisk_main(["mechanism", "report", str(blocks), "--out", str(out / "mechanism"),
-                "--bootstrap", "200"])  # fmt: skip
+    write_report(analyze(blocks, draws=200), out / "mechanism")  # brisk mechanism report
     timings["total_s"] = time.monotonic() - t0
     summary = {
         "config": cfg.to_dict(),

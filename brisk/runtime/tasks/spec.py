@@ -1,7 +1,7 @@
 """Which problems a command runs on, as a config value: :class:`TaskSpec`.
 
 Every command that samples, trains or evaluates on problems takes one (``--task`` and the flags
-of :func:`add_task_arguments`, or a ``[task]`` / ``[selfgen.task]`` table in a config file):
+beside it, or a ``[selfgen.task]`` / ``[eval.task]`` table in an experiment's config):
 
 - **empty** (the default): the world the checkpoint was trained on, read from its
   ``train_config.json`` (the built-in arithmetic world; its ``train`` or ``test`` split as the
@@ -38,10 +38,8 @@ from brisk.runtime.tasks.task import Problem, Task, get_task, rebuild_task
 __all__ = [
     "ResolvedTask",
     "TaskSpec",
-    "add_task_arguments",
     "file_sha256",
     "task_flag_errors",
-    "task_from_args",
     "task_from_description",
 ]
 
@@ -215,30 +213,6 @@ def task_from_description(description: dict[str, Any]) -> ResolvedTask:
     return rebuild_task(description)  # type: ignore[no-any-return]
 
 
-def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own world") -> None:
-    """The ``--task`` flags (one per :class:`TaskSpec` field) on an argparse parser."""
-    group = parser.add_argument_group("problems (a task)")
-    group.add_argument("--task", default="", metavar="NAME|PATH",
-                       help=f"a registered task (arithmetic) or a data file/directory "
-                            f"(default: {default_help})")  # fmt: skip
-    group.add_argument("--preset", default="", help="the registered world's preset")
-    group.add_argument("--fields", default="", metavar="ROLE=COL,...",
-                       help="field mapping, e.g. prompt=question,answer=answer")  # fmt: skip
-    group.add_argument("--kind", default="auto", help="file format (auto: from the name)")
-    group.add_argument("--split", dest="task_split", default="", metavar="SPLIT",
-                       help="dataset split, or the world's train / test")  # fmt: skip
-    group.add_argument("--start", type=int, default=0, help="first row of the selection")
-    group.add_argument("--stop", type=int, default=-1, help="row after the last (-1: the end)")
-    group.add_argument("--format", dest="task_format", default="raw", choices=("raw", "chat"),
-                       help="raw template or the tokenizer's chat template")  # fmt: skip
-    group.add_argument("--template", default="{prompt}", help="prompt template (raw format)")
-    group.add_argument("--system", default="", help="system prompt (chat format)")
-    group.add_argument("--thinking", default="", choices=("", "on", "off"),
-                       help="enable_thinking of the chat template")  # fmt: skip
-    group.add_argument("--grader", default="", help="exact, gsm8k, numeric, math, code or "
-                       "module:function (default: exact when there are answers)")  # fmt: skip
-
-
 # the flag of each name a task's errors start with
 _FLAGS = {"path": "--task", "task": "--task", "fields": "--fields", "kind": "--kind",
           "split": "--split", "start": "--start", "stop": "--stop", "sample": "--n",
@@ -256,20 +230,3 @@ def task_flag_errors() -> Iterator[None]:
         if sep and head in _FLAGS:
             raise ValueError(f"{_FLAGS[head]}: {rest}") from None
         raise
-
-
-def task_from_args(args: Any) -> TaskSpec:
-    """The :class:`TaskSpec` of :func:`add_task_arguments`' flags (errors name the flag)."""
-    is_path = bool(args.task) and (Path(args.task).exists() or any(
-        ch in args.task for ch in "/.\\"))  # fmt: skip
-    fields = tuple(p.strip() for p in args.fields.split(",") if p.strip())
-    try:
-        return TaskSpec(
-            name="" if is_path else args.task, preset=args.preset,
-            path=args.task if is_path else "", fields=fields, kind=args.kind,
-            split=args.task_split, start=args.start, stop=args.stop, format=args.task_format,
-            template=args.template, system=args.system, thinking=args.thinking,
-            grader=args.grader,
-        )  # fmt: skip
-    except ValueError as err:
-        raise ValueError(f"--{err}") from None

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from brisk._cli import comma_separated
+from brisk.cli._common import comma_separated
 from brisk.mechanism.io import (
     count_blocks,
     log_files,

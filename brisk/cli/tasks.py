@@ -18,7 +18,7 @@ from brisk._atomic import atomic_write_text
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from brisk.runtime.tasks.spec import add_task_arguments
+    from brisk.cli._common import add_task_arguments
 
     parser = layers.add_parser("tasks", help="registered tasks; export a task's problems")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -43,7 +43,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from brisk.runtime.tasks.spec import task_flag_errors, task_from_args
+    from brisk.cli._common import task_from_args
+    from brisk.runtime.tasks.spec import task_flag_errors
 
     if args.n < 1:
         raise ValueError(f"--n: must be an integer ≥ 1, got {args.n}")

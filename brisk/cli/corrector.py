@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from brisk._cli import (
+from brisk._hf import quiet_transformers
+from brisk._interrupt import exits_on_interrupt
+from brisk.cli._common import (
     add_problem_decode_arguments,
     config_from_args,
     problem_decode_options,
 )
-from brisk._hf import quiet_transformers
-from brisk._interrupt import exits_on_interrupt
 
 __all__ = ["register_experiment", "register_train"]
 

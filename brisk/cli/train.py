@@ -11,14 +11,14 @@ import json
 import os
 from pathlib import Path
 
-from brisk._cli import (
+from brisk._hf import quiet_transformers
+from brisk._interrupt import INTERRUPTED, exits_on_interrupt
+from brisk.cli._common import (
     add_problem_decode_arguments,
     comma_separated,
     config_from_args,
     problem_decode_options,
 )
-from brisk._hf import quiet_transformers
-from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,7 +67,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run_proposal)
 
-    from brisk.runtime.cli_corrector import register_train
+    from brisk.cli.corrector import register_train
 
     register_train(commands)
 
@@ -84,7 +84,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.add_argument("--seed", type=int, default=None, help="test-split seed (default: the run's)")
     e.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     e.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    from brisk.runtime.tasks.spec import add_task_arguments
+    from brisk.cli._common import add_task_arguments
 
     add_task_arguments(e, "the checkpoint's own world, its test split")
     e.set_defaults(run=run_eval)
@@ -175,8 +175,9 @@ def run_proposal(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from brisk.cli._common import task_from_args
     from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.tasks.spec import task_flag_errors, task_from_args
+    from brisk.runtime.tasks.spec import task_flag_errors
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.evaluate import evaluate
 
@@ -242,7 +243,7 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
     x.set_defaults(run=run_experiment_proposal)
-    from brisk.runtime.cli_corrector import register_experiment
+    from brisk.cli.corrector import register_experiment
 
     register_experiment(commands)
 

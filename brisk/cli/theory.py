@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from brisk._cli import OneLineErrors, comma_separated
+from brisk.cli._common import OneLineErrors, comma_separated
 from brisk.theory.tpf import (
     CostModel,
     accept_length_pmf,

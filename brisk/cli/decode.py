@@ -97,7 +97,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--seed", type=int, default=None,
                    help="which problems (default: the checkpoint's held-out draw)")  # fmt: skip
     p.add_argument("--out", type=Path, required=True)
-    from brisk.runtime.tasks.spec import add_task_arguments
+    from brisk.cli._common import add_task_arguments
 
     add_task_arguments(p, "the checkpoint's own world, its test split")
     p.set_defaults(run=run_problems)
@@ -173,7 +173,8 @@ def _argument(flag: str | None = None) -> Iterator[None]:
 def run_problems(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from brisk.runtime.tasks.spec import task_flag_errors, task_from_args
+    from brisk.cli._common import task_from_args
+    from brisk.runtime.tasks.spec import task_flag_errors
     from brisk.runtime.train.config import BaseTrainConfig
 
     _positive(args.n, "--n")

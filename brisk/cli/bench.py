@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from brisk._atomic import atomic_write_text
-from brisk._cli import comma_separated
+from brisk.cli._common import comma_separated
 
 __all__ = ["register"]
 

@@ -1,4 +1,6 @@
-"""The ``brisk`` command: one subcommand group per layer."""
+"""The ``brisk`` command: one module per command group (theory, mechanism, train with its
+corrector commands, experiment, decode, tasks, bench); the library never imports this package.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +8,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from brisk._cli import OneLineErrors
-from brisk.mechanism import cli as mechanism_cli
-from brisk.runtime import cli as runtime_cli
-from brisk.runtime import decode_cli
-from brisk.runtime.serving import cli as serving_cli
-from brisk.runtime.tasks import cli as tasks_cli
-from brisk.theory import cli as theory_cli
+from brisk.cli import bench, decode, mechanism, tasks, theory, train
+from brisk.cli._common import OneLineErrors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,13 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     layers = parser.add_subparsers(
         dest="layer", required=True, metavar="LAYER", parser_class=OneLineErrors
     )
-    theory_cli.register(layers)
-    runtime_cli.register(layers)
-    runtime_cli.register_experiment(layers)
-    decode_cli.register(layers)
-    tasks_cli.register(layers)
-    mechanism_cli.register(layers)
-    serving_cli.register(layers)
+    theory.register(layers)
+    train.register(layers)
+    train.register_experiment(layers)
+    decode.register(layers)
+    tasks.register(layers)
+    mechanism.register(layers)
+    bench.register(layers)
     return parser
 
 

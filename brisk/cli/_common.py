@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from brisk.runtime.tasks.spec import TaskSpec
 
 T = TypeVar("T")
 
@@ -89,7 +92,6 @@ def add_problem_decode_arguments(
 ) -> None:  # fmt: skip
     """The flags of :data:`DECODE_OPTION_FLAGS`, the task's, the checkpoint, output, resume and
     thread flags."""
-    from brisk.runtime.tasks.spec import add_task_arguments
 
     parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
     parser.add_argument("--out", type=Path, required=True, help=out)
@@ -114,8 +116,6 @@ def add_problem_decode_arguments(
 def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace, **extra: Any) -> T:
     """``cls`` from those flags (and ``extra``), after checking the thread count and the
     checkpoint; an option's error names its flag."""
-    from brisk.runtime.tasks.spec import task_from_args
-
     if args.threads < 1:
         raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
     task = task_from_args(args)
@@ -127,3 +127,46 @@ def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace, **ex
     if not (args.checkpoint / "config.json").is_file():
         raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
     return options
+
+
+def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own world") -> None:
+    """The ``--task`` flags (one per :class:`TaskSpec` field) on an argparse parser."""
+    group = parser.add_argument_group("problems (a task)")
+    group.add_argument("--task", default="", metavar="NAME|PATH",
+                       help=f"a registered task (arithmetic) or a data file/directory "
+                            f"(default: {default_help})")  # fmt: skip
+    group.add_argument("--preset", default="", help="the registered world's preset")
+    group.add_argument("--fields", default="", metavar="ROLE=COL,...",
+                       help="field mapping, e.g. prompt=question,answer=answer")  # fmt: skip
+    group.add_argument("--kind", default="auto", help="file format (auto: from the name)")
+    group.add_argument("--split", dest="task_split", default="", metavar="SPLIT",
+                       help="dataset split, or the world's train / test")  # fmt: skip
+    group.add_argument("--start", type=int, default=0, help="first row of the selection")
+    group.add_argument("--stop", type=int, default=-1, help="row after the last (-1: the end)")
+    group.add_argument("--format", dest="task_format", default="raw", choices=("raw", "chat"),
+                       help="raw template or the tokenizer's chat template")  # fmt: skip
+    group.add_argument("--template", default="{prompt}", help="prompt template (raw format)")
+    group.add_argument("--system", default="", help="system prompt (chat format)")
+    group.add_argument("--thinking", default="", choices=("", "on", "off"),
+                       help="enable_thinking of the chat template")  # fmt: skip
+    group.add_argument("--grader", default="", help="exact, gsm8k, numeric, math, code or "
+                       "module:function (default: exact when there are answers)")  # fmt: skip
+
+
+def task_from_args(args: Any) -> TaskSpec:
+    """The :class:`TaskSpec` of :func:`add_task_arguments`' flags (errors name the flag)."""
+    from brisk.runtime.tasks.spec import TaskSpec
+
+    is_path = bool(args.task) and (Path(args.task).exists() or any(
+        ch in args.task for ch in "/.\\"))  # fmt: skip
+    fields = tuple(p.strip() for p in args.fields.split(",") if p.strip())
+    try:
+        return TaskSpec(
+            name="" if is_path else args.task, preset=args.preset,
+            path=args.task if is_path else "", fields=fields, kind=args.kind,
+            split=args.task_split, start=args.start, stop=args.stop, format=args.task_format,
+            template=args.template, system=args.system, thinking=args.thinking,
+            grader=args.grader,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
