@@ -25,8 +25,16 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser = layers.add_parser("train", help="train and evaluate runtime models")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    b = commands.add_parser("base", help="train the tiny base model with the I-DLM objective")
-    b.add_argument("--config", type=Path, required=True, help="TOML or JSON training config")
+    b = commands.add_parser(
+        "base", help="I-DLM training: the tiny preset, or a causal LM converted (--init)"
+    )
+    b.add_argument("--config", type=Path, default=None,
+                   help="TOML or JSON training config (default: the tiny preset); a [data] "
+                        "table names a file of prompt and response fields")  # fmt: skip
+    b.add_argument("--init", type=str, default=None,
+                   help="a causal LM checkpoint to convert (overrides init)")  # fmt: skip
+    b.add_argument("--add-mask-token", action="store_true",
+                   help="give the --init model a MASK token (one embedding row more)")  # fmt: skip
     b.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
     b.add_argument("--steps", type=int, default=None, help="number of steps (overrides steps)")
     b.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
@@ -94,12 +102,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.config import BaseTrainConfig
 
-    try:
-        cfg = BaseTrainConfig.load(args.config)
-    except ValueError as err:
-        raise ValueError(f"--config: {err}") from None
-    if args.out is not None:
-        cfg = cfg.replace(out_dir=args.out)
+    overrides = {"out_dir": args.out, "init": args.init,
+                 "add_mask_token": True if args.add_mask_token else None}  # fmt: skip
+    cfg = config_from_args(BaseTrainConfig, args.config, overrides, {"out_dir": "out"})
     if args.steps is not None:
         if args.steps < 1:
             raise ValueError(f"--steps: must be ≥ 1, got {args.steps}")

@@ -95,3 +95,47 @@ def test_a_model_without_a_mask_token_gets_one() -> None:
     assert model.get_input_embeddings().weight.shape[0] == V + 1
     out = decode(HFBackbone(model, mask_id), [[1, 10, 11]], ISDOptions(stride=3, max_new_tokens=8))
     assert len(out.tokens[0]) == 8
+
+
+def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Path) -> None:
+    """The I-DLM conversion recipe on a user's model and data: a causal LM without a MASK token
+    (--init, --add-mask-token) trained on a JSON-lines file of prompts and responses."""
+    from brisk.runtime.tiny.tasks import ArithmeticTask
+    from brisk.runtime.train.config import BaseTrainConfig
+
+    tokenizer = tokenizer_without_mask()
+    torch.manual_seed(0)
+    ar = tmp_path / "ar"
+    build_model(TinyModelConfig.micro(), tokenizer).save_pretrained(ar)
+    tokenizer.save_pretrained(ar)
+    data = tmp_path / "train.jsonl"
+    problems = ArithmeticTask.build("trivial", split="train", n=40, seed=0).problems()
+    data.write_text("".join(json.dumps({"q": p.prompt, "a": p.record["response"]}) + "\n"
+                            for p in problems))  # fmt: skip
+    config = tmp_path / "convert.toml"
+    config.write_text(
+        f"steps = 60\nbatch_size = 16\nstrides = [2, 4]\nwarmup_steps = 5\nlog_every = 5\n"
+        f"eval_problems = 0\nfinal_eval_problems = 0\nsave_every = 0\n"
+        f'[data]\npath = "{data}"\nfields = ["prompt=q", "response=a"]\n'
+    )
+    out = tmp_path / "converted"
+    argv = ["train", "base", "--config", str(config), "--init", str(ar), "--add-mask-token",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    final = out / "final"
+    saved = BaseTrainConfig.load(final / "train_config.json")
+    assert (saved.init, saved.add_mask_token) == (str(ar), True)
+    from transformers import AutoTokenizer
+
+    converted = AutoTokenizer.from_pretrained(final)
+    mask_id = converted.mask_token_id
+    assert mask_id == len(tokenizer.get_vocab())  # one new token, recorded in both files
+    assert json.loads((final / "config.json").read_text())["mask_token_id"] == mask_id
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").open()
+              if '"train"' in line]  # fmt: skip
+    assert losses[-1] < 0.8 * losses[0]  # it learns the data
+    backbone = HFBackbone.from_pretrained(final)
+    assert backbone.mask_token_id == mask_id
+    no_mask = ["train", "base", "--config", str(config), "--init", str(ar), "--out",
+               str(tmp_path / "no_mask"), "--no-progress"]  # fmt: skip
+    assert main(no_mask) == 2  # a model without a MASK token, not asked to add one

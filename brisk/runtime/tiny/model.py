@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from brisk.runtime.presets import register_preset
+
 __all__ = ["TinyModelConfig", "build_model", "qwen3_config"]
 
 
@@ -65,3 +67,13 @@ def qwen3_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qw
 def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     """A freshly initialized model (seed torch first for reproducibility); nothing downloaded."""
     return Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
+
+
+def _tiny_preset(cfg: TinyModelConfig) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
+    from brisk.runtime.tiny.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    return build_model(cfg, tokenizer), tokenizer
+
+
+register_preset("tiny", _tiny_preset)

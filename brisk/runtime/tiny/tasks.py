@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk.runtime.tasks.graders import Grades, grade_all
 from brisk.runtime.tasks.task import Problem, register_task
-from brisk.runtime.tiny.task import Split, TaskConfig, make_split, sample_response
+from brisk.runtime.tiny.task import Split, TaskConfig, make_split, sample_response, solutions
 
 __all__ = ["ArithmeticTask"]
 
@@ -51,6 +52,11 @@ class ArithmeticTask:
                     {"prompt": p.prompt, "answer": p.answer, "response": p.response})
             for i, p in enumerate(make_split(self.config, self.split, self.n, self.seed))
         ]  # fmt: skip
+
+    def corpus(self, seed: int) -> Iterator[tuple[Any, str]]:
+        """Endless (problem, response) pairs of the split, responses from the base corpus (what
+        a base model is trained on)."""
+        return solutions(self.config, self.split, seed)
 
     def references(self, problems: list[Problem], samples: int) -> list[list[str]]:
         """The world's "open-source" reference corpus: ``samples`` responses per problem,

@@ -1,4 +1,7 @@
-"""Train the tiny base model with the I-DLM objective (``brisk train base --config FILE``).
+"""I-DLM training of a base model (``brisk train base --config FILE``): the preset tiny model on
+the arithmetic world, or a user's causal LM (``init``, with ``add_mask_token`` if it has no MASK
+token: the I-DLM conversion recipe) on the world or on a user's prompts and responses
+(``data``: a file task whose records have ``prompt`` and ``response`` fields).
 
 One loop, read top to bottom: draw a batch of training problems, build ``[x_t | x_0]`` for the
 curriculum's current stride, take an AdamW step, log, now and then evaluate and checkpoint.
@@ -14,6 +17,8 @@ newest one to the same parameters, bit for bit on CPU, as a run that was never s
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import random
@@ -32,10 +37,10 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
+from brisk.runtime.architectures import training_token_ids
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.tiny.model import build_model
-from brisk.runtime.tiny.task import make_split, solutions
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.runtime.presets import build_preset
+from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.idlm import build_batch, idlm_forward, idlm_loss
@@ -110,6 +115,48 @@ def cpu_settings(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _model_and_tokenizer(cfg: BaseTrainConfig) -> tuple[Any, Any]:
+    """The preset tiny model with its character tokenizer, or the checkpoint ``cfg.init``
+    (MASK token added when asked)."""
+    if not cfg.init:
+        return build_preset("tiny", cfg.model)
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.architectures import add_mask_token, load_causal_lm
+
+    if not (Path(cfg.init) / "config.json").is_file():
+        raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
+    model = load_causal_lm(cfg.init, False, torch.float32)
+    if cfg.add_mask_token:
+        add_mask_token(model, tokenizer)
+    return model, tokenizer
+
+
+def _world(cfg: BaseTrainConfig, split: str, n: int, seed: int) -> Any:
+    """The arithmetic world of ``cfg.task`` (the registered task, its settings replaced)."""
+    return dataclasses.replace(get_task("arithmetic", split=split, n=n, seed=seed),
+                               config=cfg.task)  # fmt: skip
+
+
+def _pairs(cfg: BaseTrainConfig, tokenizer: Any) -> Iterator[tuple[Any, str]]:
+    """Endless (problem, response) pairs: the world's base corpus, or the records of
+    ``cfg.data`` (its ``response`` field), each epoch in an order shuffled with the seed."""
+    if cfg.data.is_default:
+        yield from _world(cfg, "train", 1, cfg.seed).corpus(cfg.seed)
+        return
+    task = cfg.data.resolve(n=10**12, seed=cfg.seed)
+    problems = task.problems(tokenizer)
+    if not problems:
+        raise ValueError("data: the selection holds no examples")
+    responses = task.references(problems, 1)
+    for epoch in itertools.count():
+        order = list(range(len(problems)))
+        random.Random(f"{cfg.seed}:data:{epoch}").shuffle(order)
+        for i in order:
+            yield problems[i], responses[i][0]
+
+
 def train_base(
     cfg: BaseTrainConfig, show_progress: bool = True, *, resume: bool = True
 ) -> TrainResult:
@@ -131,13 +178,15 @@ def _train(
     rng = random.Random(cfg.seed)  # block offsets
     done = 0  # steps taken
 
-    # Model, tokenizer and data: training problems stream from the train split; evaluation uses
-    # distinct problems of the test split, which never shares a problem with training.
-    tokenizer = char_tokenizer()
-    model = build_model(cfg.model, tokenizer)
+    # Model, tokenizer and data: training problems stream from the world's train split (or a
+    # user's file, epoch after shuffled epoch); evaluation uses distinct problems of the test
+    # split, which never shares a problem with training (a user's data: none here; evaluate
+    # with `brisk train eval --task FILE`).
+    model, tokenizer = _model_and_tokenizer(cfg)
+    mask_id, pad_id = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     n_params = sum(p.numel() for p in model.parameters())
-    n_eval = max(cfg.eval_problems, cfg.final_eval_problems)
-    held_out = make_split(cfg.task, "test", n_eval, cfg.eval_seed) if n_eval else []
+    n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
+    held_out = _world(cfg, "test", n_eval, cfg.eval_seed).problems() if n_eval else []
 
     # AdamW without decay on norms and biases (1-D tensors), the usual GPT recipe.
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -157,18 +206,18 @@ def _train(
     metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
     log = metrics.write
     if start is not None:
-        model.load_state_dict(load_file(start / "model.safetensors"))
+        model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
         optimizer.load_state_dict(state["optimizer"])
         rng.setstate(state["offsets"])
         restore_rng(state["rng"])
         done = state["step"]
     else:
         log({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    pairs = solutions(cfg.task, "train", cfg.seed)  # (problem, base-corpus response)
+    pairs = _pairs(cfg, tokenizer)  # (problem, response)
     train_stream = islice(pairs, done * cfg.batch_size, None)
 
     def run_eval(step: int, n: int) -> EvalReport:
-        report = evaluate(HFBackbone(model, tokenizer.mask_token_id), tokenizer, held_out[:n])
+        report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n])
         model.train()
         log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})
         return report
@@ -200,8 +249,8 @@ def _train(
             encoded = [encode_problem(p, tokenizer, response) for p, response in drawn]
             offset = rng.randrange(M) if cfg.random_block_offset else 0
             batch = build_batch(
-                [s for s, _ in encoded], [n for _, n in encoded], M,
-                tokenizer.mask_token_id, tokenizer.pad_token_id, offset=offset,
+                [s for s, _ in encoded], [n for _, n in encoded], M, mask_id, pad_id,
+                offset=offset,
             )  # fmt: skip
 
             # Step: one forward over [x_t | x_0], loss = CE_noisy + α·CE_clean.

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.tiny.model import TinyModelConfig
 from brisk.runtime.tiny.task import TaskConfig
 
@@ -30,9 +31,15 @@ __all__ = ["BaseTrainConfig", "load_config"]
 
 @dataclass(frozen=True)
 class BaseTrainConfig:
-    """Training of the tiny base model with the I-DLM objective on the arithmetic task."""
+    """I-DLM training of a base model: by default the preset tiny model on the arithmetic
+    world; with ``init`` a user's causal LM (the I-DLM conversion recipe), with ``data`` a
+    user's prompts and responses."""
 
     out_dir: str = "runs/tiny/base"
+    init: str = ""  # a causal LM checkpoint to convert (empty: build `model` from scratch)
+    add_mask_token: bool = False  # give `init` a MASK token if it has none (embeddings grow)
+    # training pairs: empty, the world's base corpus; else a task with prompt and response fields
+    data: TaskSpec = field(default_factory=TaskSpec)
     seed: int = 0
     task: TaskConfig = field(default_factory=TaskConfig.tiny)
     model: TinyModelConfig = field(default_factory=TinyModelConfig.tiny)
@@ -76,6 +83,10 @@ class BaseTrainConfig:
             raise ValueError(f"strides: need strides N ≥ 2, got {self.strides}")
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
+        if self.add_mask_token and not self.init:
+            raise ValueError("add_mask_token: only a checkpoint given as init gets one added")
+        if self.data.name:
+            raise ValueError("data: a data file (path) with prompt and response fields")
 
     @classmethod
     def tiny(cls) -> BaseTrainConfig:
