@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from types import UnionType
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NoReturn,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 if TYPE_CHECKING:
     from brisk.runtime.tasks.spec import TaskSpec
@@ -170,3 +182,70 @@ def task_from_args(args: Any) -> TaskSpec:
         )  # fmt: skip
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, exclude: Sequence[str] = (),
+    rename: dict[str, str] | None = None,
+) -> None:  # fmt: skip
+    """One flag per scalar field of the config dataclass ``cls`` (nested configs excluded), its
+    help the field's documentation (:func:`brisk.runtime.configs.field_docs`) and its default
+    ``None``, "not given" (a config file or the dataclass supplies the value). Spelling:
+    ``batch_size`` → ``--batch-size`` (``rename`` maps a field to another flag name, e.g.
+    ``out_dir`` → ``out``); booleans take ``--x`` / ``--no-x``, literals their choices, tuples
+    comma-separated values. :func:`config_overrides` reads them back."""
+    from brisk.runtime.configs import field_docs
+
+    docs, hints = field_docs(cls), get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if f.name in exclude or dataclasses.is_dataclass(tp):
+            continue
+        flag = "--" + (rename or {}).get(f.name, f.name).replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
+        text = docs.get(f.name, "")
+        help_ = f"{text} (default: {default!r})" if text else f"default: {default!r}"
+        kwargs: dict[str, Any] = {"dest": f"cfg_{f.name}", "default": None, "help": help_}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif get_origin(tp) is Literal:
+            kwargs["choices"] = get_args(tp)
+        elif get_origin(tp) is tuple:
+            kwargs["type"] = comma_separated(_scalar(get_args(tp)[0]), "values")
+            kwargs["metavar"] = "A,B,..."
+        else:
+            kwargs["type"] = _scalar(tp)
+            kwargs["metavar"] = flag[2:].upper().replace("-", "_")
+        parser.add_argument(flag, **kwargs)
+
+
+def _scalar(tp: Any) -> Callable[[str], Any]:
+    """A flag's parser for ``tp``: int, float, str, or a union with literals (``"auto"``)."""
+    if get_origin(tp) in (Union, UnionType):
+        arms = get_args(tp)
+        literals = [a for arg in arms if get_origin(arg) is Literal for a in get_args(arg)]
+        numbers = [arm for arm in arms if arm in (int, float)]
+
+        def parse(text: str) -> Any:
+            if text in literals:
+                return text
+            if text == "none" and type(None) in arms:
+                return None
+            for arm in numbers:
+                try:
+                    return arm(text)
+                except ValueError:
+                    pass
+            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, literals))} or a "
+                                             f"number, got {text!r}")  # fmt: skip
+
+        return parse
+    if tp in (int, float, str):
+        return tp  # type: ignore[no-any-return]
+    raise TypeError(f"no flag for a config field of type {tp!r}")  # a programming error
+
+
+def config_overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` that :func:`add_config_arguments`' flags were given for."""
+    return {f.name: getattr(args, f"cfg_{f.name}") for f in dataclasses.fields(cls)
+            if getattr(args, f"cfg_{f.name}", None) is not None}  # fmt: skip

@@ -9,10 +9,13 @@ from pathlib import Path
 from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
+    add_config_arguments,
     add_problem_decode_arguments,
     config_from_args,
+    config_overrides,
     problem_decode_options,
 )
+from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 
 __all__ = ["register_experiment", "register_train"]
 
@@ -25,20 +28,9 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "'brisk train corrector collect' makes the store.",
     )
     c.add_argument("--config", type=Path, default=None, help="TOML or JSON corrector config")
-    c.add_argument("--events", type=str, default=None, help="event store (from 'collect')")
-    c.add_argument("--out", type=str, default=None, help="output directory")
-    c.add_argument("--K", type=int, default=None, help="candidates per position (≤ the store's)")
-    c.add_argument("--target", type=str, default=None, help="verifier | top1")
-    c.add_argument("--beta", type=float, default=None, help="anchor KL weight (paper: 0.01)")
-    c.add_argument("--no-feedback", action="store_true", help="hide x_{j−1} (ablation)")
-    c.add_argument("--epochs", type=int, default=None)
-    c.add_argument("--batch-size", type=int, default=None, help="events per step")
-    c.add_argument("--lr", type=float, default=None)
-    c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
-    c.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_arguments(c, CorrectorTrainConfig, rename={"out_dir": "out"})
     c.set_defaults(run=run_train)
     sub = c.add_subparsers(dest="action", metavar="ACTION")
     k = sub.add_parser(
@@ -76,14 +68,7 @@ def run_collect(args: argparse.Namespace) -> int:
 
 @exits_on_interrupt
 def run_train(args: argparse.Namespace) -> int:
-    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-
-    overrides = {
-        "events": args.events, "out_dir": args.out, "K": args.K, "target": args.target,
-        "beta": args.beta, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-        "seed": args.seed, "save_every": args.save_every, "threads": args.threads,
-        "feedback": False if args.no_feedback else None,
-    }  # fmt: skip
+    overrides = config_overrides(args, CorrectorTrainConfig)
     cfg = config_from_args(CorrectorTrainConfig, args.config, overrides, {"out_dir": "out"})
     if not cfg.events:
         raise ValueError("--events: corrector training needs an event store (train corrector "

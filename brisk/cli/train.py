@@ -14,11 +14,15 @@ from pathlib import Path
 from brisk._hf import quiet_transformers
 from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 from brisk.cli._common import (
+    add_config_arguments,
     add_problem_decode_arguments,
     comma_separated,
     config_from_args,
+    config_overrides,
     problem_decode_options,
 )
+from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.proposal_config import ProposalTrainConfig
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,14 +35,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b.add_argument("--config", type=Path, default=None,
                    help="TOML or JSON training config (default: the tiny preset); a [data] "
                         "table names a file of prompt and response fields")  # fmt: skip
-    b.add_argument("--init", type=str, default=None,
-                   help="a causal LM checkpoint to convert (overrides init)")  # fmt: skip
-    b.add_argument("--add-mask-token", action="store_true",
-                   help="give the --init model a MASK token (one embedding row more)")  # fmt: skip
-    b.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
-    b.add_argument("--steps", type=int, default=None, help="number of steps (overrides steps)")
     b.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_arguments(b, BaseTrainConfig, rename={"out_dir": "out"})
     b.set_defaults(run=run_base)
 
     s = commands.add_parser(
@@ -55,24 +54,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "proposal", help="continued training with per-position proposal weights (BRISK)"
     )
     p.add_argument("--config", type=Path, default=None, help="TOML or JSON proposal config")
-    p.add_argument("--init", type=str, default=None, help="checkpoint to start from")
-    p.add_argument("--dataset", type=str, default=None, help="self-generated dataset")
-    p.add_argument("--out", type=str, default=None, help="output directory")
-    p.add_argument("--data", type=str, default=None,
-                   help="selfgen-correct | selfgen-all | reference")  # fmt: skip
-    p.add_argument("--weights", type=str, default=None, help="brisk | uniform | dpace | decay")
-    p.add_argument("--profile", type=str, default=None, help="dynamic | static")
-    p.add_argument(
-        "--stride", type=int, default=None, help="ISD stride N of the blocks (M = N − 1)"
-    )
-    p.add_argument("--token-budget", type=int, default=None, help="response tokens to train on")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences)")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_arguments(p, ProposalTrainConfig, rename={"out_dir": "out"})
     p.set_defaults(run=run_proposal)
 
     from brisk.cli.corrector import register_train
@@ -100,15 +84,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 @exits_on_interrupt
 def run_base(args: argparse.Namespace) -> int:
-    from brisk.runtime.train.config import BaseTrainConfig
-
-    overrides = {"out_dir": args.out, "init": args.init,
-                 "add_mask_token": True if args.add_mask_token else None}  # fmt: skip
+    overrides = config_overrides(args, BaseTrainConfig)
     cfg = config_from_args(BaseTrainConfig, args.config, overrides, {"out_dir": "out"})
-    if args.steps is not None:
-        if args.steps < 1:
-            raise ValueError(f"--steps: must be ≥ 1, got {args.steps}")
-        cfg = cfg.replace(steps=args.steps)
     from brisk.runtime.train.base import train_base
 
     quiet_transformers()
@@ -145,15 +122,7 @@ def run_selfgen(args: argparse.Namespace) -> int:
 
 @exits_on_interrupt
 def run_proposal(args: argparse.Namespace) -> int:
-    from brisk.runtime.train.proposal_config import ProposalTrainConfig
-
-    overrides = {
-        "init": args.init, "dataset": args.dataset, "out_dir": args.out, "data": args.data,
-        "weights": args.weights, "profile": args.profile, "stride": args.stride,
-        "token_budget": args.token_budget,
-        "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-        "save_every": args.save_every, "threads": args.threads,
-    }  # fmt: skip
+    overrides = config_overrides(args, ProposalTrainConfig)
     cfg = config_from_args(ProposalTrainConfig, args.config, overrides, {"out_dir": "out"})
     if not cfg.init:
         raise ValueError("--init: proposal training needs a checkpoint to start from")

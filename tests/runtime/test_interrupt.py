@@ -413,7 +413,7 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
     uninterrupted torchrun run."""
     _, config = proposal_config
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", "29532", "-m", "brisk.cli", "train", "proposal", "--config",
+                "--standalone", "-m", "brisk.cli", "train", "proposal", "--config",
                 str(config), "--no-progress", "--out"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     part, whole = tmp_path / "part", tmp_path / "whole"

@@ -197,7 +197,7 @@ def test_torchrun_two_ranks_match_one_process(
                    capture_output=True)  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", "29531", "-m", "brisk.cli"]  # fmt: skip
+                "--standalone", "-m", "brisk.cli"]  # fmt: skip
     done = subprocess.run([*torchrun, *args, "--out", str(two)], capture_output=True, text=True,
                           env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -220,8 +220,17 @@ def test_torchrun_two_ranks_match_one_process(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        pytest.param(["--weights", "cosine"], "weights: expected one of brisk, uniform", id="mode"),
-        pytest.param(["--data", "web"], "data: expected one of selfgen-correct", id="data"),
+        pytest.param(
+            ["--weights", "cosine"],
+            "--weights: invalid choice: 'cosine' (choose from "
+            "'brisk', 'uniform', 'dpace', 'decay')",
+            id="mode",
+        ),
+        pytest.param(
+            ["--data", "web"],
+            "--data: invalid choice: 'web' (choose from 'selfgen-correct'",
+            id="data",
+        ),
         pytest.param(
             ["--init", "/nonexistent"],
             "--init: /nonexistent is not a checkpoint",

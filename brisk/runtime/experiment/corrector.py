@@ -38,6 +38,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
+from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import (
     check_plan,
     ensure_checkpoint,
@@ -46,8 +47,9 @@ from brisk.runtime.experiment.common import (
     job_dir,
     run_jobs,
 )
-from brisk.runtime.experiment.proposal import EvalSection, SelfGenSection
-from brisk.runtime.train.config import load_config
+from brisk.runtime.experiment.proposal import EvalSection
+from brisk.runtime.train.corrector_config import CorrectorTrainConfig
+from brisk.runtime.train.corrector_events import CollectOptions
 
 __all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
 
@@ -74,29 +76,12 @@ PAPER_ARM = "distilled"
 
 
 @dataclass(frozen=True)
-class CollectSection(SelfGenSection):
-    problems: int = 2000
-    samples: int = 2
-    top_k: int = 32  # candidates kept: every arm's K must be ≤ this
-
-
-@dataclass(frozen=True)
-class HeadTrainSection:
-    epochs: int = 4
-    batch_size: int = 256
-    lr: float = 3e-4
-    beta: float = 0.01
-    head: str = "paper"
-    only_correct: bool = True
-
-
-@dataclass(frozen=True)
 class HeadEvalSection(EvalSection):
     shadow: bool = True  # the same-state diagnostics of every trained arm × seed
 
 
 @dataclass(frozen=True)
-class CorrectorExperimentConfig:
+class CorrectorExperimentConfig(Config):
     out_dir: str = "runs/paper/corrector"
     backbone: str = "runs/paper/base/final"
     base_config: str = "configs/paper_base.toml"
@@ -104,8 +89,11 @@ class CorrectorExperimentConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
     workers: int = 2
-    collect: CollectSection = field(default_factory=CollectSection)
-    train: HeadTrainSection = field(default_factory=HeadTrainSection)
+    # the commands' own configs: [collect] is brisk train corrector collect's (its stride is the
+    # experiment's), [train] brisk train corrector's (events, out_dir and seed set per job,
+    # then each arm's changes)
+    collect: CollectOptions = field(default_factory=lambda: CollectOptions(problems=2000))
+    train: CorrectorTrainConfig = field(default_factory=CorrectorTrainConfig)
     eval: HeadEvalSection = field(default_factory=HeadEvalSection)
 
     def __post_init__(self) -> None:
@@ -117,16 +105,6 @@ class CorrectorExperimentConfig:
                     f"collect.top_k: {self.collect.top_k} < K = {K} of arm {name!r} (the events "
                     "must hold every arm's candidates)"
                 )
-
-    @classmethod
-    def load(cls, path: str | Path) -> CorrectorExperimentConfig:
-        """Read a ``.toml`` or ``.json`` experiment config; errors start with the path."""
-        config = load_config(cls, path)
-        assert isinstance(config, CorrectorExperimentConfig)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _arm(name: str) -> CorrectorArm:
@@ -166,18 +144,13 @@ def _train_and_evaluate(
     from brisk.runtime.corrector import Corrector
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
     from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 
     torch.set_num_threads(1)
     arm = _arm(arm_name)
     run, done = job_dir(cfg.out_dir, arm.name, seed)
     if done is not None:
         return done
-    t = cfg.train
-    tcfg = CorrectorTrainConfig(
-        events=events, out_dir=str(run), seed=seed, epochs=t.epochs, batch_size=t.batch_size,
-        lr=t.lr, beta=t.beta, head=t.head, only_correct=t.only_correct,  # type: ignore[arg-type]
-    ).replace(**arm.train)  # fmt: skip
+    tcfg = cfg.train.replace(events=events, out_dir=str(run), seed=seed).replace(**arm.train)
     head = None
     train_info: dict[str, Any] = {}
     trained = run / "train.json"  # kept for a rerun that finds the head trained
@@ -228,7 +201,7 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
     import torch
     from rich.console import Console
 
-    from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
+    from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
     console = Console(stderr=True, quiet=not show_progress)
     out = Path(cfg.out_dir)
@@ -244,16 +217,13 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
     # 2. One event store for every arm.
     events = out / "events"
     if not (events / "_events.json").exists():
-        c = cfg.collect
         console.print(f"collecting policy-reached events → {events}")
         t = time.monotonic()
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
         with experiment_step("collecting events"):
-            store = collect_from_checkpoint(cfg.backbone, events, CollectOptions(
-                task=c.task, problems=c.problems, samples=c.samples, stride=cfg.stride,
-                temperature=c.temperature, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
-                problem_seed=c.problem_seed, seed=c.seed,
-            ), show_progress=show_progress)  # fmt: skip
+            store = collect_from_checkpoint(cfg.backbone, events,
+                                            cfg.collect.replace(stride=cfg.stride),
+                                            show_progress=show_progress)  # fmt: skip
         timings["collect_s"] = time.monotonic() - t
         console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
 

@@ -23,7 +23,6 @@ once) and ends the command with one line saying what stays; rerunning it continu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -34,6 +33,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
+from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import (
     check_plan,
     ensure_checkpoint,
@@ -43,7 +43,8 @@ from brisk.runtime.experiment.common import (
     run_jobs,
 )
 from brisk.runtime.tasks.spec import TaskSpec
-from brisk.runtime.train.config import load_config
+from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.selfgen import SelfGenOptions
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
 
@@ -76,28 +77,6 @@ BRISK_ARM = "selfgen-correct-dynamic"
 
 
 @dataclass(frozen=True)
-class SelfGenSection:
-    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, train split
-    problems: int = 1000
-    samples: int = 4
-    temperature: float = 1.0
-    max_new_tokens: int = 160
-    problem_seed: int = 0
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class TrainSection:
-    token_budget: int = 200_000
-    batch_size: int = 32
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup: float = 0.05
-    alpha: float | str = "auto"
-    profile_decay: float = 0.9
-
-
-@dataclass(frozen=True)
 class EvalSection:
     task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, test split
     problems: int = 200
@@ -108,7 +87,7 @@ class EvalSection:
 
 
 @dataclass(frozen=True)
-class ExperimentConfig:
+class ExperimentConfig(Config):
     out_dir: str = "runs/paper/ablation"
     base: str = "runs/paper/base/final"
     base_config: str = "configs/paper_base.toml"
@@ -116,22 +95,16 @@ class ExperimentConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
     workers: int = 2
-    selfgen: SelfGenSection = field(default_factory=SelfGenSection)
-    train: TrainSection = field(default_factory=TrainSection)
+    # the training configs themselves, each arm and seed changing what it must with replace:
+    # [selfgen] is brisk train selfgen's (its stride is the experiment's), [train] brisk train
+    # proposal's (init, dataset, out_dir, data, weights, profile, seed, stride and temperature
+    # are set per job)
+    selfgen: SelfGenOptions = field(default_factory=SelfGenOptions)
+    train: ProposalTrainConfig = field(default_factory=ProposalTrainConfig)
     eval: EvalSection = field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
         check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ExperimentConfig:
-        """Read a ``.toml`` or ``.json`` experiment config; errors start with the path."""
-        config = load_config(cls, path)
-        assert isinstance(config, ExperimentConfig)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _arm(name: str) -> Arm:
@@ -152,7 +125,6 @@ def _train_and_evaluate(
 
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
     from brisk.runtime.train.proposal import train_proposal
-    from brisk.runtime.train.proposal_config import ProposalTrainConfig
 
     torch.set_num_threads(1)
     arm = _arm(arm_name)
@@ -161,13 +133,10 @@ def _train_and_evaluate(
         return done
     checkpoint = Path(cfg.base)
     if arm.data != "base":
-        t = cfg.train
-        pcfg = ProposalTrainConfig(
-            init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,  # type: ignore[arg-type]
-            weights=arm.weights, profile=arm.profile, seed=seed,  # type: ignore[arg-type]
-            stride=cfg.stride, token_budget=t.token_budget, batch_size=t.batch_size, lr=t.lr,
-            min_lr=t.min_lr, warmup=t.warmup, alpha=t.alpha,  # type: ignore[arg-type]
-            profile_decay=t.profile_decay, temperature=cfg.selfgen.temperature, log_every=1,
+        pcfg = cfg.train.replace(
+            init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,
+            weights=arm.weights, profile=arm.profile, seed=seed, stride=cfg.stride,
+            temperature=cfg.selfgen.temperature,
         )  # fmt: skip
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
@@ -198,7 +167,7 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
     from rich.console import Console
 
     from brisk.runtime.experiment.evaluate import CheckpointEval
-    from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
+    from brisk.runtime.train.selfgen import generate_dataset
 
     console = Console(stderr=True, quiet=not show_progress)
     out = Path(cfg.out_dir)
@@ -214,15 +183,11 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
 
     # 2. Self-generated data from the base, with the deployed decoder.
     data_dir = out / "data"
-    s = cfg.selfgen
     console.print(f"self-generated data → {data_dir}")
     t = time.monotonic()
     with experiment_step("generating the dataset"):
-        generate_dataset(cfg.base, data_dir, SelfGenOptions(
-            task=s.task, problems=s.problems, samples=s.samples, stride=cfg.stride,
-            temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-            problem_seed=s.problem_seed, seed=s.seed,
-        ), show_progress=show_progress)  # fmt: skip
+        generate_dataset(cfg.base, data_dir, cfg.selfgen.replace(stride=cfg.stride),
+                         show_progress=show_progress)  # fmt: skip
     timings["selfgen_s"] = time.monotonic() - t
 
     # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).

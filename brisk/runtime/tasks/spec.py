@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from brisk.runtime.configs import Config
 from brisk.runtime.tasks.formats import PromptFormat
 from brisk.runtime.tasks.graders import Grades
 from brisk.runtime.tasks.sources import Source, read_records
@@ -59,7 +60,7 @@ class ResolvedTask(Protocol):
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class TaskSpec(Config):
     """Which problems, how they are prompted and graded (module docstring)."""
 
     name: str = ""  # a registered task (e.g. arithmetic); empty with no path: the checkpoint's

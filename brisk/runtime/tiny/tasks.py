@@ -77,9 +77,9 @@ class ArithmeticTask:
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> ArithmeticTask:
-        from brisk.runtime.train.config import _parse
+        from brisk.runtime.configs import parse_config
 
-        config = _parse(TaskConfig, description["config"], "task.config.")
+        config = parse_config(TaskConfig, description["config"], "task.config.")
         assert isinstance(config, TaskConfig)
         return cls(config, description["split"], description["n"], description["seed"],
                    description["grader"])  # fmt: skip

@@ -1,4 +1,4 @@
-"""Configuration of base-model training: one frozen dataclass, loadable from TOML or JSON.
+"""Configuration of base-model training: one frozen :class:`~brisk.runtime.configs.Config`.
 
 A config file mirrors the dataclass; ``[task]`` and ``[model]`` sections fill the nested configs::
 
@@ -14,14 +14,10 @@ Unknown keys are an error naming the key, so a typo never silently trains the de
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Literal
 
+from brisk.runtime.configs import Config, load_config
 from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.tiny.model import TinyModelConfig
 from brisk.runtime.tiny.task import TaskConfig
@@ -30,7 +26,7 @@ __all__ = ["BaseTrainConfig", "load_config"]
 
 
 @dataclass(frozen=True)
-class BaseTrainConfig:
+class BaseTrainConfig(Config):
     """I-DLM training of a base model: by default the preset tiny model on the arithmetic
     world; with ``init`` a user's causal LM (the I-DLM conversion recipe), with ``data`` a
     user's prompts and responses."""
@@ -129,123 +125,3 @@ class BaseTrainConfig:
         """The curriculum's stride N at ``step`` (0-based)."""
         phase = min(step * len(self.strides) // self.steps, len(self.strides) - 1)
         return self.strides[phase]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BaseTrainConfig:
-        """A config from parsed TOML/JSON: every key must be a field and every value of the
-        field's type (an error names the key, e.g. ``model.layers``); lists become tuples and
-        integers become floats where the field wants them."""
-        config = _parse(cls, data, "")
-        assert isinstance(config, BaseTrainConfig)
-        return config
-
-    @classmethod
-    def load(cls, path: str | Path) -> BaseTrainConfig:
-        """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
-        config = load_config(cls, path)
-        assert isinstance(config, BaseTrainConfig)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> BaseTrainConfig:
-        return dataclasses.replace(self, **changes)
-
-
-def load_config(cls: type, path: str | Path) -> object:
-    """``cls`` (a config dataclass) from a ``.toml`` or ``.json`` file, every key and value
-    checked against its fields; errors start with the file's path."""
-    path = Path(path)
-    if path.suffix not in (".toml", ".json"):
-        raise ValueError(f"{path}: expected a .toml or .json file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: invalid TOML: {err}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{path}: invalid JSON: {err.msg} (at line {err.lineno}, column {err.colno})"
-        ) from None
-    try:
-        return _parse(cls, data, "")
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-
-
-def _parse(cls: type, data: object, prefix: str) -> object:
-    """``cls(**data)`` after checking every key and value against ``cls``'s field types."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a table of settings")
-    types = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in data.items():
-        if key not in known:
-            raise ValueError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
-        values[key] = _value(value, types[key], f"{prefix}{key}")
-    try:
-        return cls(**values)
-    except ValueError as err:
-        raise ValueError(f"{prefix}{err}") from None  # the nested config's own checks
-
-
-class _Mismatch(Exception):
-    """A value that is not of the wanted type (turned into an error naming the key)."""
-
-
-def _value(value: object, tp: Any, key: str) -> object:
-    if dataclasses.is_dataclass(tp):
-        return _parse(tp, value, f"{key}.")  # type: ignore[arg-type]
-    try:
-        return _convert(value, tp)
-    except _Mismatch:
-        raise ValueError(f"{key}: expected {_describe(tp)}, got {value!r}") from None
-
-
-def _convert(value: object, tp: Any) -> object:
-    """``value`` as type ``tp`` (bool, int, float, str, Literal, X | Y, tuple[X, ...])."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, UnionType):
-        for arm in args:
-            try:
-                return _convert(value, arm)
-            except _Mismatch:
-                pass
-        raise _Mismatch
-    if origin is Literal:
-        if any(type(value) is type(a) and value == a for a in args):
-            return value
-        raise _Mismatch
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        if not isinstance(value, list | tuple):
-            raise _Mismatch
-        return tuple(_convert(v, args[0]) for v in value)
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if tp in (bool, int, str) and type(value) is tp:
-        return value
-    if tp is type(None) and value is None:  # JSON null (TOML has none: a key left out)
-        return None
-    if tp in (bool, int, float, str):
-        raise _Mismatch
-    raise TypeError(f"config fields of type {tp!r} are not supported")  # a programming error
-
-
-def _describe(tp: Any) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin is Literal:
-        return " or ".join(repr(a) for a in args)
-    if origin is tuple:
-        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-             type(None): "null"}  # fmt: skip
-    return names.get(tp, str(tp))

@@ -8,12 +8,10 @@ through the first rejection.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from brisk.runtime.train.config import _parse, load_config
+from brisk.runtime.configs import Config
 
 __all__ = ["HEAD_SIZES", "TARGETS", "CorrectorTrainConfig"]
 
@@ -24,7 +22,7 @@ HEAD_SIZES: tuple[str, ...] = ("paper", "small")
 
 
 @dataclass(frozen=True)
-class CorrectorTrainConfig:
+class CorrectorTrainConfig(Config):
     """Verifier-distilled corrector training on a store of policy-reached events."""
 
     events: str = ""  # event store (``brisk train corrector collect``)
@@ -70,22 +68,3 @@ class CorrectorTrainConfig:
                 raise ValueError(
                     f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CorrectorTrainConfig:
-        config = _parse(cls, data, "")
-        assert isinstance(config, CorrectorTrainConfig)
-        return config
-
-    @classmethod
-    def load(cls, path: str | Path) -> CorrectorTrainConfig:
-        """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
-        config = load_config(cls, path)
-        assert isinstance(config, CorrectorTrainConfig)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> CorrectorTrainConfig:
-        return dataclasses.replace(self, **changes)

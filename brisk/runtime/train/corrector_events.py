@@ -43,6 +43,7 @@ import numpy as np
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
 from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.configs import Config
 from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.resume import config_changes
 
@@ -132,7 +133,7 @@ class EventWriter(BlockLogger):
 
 
 @dataclass(frozen=True)
-class CollectOptions:
+class CollectOptions(Config):
     """Which training problems to decode, and how (the deployed decoder, head off)."""
 
     task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split

@@ -41,6 +41,7 @@ __all__ = [
     "build_batch",
     "idlm_forward",
     "idlm_loss",
+    "may_attend",
 ]
 
 IGNORE = -100
@@ -52,20 +53,28 @@ def block_ids(L: int, M: int, offset: int = 0, device: torch.device | None = Non
     return torch.div(pos - offset, M, rounding_mode="floor")
 
 
+def may_attend(
+    q_noisy: Tensor, q_pos: Tensor, k_noisy: Tensor, k_pos: Tensor, M: int, offset: int = 0
+) -> Tensor:
+    """The rule table of the module docstring as a predicate on broadcastable index tensors
+    (stream flags and positions of query and key): the one definition of the I-DLM mask, shared
+    by the dense ``[2L, 2L]`` mask below and the FlexAttention ``mask_mod`` of
+    :mod:`brisk.runtime.train.flex` (where the arguments are 0-d tensors)."""
+    q_blk, k_blk = (q_pos - offset) // M, (k_pos - offset) // M
+    causal = k_pos <= q_pos
+    noisy_noisy = q_noisy & k_noisy & (k_blk == q_blk) & causal
+    noisy_clean = q_noisy & ~k_noisy & (k_blk < q_blk)
+    clean_clean = ~q_noisy & ~k_noisy & causal
+    return noisy_noisy | noisy_clean | clean_clean
+
+
 def block_diffusion_mask(
     L: int, M: int, offset: int = 0, device: torch.device | None = None
 ) -> Tensor:
     """Boolean ``[2L, 2L]`` (True = may attend); rows ``0..L−1`` noisy, ``L..2L−1`` clean."""
-    pos = torch.arange(L, device=device)
-    blk = block_ids(L, M, offset, device)
-    causal = pos[:, None] >= pos[None, :]
-    same_block = blk[:, None] == blk[None, :]
-    earlier_block = blk[:, None] > blk[None, :]
-    allowed = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device=device)
-    allowed[:L, :L] = same_block & causal
-    allowed[:L, L:] = earlier_block
-    allowed[L:, L:] = causal
-    return allowed
+    idx = torch.arange(2 * L, device=device)
+    noisy, pos = idx < L, idx % L
+    return may_attend(noisy[:, None], pos[:, None], noisy[None], pos[None], M, offset)
 
 
 @dataclass(frozen=True)

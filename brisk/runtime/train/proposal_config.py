@@ -6,12 +6,10 @@ are errors naming the key); the command line overrides single fields.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from brisk.runtime.train.config import _parse, load_config
+from brisk.runtime.configs import Config
 
 __all__ = ["DATA_MODES", "PROFILE_MODES", "WEIGHT_SCHEMES", "ProposalTrainConfig"]
 
@@ -24,7 +22,7 @@ PROFILE_MODES: tuple[str, ...] = ("dynamic", "static")
 
 
 @dataclass(frozen=True)
-class ProposalTrainConfig:
+class ProposalTrainConfig(Config):
     """Continued I-DLM training with per-position proposal weights (eq:brisk_weighting).
 
     The run consumes ``token_budget`` response tokens (the same for every arm of an ablation,
@@ -99,22 +97,3 @@ class ProposalTrainConfig:
             return self.lr * max(progress / self.warmup, 1e-3)
         t = min((progress - self.warmup) / (1 - self.warmup), 1.0)
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProposalTrainConfig:
-        config = _parse(cls, data, "")
-        assert isinstance(config, ProposalTrainConfig)
-        return config
-
-    @classmethod
-    def load(cls, path: str | Path) -> ProposalTrainConfig:
-        """Read a ``.toml`` or ``.json`` config; errors start with the file's path."""
-        config = load_config(cls, path)
-        assert isinstance(config, ProposalTrainConfig)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> ProposalTrainConfig:
-        return dataclasses.replace(self, **changes)

@@ -40,6 +40,7 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
+from brisk.runtime.configs import Config
 from brisk.runtime.tasks.spec import ResolvedTask, TaskSpec, task_from_description
 from brisk.runtime.train.resume import config_changes
 
@@ -61,7 +62,7 @@ FORMAT = "brisk-selfgen/2"  # 2: the task described (a world or a data file); 1:
 
 
 @dataclass(frozen=True)
-class SelfGenOptions:
+class SelfGenOptions(Config):
     """What to sample: ``problems`` problems of ``task`` (seed ``problem_seed``), ``samples``
     each."""
 
