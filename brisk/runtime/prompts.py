@@ -5,8 +5,8 @@ A base model trained on ``[bos, prompt, response, eos]`` (the tiny world, I-DLM)
 from a prompt without its BOS and never stops without its EOS, so the Python API goes through
 the same three helpers as the command line:
 
->>> from brisk.runtime.tiny.tokenizer import char_tokenizer
->>> tokenizer = char_tokenizer()
+>>> from brisk.runtime.presets import preset_tokenizer
+>>> tokenizer = preset_tokenizer("tiny")  # the tiny world's character tokenizer
 >>> encode_prompts(tokenizer, ["1+2"])  # BOS (id 1) first
 [[1, 23, 17, 24]]
 >>> isd_options(tokenizer, stride=8).eos_token_id, isd_options(tokenizer, stride=8).M

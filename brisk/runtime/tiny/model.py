@@ -76,4 +76,10 @@ def _tiny_preset(cfg: TinyModelConfig) -> tuple[Qwen3ForCausalLM, PreTrainedToke
     return build_model(cfg, tokenizer), tokenizer
 
 
-register_preset("tiny", _tiny_preset)
+def _tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from brisk.runtime.tiny.tokenizer import char_tokenizer
+
+    return char_tokenizer()
+
+
+register_preset("tiny", _tiny_preset, _tiny_tokenizer)
