@@ -11,6 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -20,6 +21,12 @@ from hypothesis import settings
 # The SGLang contract tests and the serving benchmark's tests need SGLang, which lives in its own
 # virtualenv (`make test-serving`, run by `make test`): they are collected only where it is.
 collect_ignore = [] if importlib.util.find_spec("sglang") else ["serving"]
+
+# A suite started in the background by a shell without job control (`nohup make test &`) begins
+# with SIGINT ignored, and every process it starts inherits that; the interrupt tests need Ctrl-C
+# delivered, as it is to a command run in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile(
     "brisk", max_examples=200, derandomize=True, deadline=None, database=None, print_blob=True

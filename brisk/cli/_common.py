@@ -90,50 +90,32 @@ def config_from_args(
     return with_overrides(cfg, overrides, flags)
 
 
-# The options of a decode over training problems, shared by `brisk train selfgen` and
-# `brisk train corrector collect` (both sample the deployed decoder on problems).
-DECODE_OPTION_FLAGS = (
-    "problems", "samples", "stride", "temperature", "top_k", "max_new_tokens", "problem_seed",
-    "seed", "batch_size",
-)  # fmt: skip
-
-
 def add_problem_decode_arguments(
-    parser: argparse.ArgumentParser, *, checkpoint: str, out: str, samples: int, top_k: int,
-    top_k_help: str,
-) -> None:  # fmt: skip
-    """The flags of :data:`DECODE_OPTION_FLAGS`, the task's, the checkpoint, output, resume and
-    thread flags."""
-
+    parser: argparse.ArgumentParser, cls: type, *, checkpoint: str, out: str
+) -> None:
+    """The flags of a decode over a task's problems (``brisk train selfgen`` and ``brisk train
+    corrector collect``: both sample the deployed decoder): one per field of the options
+    dataclass ``cls`` (:func:`add_config_arguments`), the task's, the checkpoint, output,
+    resume and thread flags."""
     parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
     parser.add_argument("--out", type=Path, required=True, help=out)
     parser.add_argument(
         "--resume", action="store_true", help="continue an interrupted run into --out"
     )
-    parser.add_argument("--problems", type=int, default=1000,
-                        help="problems (from a file: all of a smaller selection)")  # fmt: skip
-    parser.add_argument("--samples", type=int, default=samples, help="responses per problem")
-    parser.add_argument("--stride", type=int, default=8, help="ISD stride N")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=top_k, help=top_k_help)
-    parser.add_argument("--max-new-tokens", type=int, default=160)
-    parser.add_argument("--problem-seed", type=int, default=0, help="which training problems")
-    parser.add_argument("--seed", type=int, default=0, help="decode seeds")
-    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_arguments(parser, cls)
     add_task_arguments(parser, "the checkpoint's own world, its train split")
 
 
-def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace, **extra: Any) -> T:
-    """``cls`` from those flags (and ``extra``), after checking the thread count and the
-    checkpoint; an option's error names its flag."""
+def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace) -> T:
+    """``cls`` from those flags, after checking the thread count and the checkpoint; an
+    option's error names its flag."""
     if args.threads < 1:
         raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
     task = task_from_args(args)
     try:
-        options = cls(**{name: getattr(args, name) for name in DECODE_OPTION_FLAGS}, task=task,
-                      **extra)  # fmt: skip
+        options = cls(**config_overrides(args, cls), task=task)  # type: ignore[arg-type]
     except ValueError as err:
         raise ValueError(f"--{str(err).replace('_', '-')}") from None
     if not (args.checkpoint / "config.json").is_file():

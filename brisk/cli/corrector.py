@@ -15,7 +15,7 @@ from brisk.cli._common import (
     config_overrides,
     problem_decode_options,
 )
-from brisk.runtime.train.corrector_config import CorrectorTrainConfig
+from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
 __all__ = ["register_experiment", "register_train"]
 
@@ -36,11 +36,8 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     k = sub.add_parser(
         "collect", help="decode training problems head-off and store policy-reached events"
     )
-    add_problem_decode_arguments(
-        k, checkpoint="the frozen backbone", out="event store directory (new)", samples=2,
-        top_k=32, top_k_help="candidates kept (serves K ≤ this)",
-    )  # fmt: skip
-    k.add_argument("--feature-dtype", type=str, default="float32", help="float32 | float16")
+    add_problem_decode_arguments(k, CollectOptions, checkpoint="the frozen backbone",
+                                 out="event store directory (new)")  # fmt: skip
     k.set_defaults(run=run_collect)
 
 
@@ -48,9 +45,9 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 def run_collect(args: argparse.Namespace) -> int:
     import torch
 
-    from brisk.runtime.train.corrector_events import CollectOptions, collect_from_checkpoint
+    from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
-    options = problem_decode_options(CollectOptions, args, feature_dtype=args.feature_dtype)
+    options = problem_decode_options(CollectOptions, args)
     torch.set_num_threads(args.threads)
     quiet_transformers()
     from brisk.runtime.tasks.spec import task_flag_errors

@@ -23,6 +23,7 @@ from brisk.cli._common import (
 )
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.selfgen import SelfGenOptions
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,11 +44,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s = commands.add_parser(
         "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
     )
-    add_problem_decode_arguments(
-        s, checkpoint="the model that samples", out="dataset directory",
-        samples=4, top_k=16, top_k_help="candidates K of the base drafts",
-    )  # fmt: skip
-    s.add_argument("--chunk", type=int, default=64, help="problems per Parquet part")
+    add_problem_decode_arguments(s, SelfGenOptions, checkpoint="the model that samples",
+                                 out="dataset directory")  # fmt: skip
     s.set_defaults(run=run_selfgen)
 
     p = commands.add_parser(
@@ -102,7 +100,7 @@ def run_selfgen(args: argparse.Namespace) -> int:
 
     from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
 
-    options = problem_decode_options(SelfGenOptions, args, chunk=args.chunk)
+    options = problem_decode_options(SelfGenOptions, args)
     torch.set_num_threads(args.threads)
     quiet_transformers()
     from brisk.runtime.tasks.spec import task_flag_errors

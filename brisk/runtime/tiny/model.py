@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from typing import TYPE_CHECKING
 
 from brisk.runtime.presets import register_preset
+
+if TYPE_CHECKING:  # transformers loads when a model is built, not when a config is read
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 __all__ = ["TinyModelConfig", "build_model", "qwen3_config"]
 
@@ -43,6 +45,8 @@ class TinyModelConfig:
 
 def qwen3_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
     """A ``Qwen3Config`` carrying the special ids, including I-DLM's ``mask_token_id``."""
+    from transformers import Qwen3Config
+
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -66,6 +70,8 @@ def qwen3_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qw
 
 def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     """A freshly initialized model (seed torch first for reproducibility); nothing downloaded."""
+    from transformers import Qwen3ForCausalLM
+
     return Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
 
 

@@ -1,4 +1,5 @@
-"""Configuration of corrector training (``brisk train corrector``): one frozen dataclass.
+"""Configuration of corrector training (``brisk train corrector``) and of the event collection
+before it (``brisk train corrector collect``): frozen configs.
 
 Loaded from TOML/JSON like the other training configs (unknown keys are errors naming the key);
 the command line overrides single fields. Defaults are the paper's
@@ -8,12 +9,15 @@ through the first rejection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from brisk.runtime.configs import Config
+from brisk.runtime.tasks.spec import TaskSpec
 
-__all__ = ["HEAD_SIZES", "TARGETS", "CorrectorTrainConfig"]
+__all__ = ["FEATURE_DTYPES", "HEAD_SIZES", "TARGETS", "CollectOptions", "CorrectorTrainConfig"]
+
+FEATURE_DTYPES = ("float32", "float16")
 
 Target = Literal["verifier", "top1"]
 HeadSize = Literal["paper", "small"]
@@ -68,3 +72,31 @@ class CorrectorTrainConfig(Config):
                 raise ValueError(
                     f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+
+
+@dataclass(frozen=True)
+class CollectOptions(Config):
+    """Which training problems to decode, and how (the deployed decoder, head off)."""
+
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
+    problems: int = 1000
+    samples: int = 2  # responses per problem
+    stride: int = 8
+    temperature: float = 1.0
+    top_k: int = 32  # candidates kept per position: serves heads with K ≤ top_k
+    max_new_tokens: int = 160
+    problem_seed: int = 0  # which training problems (the train split: never the held-out ones)
+    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·samples + r
+    batch_size: int = 128
+    feature_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        from brisk.runtime.train.selfgen import check_sampling_options
+
+        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "batch_size",
+                                      "top_k"))  # fmt: skip
+        if self.feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
+
+    def decode_seed(self, problem: int, sample: int) -> int:
+        return self.seed * 10**6 + problem * self.samples + sample

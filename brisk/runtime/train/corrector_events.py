@@ -34,7 +34,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -43,8 +43,7 @@ import numpy as np
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
 from brisk.runtime.blocklog import BlockLogger, BlockRecord
-from brisk.runtime.configs import Config
-from brisk.runtime.tasks.spec import TaskSpec
+from brisk.runtime.train.corrector_config import FEATURE_DTYPES, CollectOptions
 from brisk.runtime.train.resume import config_changes
 
 if TYPE_CHECKING:
@@ -65,7 +64,6 @@ __all__ = [
 META = "_events.json"
 PROGRESS = "_progress.json"  # of a store under construction
 FORMAT = "brisk-corrector-events/1"
-FEATURE_DTYPES = ("float32", "float16")
 
 
 def _feature_shapes(meta: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -130,34 +128,6 @@ class EventWriter(BlockLogger):
         for f in self._files.values():
             if not f.closed:
                 f.close()
-
-
-@dataclass(frozen=True)
-class CollectOptions(Config):
-    """Which training problems to decode, and how (the deployed decoder, head off)."""
-
-    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
-    problems: int = 1000
-    samples: int = 2  # responses per problem
-    stride: int = 8
-    temperature: float = 1.0
-    top_k: int = 32  # candidates kept per position: serves heads with K ≤ top_k
-    max_new_tokens: int = 160
-    problem_seed: int = 0  # which training problems (the train split: never the held-out ones)
-    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·samples + r
-    batch_size: int = 128
-    feature_dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        from brisk.runtime.train.selfgen import check_sampling_options
-
-        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "batch_size",
-                                      "top_k"))  # fmt: skip
-        if self.feature_dtype not in FEATURE_DTYPES:
-            raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
-
-    def decode_seed(self, problem: int, sample: int) -> int:
-        return self.seed * 10**6 + problem * self.samples + sample
 
 
 def collect_events(

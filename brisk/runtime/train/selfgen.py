@@ -42,7 +42,6 @@ from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
 from brisk.runtime.configs import Config
 from brisk.runtime.tasks.spec import ResolvedTask, TaskSpec, task_from_description
-from brisk.runtime.train.resume import config_changes
 
 __all__ = [
     "SelfGenOptions",
@@ -280,6 +279,8 @@ def _claim(
     out.mkdir(parents=True, exist_ok=True)
     for tmp in out.glob(".part-*.tmp"):  # what a kill during a write left
         tmp.unlink()
+    from brisk.runtime.train.resume import config_changes
+
     if (out / PROVENANCE).exists():
         old = read_provenance(out)
         changes = config_changes({**old, "checkpoint": None}, {**provenance, "checkpoint": None})
