@@ -124,27 +124,15 @@ def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace) -> T
 
 
 def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own world") -> None:
-    """The ``--task`` flags (one per :class:`TaskSpec` field) on an argparse parser."""
+    """The task's flags: ``--task NAME|PATH`` (a :class:`TaskSpec`'s ``name`` or ``path``) and
+    one flag per other :class:`TaskSpec` field (:func:`add_config_arguments`)."""
+    from brisk.runtime.tasks.spec import TaskSpec
+
     group = parser.add_argument_group("problems (a task)")
     group.add_argument("--task", default="", metavar="NAME|PATH",
                        help=f"a registered task (arithmetic) or a data file/directory "
                             f"(default: {default_help})")  # fmt: skip
-    group.add_argument("--preset", default="", help="the registered world's preset")
-    group.add_argument("--fields", default="", metavar="ROLE=COL,...",
-                       help="field mapping, e.g. prompt=question,answer=answer")  # fmt: skip
-    group.add_argument("--kind", default="auto", help="file format (auto: from the name)")
-    group.add_argument("--split", dest="task_split", default="", metavar="SPLIT",
-                       help="dataset split, or the world's train / test")  # fmt: skip
-    group.add_argument("--start", type=int, default=0, help="first row of the selection")
-    group.add_argument("--stop", type=int, default=-1, help="row after the last (-1: the end)")
-    group.add_argument("--format", dest="task_format", default="raw", choices=("raw", "chat"),
-                       help="raw template or the tokenizer's chat template")  # fmt: skip
-    group.add_argument("--template", default="{prompt}", help="prompt template (raw format)")
-    group.add_argument("--system", default="", help="system prompt (chat format)")
-    group.add_argument("--thinking", default="", choices=("", "on", "off"),
-                       help="enable_thinking of the chat template")  # fmt: skip
-    group.add_argument("--grader", default="", help="exact, gsm8k, numeric, math, code or "
-                       "module:function (default: exact when there are answers)")  # fmt: skip
+    add_config_arguments(group, TaskSpec, exclude=("name", "path"), dest_prefix="task_")
 
 
 def task_from_args(args: Any) -> TaskSpec:
@@ -153,22 +141,17 @@ def task_from_args(args: Any) -> TaskSpec:
 
     is_path = bool(args.task) and (Path(args.task).exists() or any(
         ch in args.task for ch in "/.\\"))  # fmt: skip
-    fields = tuple(p.strip() for p in args.fields.split(",") if p.strip())
+    given: dict[str, Any] = config_overrides(args, TaskSpec, "task_")
+    given["path" if is_path else "name"] = args.task
     try:
-        return TaskSpec(
-            name="" if is_path else args.task, preset=args.preset,
-            path=args.task if is_path else "", fields=fields, kind=args.kind,
-            split=args.task_split, start=args.start, stop=args.stop, format=args.task_format,
-            template=args.template, system=args.system, thinking=args.thinking,
-            grader=args.grader,
-        )  # fmt: skip
+        return TaskSpec(**given)
     except ValueError as err:
         raise ValueError(f"--{err}") from None
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, exclude: Sequence[str] = (),
-    rename: dict[str, str] | None = None,
+    parser: Any, cls: type, *, exclude: Sequence[str] = (), rename: dict[str, str] | None = None,
+    dest_prefix: str = "cfg_",
 ) -> None:  # fmt: skip
     """One flag per scalar field of the config dataclass ``cls`` (nested configs excluded), its
     help the field's documentation (:func:`brisk.runtime.configs.field_docs`) and its default
@@ -187,7 +170,7 @@ def add_config_arguments(
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         text = docs.get(f.name, "")
         help_ = f"{text} (default: {default!r})" if text else f"default: {default!r}"
-        kwargs: dict[str, Any] = {"dest": f"cfg_{f.name}", "default": None, "help": help_}
+        kwargs: dict[str, Any] = {"dest": dest_prefix + f.name, "default": None, "help": help_}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif get_origin(tp) is Literal:
@@ -227,7 +210,10 @@ def _scalar(tp: Any) -> Callable[[str], Any]:
     raise TypeError(f"no flag for a config field of type {tp!r}")  # a programming error
 
 
-def config_overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The fields of ``cls`` that :func:`add_config_arguments`' flags were given for."""
-    return {f.name: getattr(args, f"cfg_{f.name}") for f in dataclasses.fields(cls)
-            if getattr(args, f"cfg_{f.name}", None) is not None}  # fmt: skip
+def config_overrides(
+    args: argparse.Namespace, cls: type, dest_prefix: str = "cfg_"
+) -> dict[str, Any]:
+    """The fields of ``cls`` that :func:`add_config_arguments`' flags were given for (lists
+    as tuples)."""
+    given = {f.name: getattr(args, dest_prefix + f.name, None) for f in dataclasses.fields(cls)}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None}

@@ -66,7 +66,8 @@ class TaskSpec(Config):
     name: str = ""  # a registered task (e.g. arithmetic); empty with no path: the checkpoint's
     preset: str = ""  # the registered world's preset (arithmetic: tiny, paper, trivial)
     path: str = ""  # a JSONL / Parquet / CSV file or a local datasets directory
-    fields: tuple[str, ...] = ()  # role=column pairs (default: prompt=prompt, answer=answer)
+    # role=column pairs, e.g. prompt=question,answer=answer (none: prompt=prompt,answer=answer)
+    fields: tuple[str, ...] = ()
     kind: str = "auto"  # the file's format (auto: from the name)
     split: str = ""  # the dataset split (a DatasetDict) or the world's split (train, test)
     start: int = 0  # first row of the selection
@@ -75,7 +76,8 @@ class TaskSpec(Config):
     template: str = "{prompt}"  # the prompt's text, {role} / {column} filled from the record
     system: str = ""  # chat: the system prompt
     thinking: Literal["", "on", "off"] = ""  # chat: enable_thinking (empty: the template's)
-    grader: str = ""  # exact, gsm8k, numeric, math, code or module:function (empty: see below)
+    # exact, gsm8k, numeric, math, code or module:function (empty: exact when there are answers)
+    grader: str = ""
 
     def __post_init__(self) -> None:
         if self.name and self.path:
