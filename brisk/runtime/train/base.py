@@ -43,7 +43,8 @@ from brisk.runtime.presets import build_preset
 from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
-from brisk.runtime.train.idlm import build_batch, idlm_forward, idlm_loss
+from brisk.runtime.train.flex import set_attention, training_forward
+from brisk.runtime.train.idlm import build_batch, idlm_loss
 from brisk.runtime.train.resume import (
     METRICS,
     STATE,
@@ -213,11 +214,14 @@ def _train(
         done = state["step"]
     else:
         log({"event": "start", "params": n_params, "config": cfg.to_dict()})
+    own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
     pairs = _pairs(cfg, tokenizer)  # (problem, response)
     train_stream = islice(pairs, done * cfg.batch_size, None)
 
     def run_eval(step: int, n: int) -> EvalReport:
+        model.set_attn_implementation(own_attention)  # decoding passes its own dense masks
         report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n])
+        set_attention(model, cfg.attention)
         model.train()
         log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})
         return report
@@ -250,13 +254,13 @@ def _train(
             offset = rng.randrange(M) if cfg.random_block_offset else 0
             batch = build_batch(
                 [s for s, _ in encoded], [n for _, n in encoded], M, mask_id, pad_id,
-                offset=offset,
+                offset=offset, dense_mask=cfg.attention == "dense",
             )  # fmt: skip
 
             # Step: one forward over [x_t | x_0], loss = CE_noisy + α·CE_clean.
             for group in optimizer.param_groups:
                 group["lr"] = _lr(cfg, step)
-            noisy_logits, clean_logits = idlm_forward(model, batch)
+            noisy_logits, clean_logits = training_forward(model, batch, cfg.attention)
             loss = idlm_loss(noisy_logits, clean_logits, batch, cfg.alpha)
             optimizer.zero_grad(set_to_none=True)
             loss.loss.backward()

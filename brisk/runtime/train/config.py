@@ -51,6 +51,8 @@ class BaseTrainConfig(Config):
     strides: tuple[int, ...] = (2, 4, 8)
     # Shift block starts at random each step so every response position acts as an ISD anchor.
     random_block_offset: bool = True
+    # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
+    attention: Literal["dense", "flex", "flex-compiled"] = "dense"
     log_every: int = 25
     eval_every: int = 0
     eval_problems: int = 100
@@ -79,6 +81,10 @@ class BaseTrainConfig(Config):
             raise ValueError(f"strides: need strides N ≥ 2, got {self.strides}")
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
+        if self.attention not in ("dense", "flex", "flex-compiled"):
+            raise ValueError(
+                f"attention: expected one of dense, flex, flex-compiled, got {self.attention!r}"
+            )
         if self.add_mask_token and not self.init:
             raise ValueError("add_mask_token: only a checkpoint given as init gets one added")
         if self.data.name:

@@ -49,9 +49,10 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
-from brisk.runtime.train.idlm import IDLMBatch, may_attend
+from brisk.runtime.train.idlm import IDLMBatch, idlm_forward, may_attend
 
 __all__ = [
+    "ATTENTIONS",
     "COMPILED_FLEX",
     "EAGER_FLEX",
     "MaskMod",
@@ -60,6 +61,8 @@ __all__ = [
     "flex_idlm_forward",
     "idlm_block_mask",
     "idlm_mask_mod",
+    "set_attention",
+    "training_forward",
     "use_flex",
 ]
 
@@ -269,3 +272,36 @@ def flex_idlm_forward(
     mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
     logits = flex_forward(model, batch.input_ids, batch.position_ids, mask, compile=compile)
     return logits[:, :L], logits[:, L:]
+
+
+# What a training run's `attention` setting may be: the model's own attention with the dense
+# [2L, 2L] mask, flex eager (torch's unfused reference: parity, CPU), flex compiled (the fused
+# kernels: CUDA).
+ATTENTIONS: tuple[str, ...] = ("dense", "flex", "flex-compiled")
+
+
+def set_attention(model: PreTrainedModel, attention: str) -> str:
+    """Make ``model`` run the training ``attention`` (:data:`ATTENTIONS`) from now on and return
+    the attention implementation it had (decoding and evaluation need that one back); a
+    compiled flex backward needs CUDA (an error naming the setting otherwise)."""
+    before = str(model.config._attn_implementation)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention: expected one of {', '.join(ATTENTIONS)}, got {attention!r}")
+    if attention == "flex-compiled" and next(model.parameters()).device.type != "cuda":
+        raise ValueError("attention: flex-compiled needs a CUDA device (compiled flex has no "
+                         "CPU backward); use flex on CPU")  # fmt: skip
+    if attention != "dense":
+        model.set_attn_implementation(COMPILED_FLEX if attention == "flex-compiled" else EAGER_FLEX)
+    return before
+
+
+def training_forward(net: Any, batch: IDLMBatch, attention: str) -> tuple[Tensor, Tensor]:
+    """Noisy and clean logits ``[B, L, V]`` of ``net`` (a model, or its DDP wrapper, prepared
+    with :func:`set_attention`): the dense mask, or its ``BlockMask`` twin built here."""
+    if attention == "dense":
+        return idlm_forward(net, batch)
+    L = batch.L
+    mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
+    out = net(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
+              use_cache=False)  # fmt: skip
+    return out.logits[:, :L], out.logits[:, L:]

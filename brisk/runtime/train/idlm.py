@@ -83,7 +83,7 @@ class IDLMBatch:
 
     input_ids: Tensor  # [B, 2L]  [x_t | x_0]
     position_ids: Tensor  # [B, 2L]  0..L−1 twice
-    attention_mask: Tensor  # [1, 1, 2L, 2L] additive float mask (0 or dtype min)
+    attention_mask: Tensor | None  # [1, 1, 2L, 2L] additive (0 or dtype min); None: flex builds it
     noisy_labels: Tensor  # [B, L] x_0[j+1] at MASK slots, IGNORE elsewhere
     clean_labels: Tensor  # [B, L] x_0[j+1] where j+1 is a response token, IGNORE elsewhere
     slot: Tensor  # [L] slot index (j − offset) mod M, 0-based
@@ -105,8 +105,10 @@ def build_batch(
     offset: int = 0,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    dense_mask: bool = True,
 ) -> IDLMBatch:
-    """Pad ``seqs`` (full token ids, prompt first) and build ``[x_t | x_0]`` with its mask."""
+    """Pad ``seqs`` (full token ids, prompt first) and build ``[x_t | x_0]`` with its mask
+    (``dense_mask=False``: no ``[2L, 2L]`` mask; the flex path builds its ``BlockMask``)."""
     if M < 1:
         raise ValueError(f"M: block size must be ≥ 1, got {M}")
     if len(seqs) != len(prompt_lens) or not seqs:
@@ -128,14 +130,18 @@ def build_batch(
     clean_labels = torch.where(has_target & (pos[None] + 1 >= P[:, None]), target, IGNORE)
     noisy_labels = torch.where(has_target & is_response, target, IGNORE)
 
-    allowed = block_diffusion_mask(L, M, offset)
-    additive = torch.zeros(2 * L, 2 * L, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    additive = None
+    if dense_mask:
+        allowed = block_diffusion_mask(L, M, offset)
+        additive = torch.zeros(2 * L, 2 * L, dtype=dtype).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )[None, None]
     blk = block_ids(L, M, offset)
     dev = torch.device(device)
     return IDLMBatch(
         input_ids=torch.cat([x_t, x0], dim=1).to(dev),
         position_ids=torch.cat([pos, pos]).expand(B, 2 * L).to(dev),
-        attention_mask=additive[None, None].to(dev),
+        attention_mask=additive.to(dev) if additive is not None else None,
         noisy_labels=noisy_labels.to(dev),
         clean_labels=clean_labels.to(dev),
         slot=(pos - offset).remainder(M).to(dev),
@@ -147,6 +153,9 @@ def build_batch(
 
 def idlm_forward(model: PreTrainedModel, batch: IDLMBatch) -> tuple[Tensor, Tensor]:
     """Logits of the noisy and the clean stream, each ``[B, L, V]``."""
+    if batch.attention_mask is None:
+        raise ValueError("batch: built without its dense mask (dense_mask=False): use the flex "
+                         "forward (brisk.runtime.train.flex.training_forward)")  # fmt: skip
     out = model(
         input_ids=batch.input_ids,
         position_ids=batch.position_ids,

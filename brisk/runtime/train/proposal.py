@@ -57,7 +57,8 @@ from brisk.runtime.train.acceptance import (
 )
 from brisk.runtime.train.base import cpu_settings, replace_dir
 from brisk.runtime.train.evaluate import encode_example
-from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch, idlm_forward
+from brisk.runtime.train.flex import set_attention, training_forward
+from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.proposal_data import Example, ExampleStream, load_examples
 from brisk.runtime.train.resume import (
@@ -175,8 +176,8 @@ def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer:
         random.Random(f"{cfg.seed}:offset:{step}").randrange(M) if cfg.random_block_offset else 0
     )
     mask_id, pad_id = ids
-    return build_batch(seqs, prompt_lens, M, mask_id, pad_id, offset=offset,
-                       device=device)  # fmt: skip
+    return build_batch(seqs, prompt_lens, M, mask_id, pad_id, offset=offset, device=device,
+                       dense_mask=cfg.attention == "dense")  # fmt: skip
 
 
 def _profile_counts(acc: BlockAcceptance, M: int, dist: _Dist) -> tuple[np.ndarray, np.ndarray,
@@ -262,6 +263,7 @@ def _train(
         stream = ExampleStream(examples, cfg.seed, **state["cursor"])
         tracker.load_state_dict(state["tracker"])
         restore_rng(state["rng"])
+    set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
     net: Any = model
     if dist.world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
@@ -274,7 +276,7 @@ def _train(
             for k in range(cfg.static_batches):
                 rows = probe.take(cfg.batch_size)[dist.rank :: dist.world]
                 batch = _batch(cfg, rows, tokenizer, -1 - k, device, ids)
-                noisy, clean = idlm_forward(model, batch)
+                noisy, clean = training_forward(model, batch, cfg.attention)
                 acc = block_acceptance(noisy, clean, slot_table(batch),
                                        torch.tensor([i for i, _ in rows]), cfg.seed,
                                        cfg.temperature, cfg.top_k)  # fmt: skip
@@ -327,7 +329,7 @@ def _train(
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            noisy, clean = idlm_forward(net, batch)
+            noisy, clean = training_forward(net, batch, cfg.attention)
 
             # Profile: the batch's own proposals verified under the ISD rule, counts summed
             # over ranks, folded into the tracker.

@@ -52,6 +52,8 @@ class ProposalTrainConfig(Config):
     static_batches: int = 8  # batches the static profile is estimated on, before training
     gamma: float = 7.0  # DFlash decay constant
     random_block_offset: bool = True
+    # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
+    attention: Literal["dense", "flex", "flex-compiled"] = "dense"
     log_every: int = 1
     save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
     threads: int = 1
@@ -79,7 +81,8 @@ class ProposalTrainConfig(Config):
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
         for name, allowed in (("data", DATA_MODES), ("weights", WEIGHT_SCHEMES),
-                              ("profile", PROFILE_MODES)):  # fmt: skip
+                              ("profile", PROFILE_MODES),
+                              ("attention", ("dense", "flex", "flex-compiled"))):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
