@@ -431,8 +431,9 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
     assert len(said) == 1, err
     saved = sorted(part.glob("checkpoint-*"))[-1]
     assert f"saved {saved} (rerun with --resume to continue)" in said[0]
-    subprocess.run([*torchrun, str(part), "--resume"], check=True, capture_output=True, env=env)
-    subprocess.run([*torchrun, str(whole)], check=True, capture_output=True, env=env)
+    for argv in ([*torchrun, str(part), "--resume"], [*torchrun, str(whole)]):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
     assert_same_tensors(whole / "final" / "model.safetensors",
                         part / "final" / "model.safetensors")  # fmt: skip
     assert timeless(part / "metrics.jsonl") == timeless(whole / "metrics.jsonl")
