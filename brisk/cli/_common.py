@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from brisk.runtime.tasks.spec import TaskSpec
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 def comma_separated(cast: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -121,6 +122,22 @@ def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace) -> T
     if not (args.checkpoint / "config.json").is_file():
         raise ValueError(f"--checkpoint: {args.checkpoint} is not a checkpoint (no config.json)")
     return options
+
+
+def run_problem_decode(cls: Callable[..., T], args: argparse.Namespace, run: Callable[[T], R]) -> R:
+    """``run(options)`` for a decode over a task's problems: the options of
+    :func:`problem_decode_options`, the thread count set, transformers quiet, and a task's
+    errors naming their flags."""
+    import torch
+
+    from brisk._hf import quiet_transformers
+    from brisk.runtime.tasks.spec import task_flag_errors
+
+    options = problem_decode_options(cls, args)
+    torch.set_num_threads(args.threads)
+    quiet_transformers()
+    with task_flag_errors():
+        return run(options)
 
 
 def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own world") -> None:

@@ -13,7 +13,7 @@ from brisk.cli._common import (
     add_problem_decode_arguments,
     config_from_args,
     config_overrides,
-    problem_decode_options,
+    run_problem_decode,
 )
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
@@ -43,18 +43,10 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
 @exits_on_interrupt
 def run_collect(args: argparse.Namespace) -> int:
-    import torch
-
     from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
-    options = problem_decode_options(CollectOptions, args)
-    torch.set_num_threads(args.threads)
-    quiet_transformers()
-    from brisk.runtime.tasks.spec import task_flag_errors
-
-    with task_flag_errors():
-        store = collect_from_checkpoint(args.checkpoint, args.out, options,
-                                        not args.no_progress, resume=args.resume)  # fmt: skip
+    store = run_problem_decode(CollectOptions, args, lambda options: collect_from_checkpoint(
+        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume))  # fmt: skip
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "

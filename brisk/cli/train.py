@@ -19,7 +19,7 @@ from brisk.cli._common import (
     comma_separated,
     config_from_args,
     config_overrides,
-    problem_decode_options,
+    run_problem_decode,
 )
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
@@ -96,18 +96,10 @@ def run_base(args: argparse.Namespace) -> int:
 
 @exits_on_interrupt
 def run_selfgen(args: argparse.Namespace) -> int:
-    import torch
+    from brisk.runtime.train.selfgen import generate_dataset
 
-    from brisk.runtime.train.selfgen import SelfGenOptions, generate_dataset
-
-    options = problem_decode_options(SelfGenOptions, args)
-    torch.set_num_threads(args.threads)
-    quiet_transformers()
-    from brisk.runtime.tasks.spec import task_flag_errors
-
-    with task_flag_errors():
-        result = generate_dataset(args.checkpoint, args.out, options, not args.no_progress,
-                                  resume=args.resume)  # fmt: skip
+    result = run_problem_decode(SelfGenOptions, args, lambda options: generate_dataset(
+        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume))  # fmt: skip
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"

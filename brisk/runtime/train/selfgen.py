@@ -218,13 +218,14 @@ def generate_dataset(
     from transformers import AutoTokenizer
 
     task = resolve_task(checkpoint, options)
-    problems = task.problems(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    problems = task.problems(tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")
     provenance = json.loads(json.dumps(_provenance(checkpoint, options, task)))  # as read back
     _claim(out, provenance, options, resume, len(problems))
 
-    tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
+    tokenizer, backbone, dec = deployed_decoder(checkpoint, options, tokenizer)
     R = options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
@@ -339,16 +340,19 @@ def _part(
     return table, graded
 
 
-def deployed_decoder(checkpoint: str | Path, options: Any) -> tuple[Any, Any, Any]:
-    """The tokenizer, the backbone (eval mode) and the ISD options (head off, stopping at the
-    tokenizer's EOS) that sample from ``checkpoint`` with ``options``' stride, temperature,
-    Top-K and token budget."""
+def deployed_decoder(
+    checkpoint: str | Path, options: Any, tokenizer: Any = None
+) -> tuple[Any, Any, Any]:
+    """The tokenizer (``tokenizer`` if the caller loaded it already), the backbone (eval mode)
+    and the ISD options (head off, stopping at the tokenizer's EOS) that sample from
+    ``checkpoint`` with ``options``' stride, temperature, Top-K and token budget."""
     from transformers import AutoTokenizer
 
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.prompts import isd_options
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     backbone = HFBackbone.from_pretrained(checkpoint)
     backbone.model.eval()
     dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
