@@ -21,17 +21,19 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -42,9 +44,19 @@ from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.presets import build_preset
 from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.distributed import (
+    Dist,
+    autocast,
+    full_state_dict,
+    grad_sync,
+    load_sharded,
+    micro_batches,
+    prepare,
+    save_sharded,
+)
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.flex import set_attention, training_forward
-from brisk.runtime.train.idlm import build_batch, idlm_loss
+from brisk.runtime.train.idlm import IGNORE, build_batch
 from brisk.runtime.train.resume import (
     METRICS,
     STATE,
@@ -77,13 +89,17 @@ def _lr(cfg: BaseTrainConfig, step: int) -> float:
 
 def save_checkpoint(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, cfg: BaseTrainConfig, path: Path,
-    state: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None, weights: dict[str, torch.Tensor] | None = None,
+    keep: bool = False,
 ) -> Path:  # fmt: skip
     """Write model, tokenizer, config and (for a checkpoint to resume from) the trainer
-    ``state`` to ``path`` atomically (temp dir, then rename)."""
+    ``state`` to ``path`` atomically (temp dir, then rename). ``weights``: the state dict to
+    save instead of the model's own (an FSDP model's gathered weights); ``keep``: the temporary
+    directory holds files already (its FSDP shards) and is written into, not emptied."""
     tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     if state is not None:
@@ -114,6 +130,18 @@ def cpu_settings(threads: int) -> Iterator[None]:
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(before)
+
+
+def _slot_sums(noisy_logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    """``[2, M]`` (float64): the MASK slots' CE summed per proposal position, and their count."""
+    ok = batch.noisy_labels != IGNORE
+    ce = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
+                         ignore_index=IGNORE, reduction="none")  # fmt: skip
+    slot = batch.slot.expand_as(ok)[ok].cpu()
+    out = torch.zeros(2, batch.M, dtype=torch.float64)
+    out[0].index_add_(0, slot, ce[ok].double().cpu())
+    out[1].index_add_(0, slot, torch.ones(slot.numel(), dtype=torch.float64))
+    return out
 
 
 def _model_and_tokenizer(cfg: BaseTrainConfig) -> tuple[Any, Any]:
@@ -172,9 +200,17 @@ def train_base(
 def _train(
     cfg: BaseTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
 ) -> TrainResult:
+    from brisk.runtime.train.proposal import loss_totals, weighted_loss
+
+    dist = Dist.from_env(fsdp=cfg.fsdp)
+    mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if dist.group and
+                          torch.cuda.is_available() else "cpu")  # fmt: skip
     out = Path(cfg.out_dir)
     start = start_checkpoint(out, resume, cfg.to_dict())
-    out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()  # every rank reads the directory before rank 0 writes to it
+    if dist.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)  # block offsets
     done = 0  # steps taken
@@ -188,6 +224,18 @@ def _train(
     n_params = sum(p.numel() for p in model.parameters())
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
     held_out = _world(cfg, "test", n_eval, cfg.eval_seed).problems() if n_eval else []
+    state = load_state(start) if start is not None else {}
+    if start is not None:
+        model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
+    model.to(device)
+    own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
+    net = prepare(model, dist, fsdp=cfg.fsdp, precision=cfg.precision,
+                  checkpointing=cfg.activation_checkpointing)  # fmt: skip
+    precision = autocast(cfg.precision, cfg.fsdp, device)
+
+    def forward(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        with precision:
+            return training_forward(net, batch, cfg.attention)
 
     # AdamW without decay on norms and biases (1-D tensors), the usual GPT recipe.
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -201,25 +249,33 @@ def _train(
         betas=(0.9, 0.98),
     )
 
-    # Resume: weights, optimizer, RNG states and the log as they were at the checkpoint; every
-    # step draws batch_size problems, so the stream continues after step · batch_size of them.
-    state = load_state(start) if start is not None else {}
-    metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
-    log = metrics.write
+    # Resume: optimizer, RNG states and the log as they were at the checkpoint; every step draws
+    # batch_size problems, so the stream continues after step · batch_size of them.
+    metrics = (MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0)) if dist.rank == 0
+               else None)  # fmt: skip
+    records: list[dict[str, Any]] = []
+
+    def log(record: dict[str, Any]) -> None:
+        if metrics is not None:  # rank 0 writes the log
+            metrics.write(record)
+
     if start is not None:
-        model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
-        optimizer.load_state_dict(state["optimizer"])
+        if cfg.fsdp:
+            load_sharded(start, model, optimizer)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         rng.setstate(state["offsets"])
         restore_rng(state["rng"])
         done = state["step"]
     else:
         log({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
     pairs = _pairs(cfg, tokenizer)  # (problem, response)
     train_stream = islice(pairs, done * cfg.batch_size, None)
 
     def run_eval(step: int, n: int) -> EvalReport:
+        # Every rank decodes the same problems (a sharded forward needs every shard).
         model.set_attn_implementation(own_attention)  # decoding passes its own dense masks
+        model.eval()
         report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n])
         set_attention(model, cfg.attention)
         model.train()
@@ -227,74 +283,130 @@ def _train(
         return report
 
     def save(path: Path) -> Path:
-        return save_checkpoint(model, tokenizer, cfg, path, state={
-            "step": done, "optimizer": optimizer.state_dict(), "offsets": rng.getstate(),
-            "rng": rng_state(), "metrics_bytes": metrics.size,
-            "elapsed_s": time.monotonic() - t0,
-        })  # fmt: skip
+        """A checkpoint, atomically: called by rank 0 alone, or under FSDP by every rank (the
+        plain weights gathered to rank 0, model and optimizer shards to ``sharded/``)."""
+        state = {"step": done, "offsets": rng.getstate(), "rng": rng_state(),
+                 "metrics_bytes": metrics.size if metrics is not None else 0,
+                 "elapsed_s": time.monotonic() - t0, "world_size": dist.world}  # fmt: skip
+        weights = full_state_dict(model, cfg.fsdp)
+        tmp = path.with_name(f".{path.name}.tmp")
+        if cfg.fsdp:
+            if dist.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            dist.barrier()
+            save_sharded(tmp, model, optimizer)
+        else:
+            state["optimizer"] = optimizer.state_dict()
+        if dist.rank == 0:
+            save_checkpoint(model, tokenizer, cfg, path, state=state, weights=weights,
+                            keep=cfg.fsdp)  # fmt: skip
+        if cfg.fsdp:
+            dist.barrier()
+        return path
 
     progress = Progress(
         TextColumn("train base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not show_progress,
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+        disable=not show_progress or dist.rank != 0,
     )  # fmt: skip
     t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
+    saved_at = done if start is not None else -1  # the step of the newest checkpoint on disk
     with progress:
         bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
         model.train()
         for step in range(done, cfg.steps):
-            # Stop between steps on SIGINT/SIGTERM, with a checkpoint of the step reached.
-            if stop.requested:
-                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save, metrics)
+            # Stop between steps on SIGINT/SIGTERM (every rank at the same step), with a
+            # checkpoint of the step reached.
+            if dist.any(stop.requested, device):
+                here = out / f"checkpoint-{step:06d}"
+                if cfg.fsdp and step > 0 and step != saved_at:
+                    save(here)  # every rank: rank 0's interrupted_at finds it saved
+                err = Interrupted(f"at step {step}")
+                if metrics is not None:
+                    err = interrupted_at(step, cfg.steps, here, save, metrics)
+                dist.barrier()
+                raise err
 
-            # Batch: the curriculum's stride fixes the block size M = N − 1 of the mask.
+            # Batch: the curriculum's stride fixes the block size M = N − 1 of the mask; this
+            # rank's rows of the global batch, in micro-batches.
             N = cfg.stride_at(step)
             M = N - 1
             drawn = [next(train_stream) for _ in range(cfg.batch_size)]
-            encoded = [encode_problem(p, tokenizer, response) for p, response in drawn]
             offset = rng.randrange(M) if cfg.random_block_offset else 0
-            batch = build_batch(
-                [s for s, _ in encoded], [n for _, n in encoded], M, mask_id, pad_id,
-                offset=offset, dense_mask=cfg.attention == "dense",
-            )  # fmt: skip
-
-            # Step: one forward over [x_t | x_0], loss = CE_noisy + α·CE_clean.
+            batches = []
+            for rows in micro_batches(drawn[mine], cfg.micro_batch_size):
+                encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
+                batches.append(build_batch(
+                    [s for s, _ in encoded], [n for _, n in encoded], M, mask_id, pad_id,
+                    offset=offset, dense_mask=cfg.attention == "dense", device=device,
+                ))  # fmt: skip
             for group in optimizer.param_groups:
                 group["lr"] = _lr(cfg, step)
-            noisy_logits, clean_logits = training_forward(model, batch, cfg.attention)
-            loss = idlm_loss(noisy_logits, clean_logits, batch, cfg.alpha)
+
+            # The global batch's loss denominators and α (module docstring of
+            # brisk.runtime.train.proposal): from the forward itself with one micro-batch per
+            # rank, else from a first pass without gradients.
+            kept: tuple[torch.Tensor, torch.Tensor] | None = None
+            local = torch.zeros(4, dtype=torch.float64)
+            for batch in batches:
+                with torch.no_grad() if len(batches) > 1 else nullcontext():
+                    noisy_logits, clean_logits = forward(batch)
+                local += loss_totals(noisy_logits, clean_logits, batch)
+                if len(batches) == 1:
+                    kept = noisy_logits, clean_logits
+            totals = dist.sum(local)
+
+            # Step: each micro-batch's share of CE_noisy + α·CE_clean over the global counts;
+            # gradients are reduced across ranks once, after the last micro-batch.
             optimizer.zero_grad(set_to_none=True)
-            loss.loss.backward()
+            slots = torch.zeros(2, M, dtype=torch.float64)  # slot CE sums, counts
+            for k, batch in enumerate(batches):
+                with grad_sync(net, k == len(batches) - 1):
+                    noisy_logits, clean_logits = kept if kept is not None else forward(batch)
+                    ones = (batch.noisy_labels != IGNORE).float()
+                    share = weighted_loss(noisy_logits, clean_logits, batch, ones, cfg.alpha,
+                                          dist, totals)  # fmt: skip
+                    share["loss"].backward()
+                kept = None
+                slots += _slot_sums(noisy_logits.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             done = step + 1
 
-            # Log: slot CE is averaged over rows, weighted by how many MASK slots each row had.
+            # Log: slot CE is averaged over every MASK slot of the global batch.
+            plain_g, clean_g, n_noisy, n_clean = totals.tolist()
+            ce_noisy, ce_clean = plain_g / max(n_noisy, 1.0), clean_g / max(n_clean, 1.0)
+            loss_value = ce_noisy + share["alpha"] * ce_clean
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                counts = loss.slot_count.sum(0)
-                slot_ce = (loss.slot_ce * loss.slot_count).sum(0) / counts.clamp(min=1)
+                sums, counts = dist.sum(slots)
                 log({
                     "event": "train", "step": step, "stride": N, "lr": _lr(cfg, step),
-                    "loss": loss.loss.item(), "ce_noisy": loss.ce_noisy.item(),
-                    "ce_clean": loss.ce_clean.item(), "alpha": loss.alpha,
-                    "slot_ce": slot_ce.tolist(), "elapsed_s": time.monotonic() - t0,
+                    "loss": loss_value, "ce_noisy": ce_noisy, "ce_clean": ce_clean,
+                    "alpha": share["alpha"], "slot_ce": (sums / counts.clamp(min=1)).tolist(),
+                    "elapsed_s": time.monotonic() - t0,
                 })  # fmt: skip
-            progress.update(
-                bar, advance=1, info=f"N={N} clean {loss.ce_clean.item():.3f} "
-                f"noisy {loss.ce_noisy.item():.3f}",
-            )  # fmt: skip
+            progress.update(bar, advance=1,
+                            info=f"N={N} clean {ce_clean:.3f} noisy {ce_noisy:.3f}")  # fmt: skip
 
-            # Evaluate and checkpoint now and then; stop early if the wall budget is spent.
+            # Evaluate and checkpoint now and then; stop early if the wall budget is spent
+            # (rank 0's clock decides, for every rank).
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 run_eval(done, cfg.eval_problems)
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                save(out / f"checkpoint-{done:06d}")
-            if (time.monotonic() - t0) / 60 > cfg.max_minutes:
+                if cfg.fsdp or dist.rank == 0:
+                    save(out / f"checkpoint-{done:06d}")
+                saved_at = done
+            over = dist.rank == 0 and (time.monotonic() - t0) / 60 > cfg.max_minutes
+            if dist.any(over, device):
                 log({"event": "budget", "step": done, "elapsed_s": time.monotonic() - t0})
                 break
 
     # The trained model is saved first: an evaluation cut short by a signal loses only itself.
     train_wall = time.monotonic() - t0
-    final = save_checkpoint(model, tokenizer, cfg, out / "final")
+    final = out / "final"
+    if cfg.fsdp or dist.rank == 0:
+        save(final)
     report = None
     if cfg.final_eval_problems:
         try:
@@ -306,5 +418,8 @@ def _train(
                 f"(brisk train eval --checkpoint {final} evaluates it)"
             ) from None
     log({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
-    metrics.close()
-    return TrainResult(final, metrics.records, report, train_wall)
+    if metrics is not None:
+        metrics.close()
+        records = metrics.records
+    dist.barrier()
+    return TrainResult(final, records, report, train_wall)

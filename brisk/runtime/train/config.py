@@ -53,6 +53,10 @@ class BaseTrainConfig(Config):
     random_block_offset: bool = True
     # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
     attention: Literal["dense", "flex", "flex-compiled"] = "dense"
+    fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 weights and reductions
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward
+    micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
     log_every: int = 25
     eval_every: int = 0
     eval_problems: int = 100
@@ -69,7 +73,7 @@ class BaseTrainConfig(Config):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "eval_every", "eval_problems", "final_eval_problems",
-                     "save_every", "weight_decay"):  # fmt: skip
+                     "save_every", "weight_decay", "micro_batch_size"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
         for name in ("lr", "grad_clip", "max_minutes"):
@@ -85,6 +89,8 @@ class BaseTrainConfig(Config):
             raise ValueError(
                 f"attention: expected one of dense, flex, flex-compiled, got {self.attention!r}"
             )
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision: expected one of fp32, bf16, got {self.precision!r}")
         if self.add_mask_token and not self.init:
             raise ValueError("add_mask_token: only a checkpoint given as init gets one added")
         if self.data.name:

@@ -39,6 +39,8 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +52,21 @@ from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.train.acceptance import (
-    BlockAcceptance,
     block_acceptance,
     position_weights,
     slot_table,
 )
 from brisk.runtime.train.base import cpu_settings, replace_dir
+from brisk.runtime.train.distributed import (
+    Dist,
+    autocast,
+    full_state_dict,
+    grad_sync,
+    load_sharded,
+    micro_batches,
+    prepare,
+    save_sharded,
+)
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.flex import set_attention, training_forward
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch
@@ -74,7 +85,13 @@ from brisk.runtime.train.resume import (
 )
 from brisk.theory import AcceptanceProfile, ProfileTracker
 
-__all__ = ["ProposalResult", "latest_checkpoint", "train_proposal", "weighted_loss"]
+__all__ = [
+    "ProposalResult",
+    "latest_checkpoint",
+    "loss_totals",
+    "train_proposal",
+    "weighted_loss",
+]
 
 
 @dataclass(frozen=True)
@@ -86,43 +103,26 @@ class ProposalResult:
     wall_s: float
 
 
-@dataclass(frozen=True)
-class _Dist:
-    rank: int = 0
-    world: int = 1
+def loss_totals(noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch) -> Tensor:
+    """This batch's ``[Σ ℓ_noisy, Σ ℓ_clean, n_noisy, n_clean]`` (float64, no gradient): the
+    unweighted cross-entropy sums and label counts the loss's denominators and ``α`` come from,
+    summed over micro-batches and ranks before any gradient is taken."""
+    with torch.no_grad():
+        ce_noisy, ce_clean = _token_ce(noisy_logits, clean_logits, batch)
+        n_noisy = (batch.noisy_labels != IGNORE).sum().float()
+        n_clean = (batch.clean_labels != IGNORE).sum().float()
+        return torch.stack([ce_noisy.sum(), ce_clean.sum(), n_noisy, n_clean]).double().cpu()
 
-    @classmethod
-    def from_env(cls) -> _Dist:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world == 1:
-            return cls()
-        import torch.distributed as dist
 
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        return cls(dist.get_rank(), world)
-
-    def sum(self, values: Tensor) -> Tensor:
-        """All-reduced sum (a no-op in a single process)."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            values = values.clone()
-            dist.all_reduce(values)
-        return values
-
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """Whether ``flag`` holds on some rank: one all-reduce, on ``device`` (nccl needs the
-        GPU)."""
-        if self.world == 1:
-            return flag
-        return bool(self.sum(torch.tensor([float(flag)], device=device)).item() > 0)
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+def _token_ce(
+    noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch
+) -> tuple[Tensor, Tensor]:
+    """Per-token cross-entropies ``[B, L]`` of both streams, in fp32, 0 where unlabelled."""
+    ce_noisy = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
+                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    ce_clean = F.cross_entropy(clean_logits.float().transpose(1, 2), batch.clean_labels,
+                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    return ce_noisy, ce_clean
 
 
 def weighted_loss(
@@ -131,36 +131,27 @@ def weighted_loss(
     batch: IDLMBatch,
     token_weights: Tensor,
     alpha: float | str = "auto",
-    dist: _Dist | None = None,
-) -> dict[str, Tensor | float]:
+    dist: Dist | None = None,
+    totals: Tensor | None = None,
+) -> dict[str, Any]:
     """The weighted I-DLM loss (module docstring). ``token_weights [B, L]`` multiply the MASK
-    slots' cross-entropies; denominators are global token counts under ``dist``. Returns the
-    local loss to backpropagate (scaled by the world size, as DDP averages gradients) and the
-    global figures to log."""
-    dist = dist or _Dist()
-    ce_noisy = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
-                               ignore_index=IGNORE, reduction="none")  # fmt: skip
-    ce_clean = F.cross_entropy(clean_logits.float().transpose(1, 2), batch.clean_labels,
-                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    slots' cross-entropies. The denominators and ``α`` are the step's global figures:
+    ``totals`` (:func:`loss_totals` summed over the step's micro-batches and ranks) when this
+    batch is one micro-batch of a step, else this batch's own, all-reduced under ``dist``.
+    Returns ``loss``, this batch's share to backpropagate (scaled by the world size, as DDP and
+    FSDP average gradients; the shares of a step's micro-batches sum to the step's loss),
+    ``weighted`` (its detached Σ w ℓ), ``alpha`` and ``totals``."""
+    dist = dist or Dist()
+    ce_noisy, ce_clean = _token_ce(noisy_logits, clean_logits, batch)
     weighted = (token_weights * ce_noisy).sum()
     clean = ce_clean.sum()
-    n_noisy_local = (batch.noisy_labels != IGNORE).sum()
-    n_clean_local = (batch.clean_labels != IGNORE).sum()
-    local = torch.stack([ce_noisy.detach().sum(), clean.detach(), weighted.detach(),
-                         n_noisy_local.float(), n_clean_local.float()]).double()  # fmt: skip
-    plain_g, clean_g, weighted_g, n_noisy, n_clean = dist.sum(local).tolist()
+    if totals is None:
+        totals = dist.sum(loss_totals(noisy_logits, clean_logits, batch))
+    plain_g, clean_g, n_noisy, n_clean = totals.tolist()
     n_noisy, n_clean = max(n_noisy, 1.0), max(n_clean, 1.0)
     a = plain_g / n_noisy / max(clean_g / n_clean, 1e-8) if alpha == "auto" else float(alpha)
     loss = dist.world * (weighted / n_noisy + a * clean / n_clean)
-    return {
-        "loss": loss,
-        "loss_value": weighted_g / n_noisy + a * clean_g / n_clean,
-        "ce_noisy": weighted_g / n_noisy,
-        "ce_noisy_plain": plain_g / n_noisy,
-        "ce_clean": clean_g / n_clean,
-        "alpha": a,
-        "tokens": n_clean,
-    }
+    return {"loss": loss, "weighted": weighted.detach(), "alpha": a, "totals": totals}
 
 
 def _encode(rows: list[tuple[int, Example]], tokenizer: Any) -> tuple[list[list[int]], list[int]]:
@@ -180,27 +171,90 @@ def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer:
                        dense_mask=cfg.attention == "dense")  # fmt: skip
 
 
-def _profile_counts(acc: BlockAcceptance, M: int, dist: _Dist) -> tuple[np.ndarray, np.ndarray,
-                                                                         np.ndarray]:  # fmt: skip
-    """Global reached/accepted counts [M] and the accept-length histogram [M + 1]."""
-    hist = torch.bincount(acc.accept_len, minlength=M + 1).double()
-    hist = dist.sum(hist).long().numpy()
-    p = AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(M + 1), hist), M)
-    return p.reached, p.accepted, hist
+def _profile_counts(hist: Tensor, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reached/accepted counts [M] of an accept-length histogram [M + 1], and the histogram."""
+    counts = hist.round().long().numpy()
+    p = AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(M + 1), counts), M)
+    return p.reached, p.accepted, counts
+
+
+def _acceptance_hist(
+    noisy: Tensor,
+    clean: Tensor,
+    batch: IDLMBatch,
+    rows: Sequence[tuple[int, Example]],
+    cfg: ProposalTrainConfig,
+) -> Tensor:
+    """Accept-length histogram [M + 1] (float64) of the batch's own proposals under the ISD
+    rule; each example's draws are keyed by its id, so it does not depend on the batch."""
+    acc = block_acceptance(noisy.detach(), clean.detach(), slot_table(batch),
+                           torch.tensor([i for i, _ in rows]), cfg.seed, cfg.temperature,
+                           cfg.top_k)  # fmt: skip
+    return torch.bincount(acc.accept_len.cpu(), minlength=cfg.M + 1).double()
+
+
+def _token_weights(cfg: ProposalTrainConfig, batch: IDLMBatch, noisy: Tensor,
+                   rates: np.ndarray) -> Tensor:  # fmt: skip
+    """Per-token loss weights ``[B, L]`` (constants): one row ``[1, M]`` shared by every block,
+    or D-PACE's per block from this batch's own target probabilities; 0 off the MASK slots."""
+    table = slot_table(batch)
+    target_probs = None
+    if cfg.weights == "dpace":
+        logp = torch.log_softmax(noisy.detach().float(), -1)
+        lab = batch.noisy_labels.clamp(min=0)
+        tok_p = logp.gather(-1, lab[..., None])[..., 0].exp()  # [B, L]
+        idx = table.index.clamp(min=0)
+        target_probs = torch.where(table.index >= 0, tok_p.gather(1, idx.flatten(1))
+                                   .view_as(idx), 1.0)  # fmt: skip
+    w = position_weights(cfg.weights, cfg.M, rates=rates, target_probs=target_probs,
+                         gamma=cfg.gamma)  # fmt: skip
+    device = batch.noisy_labels.device
+    block_w = w.to(device).expand(*table.index.shape)  # [B, K, M]
+    token_w = torch.zeros(batch.noisy_labels.shape, device=device)
+    valid = table.index >= 0
+    token_w.scatter_(1, table.index.clamp(min=0).flatten(1),
+                     torch.where(valid, block_w, 0.0).flatten(1))  # fmt: skip
+    return torch.where(batch.noisy_labels != IGNORE, token_w, 0.0)
+
+
+def _slot_sums(batch: IDLMBatch, token_w: Tensor) -> Tensor:
+    """``[2, M]`` (float64): labelled MASK slots per proposal position, and their weights' sum."""
+    M = batch.M
+    lab = batch.noisy_labels != IGNORE
+    slot = batch.slot.expand_as(token_w)[lab].cpu()
+    out = torch.zeros(2, M, dtype=torch.float64)
+    out[0].index_add_(0, slot, torch.ones(slot.numel(), dtype=torch.float64))
+    out[1].index_add_(0, slot, token_w[lab].double().cpu())
+    return out
 
 
 def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
-          state: dict[str, Any]) -> Path:  # fmt: skip
+          state: dict[str, Any], dist: Dist, optimizer: torch.optim.Optimizer) -> Path:  # fmt: skip
+    """Write a checkpoint atomically (temporary directory, renamed into place). Without FSDP
+    rank 0 alone calls it; under FSDP every rank does: the plain weights are gathered to rank
+    0 and the model and optimizer shards of every rank go to ``sharded/`` (DCP)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    world = Path(cfg.init) / "train_config.json"  # a brisk base's world travels with it
-    if world.is_file():
-        shutil.copy(world, tmp / "train_config.json")
-    (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    torch.save(state, tmp / STATE)
-    return replace_dir(tmp, path)
+    weights = full_state_dict(model, cfg.fsdp)  # a collective under FSDP
+    if dist.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if cfg.fsdp:
+        dist.barrier()
+        save_sharded(tmp, model, optimizer)
+    else:
+        state = {**state, "optimizer": optimizer.state_dict()}
+    if dist.rank == 0:
+        model.save_pretrained(tmp, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        world = Path(cfg.init) / "train_config.json"  # a brisk base's world travels with it
+        if world.is_file():
+            shutil.copy(world, tmp / "train_config.json")
+        (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        torch.save(state, tmp / STATE)
+        replace_dir(tmp, path)
+    if cfg.fsdp:
+        dist.barrier()
+    return path
 
 
 def _kept_log(state: dict[str, Any], metrics: Path) -> int:
@@ -232,7 +286,8 @@ def _train(
 
     from brisk.runtime.architectures import load_causal_lm, training_token_ids
 
-    dist = _Dist.from_env()
+    dist = Dist.from_env(fsdp=cfg.fsdp)
+    mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available()
                           else "cpu")  # fmt: skip
     out, M = Path(cfg.out_dir), cfg.M
@@ -246,6 +301,10 @@ def _train(
     torch.manual_seed(cfg.seed)
     model = load_causal_lm(start or cfg.init, False, torch.float32).to(device)
     ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
+    _check_lengths(examples, tokenizer, model.config, cfg.dataset)
+    set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
+    net = prepare(model, dist, fsdp=cfg.fsdp, precision=cfg.precision,
+                  checkpointing=cfg.activation_checkpointing)  # fmt: skip
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -258,30 +317,30 @@ def _train(
     stream = ExampleStream(examples, cfg.seed)
     state = load_state(start) if start is not None else {}
     if start is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        if cfg.fsdp:
+            load_sharded(start, model, optimizer)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         step, tokens, static_rates = state["step"], state["tokens"], state["static_rates"]
         stream = ExampleStream(examples, cfg.seed, **state["cursor"])
         tracker.load_state_dict(state["tracker"])
         restore_rng(state["rng"])
-    set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
-    net: Any = model
-    if dist.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model)
+    precision = autocast(cfg.precision, cfg.fsdp, device)
+
+    def forward(batch: IDLMBatch) -> tuple[Tensor, Tensor]:
+        with precision:
+            return training_forward(net, batch, cfg.attention)
 
     # Static profile: the initial model's acceptance on a few batches of the training data.
     if cfg.weights == "brisk" and cfg.profile == "static" and static_rates is None:
         probe = ExampleStream(examples, cfg.seed + 1)
-        reached, accepted = np.zeros(M, np.int64), np.zeros(M, np.int64)
+        hist = torch.zeros(M + 1, dtype=torch.float64)
         with torch.no_grad():
             for k in range(cfg.static_batches):
-                rows = probe.take(cfg.batch_size)[dist.rank :: dist.world]
-                batch = _batch(cfg, rows, tokenizer, -1 - k, device, ids)
-                noisy, clean = training_forward(model, batch, cfg.attention)
-                acc = block_acceptance(noisy, clean, slot_table(batch),
-                                       torch.tensor([i for i, _ in rows]), cfg.seed,
-                                       cfg.temperature, cfg.top_k)  # fmt: skip
-                r, a, _ = _profile_counts(acc, M, dist)
-                reached, accepted = reached + r, accepted + a
+                for rows in micro_batches(probe.take(cfg.batch_size)[mine], cfg.micro_batch_size):
+                    batch = _batch(cfg, rows, tokenizer, -1 - k, device, ids)
+                    hist += _acceptance_hist(*forward(batch), batch, rows, cfg)
+        reached, accepted, _ = _profile_counts(dist.sum(hist), M)
         static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
     # The log (rank 0), as it was at the checkpoint: the records of later steps go.
@@ -294,12 +353,12 @@ def _train(
 
     def save(path: Path) -> Path:
         return _save(path, model, tokenizer, cfg, {
-            "optimizer": optimizer.state_dict(), "step": step, "tokens": tokens,
+            "step": step, "tokens": tokens,
             "static_rates": static_rates, "cursor": stream.cursor,
             "tracker": tracker.state_dict(), "rng": rng_state(),
             "metrics_bytes": metrics.size if metrics is not None else 0,
-            "elapsed_s": time.monotonic() - t0,
-        })  # fmt: skip
+            "elapsed_s": time.monotonic() - t0, "world_size": dist.world,
+        }, dist, optimizer)  # fmt: skip
 
     progress = Progress(
         TextColumn(f"proposal {cfg.data} {cfg.weights}/{cfg.profile}"), BarColumn(),
@@ -308,105 +367,125 @@ def _train(
         disable=not show_progress or dist.rank != 0,
     )  # fmt: skip
     t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
+    saved_at = step if start is not None else -1  # the step of the newest checkpoint on disk
     model.train()
     with progress:
         bar = progress.add_task("train", total=cfg.token_budget, completed=tokens, info="")
         while tokens < cfg.token_budget:
             # Stop between steps on SIGINT/SIGTERM, every rank at the same step: the flag is
-            # all-reduced, rank 0 saves the step reached and says so, the others wait for the
-            # save (torchrun tears every rank down once one exits) and end quietly.
+            # all-reduced, the step reached is saved (by rank 0, or under FSDP by every rank),
+            # rank 0 says so, the others end quietly once the save is done (torchrun tears
+            # every rank down once one exits).
             if dist.any(stop.requested, device):
                 err = Interrupted(f"at step {step}")
+                here = out / f"checkpoint-{step:06d}"
+                if cfg.fsdp and step > 0 and step != saved_at:
+                    save(here)
                 if metrics is not None:
-                    err = interrupted_at(step, f"{tokens:,}/{cfg.token_budget:,} tokens",
-                                         out / f"checkpoint-{step:06d}", save, metrics)  # fmt: skip
+                    err = interrupted_at(step, f"{tokens:,}/{cfg.token_budget:,} tokens", here,
+                                         save, metrics)  # fmt: skip
                 dist.barrier()
                 raise err
 
-            # Batch: this rank's rows of the global batch, laid out in blocks of M.
-            rows = stream.take(cfg.batch_size)[dist.rank :: dist.world]
-            batch = _batch(cfg, rows, tokenizer, step, device, ids)
+            # Batch: this rank's rows of the global batch, in micro-batches laid out in blocks
+            # of M. The loss's denominators, α and the profile are the global batch's: with one
+            # micro-batch per rank they come from its forward; with several, from a first pass
+            # without gradients (one more forward per micro-batch), so the step is the same
+            # whatever the number of ranks and micro-batches.
+            chunks = micro_batches(stream.take(cfg.batch_size)[mine], cfg.micro_batch_size)
+            batches = [_batch(cfg, rows, tokenizer, step, device, ids) for rows in chunks]
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            noisy, clean = training_forward(net, batch, cfg.attention)
+            kept: tuple[Tensor, Tensor] | None = None
+            local = torch.zeros(M + 1 + 4, dtype=torch.float64)  # histogram, loss totals
+            for rows, batch in zip(chunks, batches, strict=True):
+                with torch.no_grad() if len(batches) > 1 else nullcontext():
+                    noisy, clean = forward(batch)
+                local += torch.cat([_acceptance_hist(noisy, clean, batch, rows, cfg),
+                                    loss_totals(noisy, clean, batch)])  # fmt: skip
+                if len(batches) == 1:
+                    kept = noisy, clean
+            summed = dist.sum(local)
+            reached, accepted, hist = _profile_counts(summed[: M + 1], M)
+            totals = summed[M + 1 :]
 
-            # Profile: the batch's own proposals verified under the ISD rule, counts summed
-            # over ranks, folded into the tracker.
-            table = slot_table(batch)
-            acc = block_acceptance(noisy.detach(), clean.detach(), table,
-                                   torch.tensor([i for i, _ in rows]), cfg.seed,
-                                   cfg.temperature, cfg.top_k)  # fmt: skip
-            reached, accepted, hist = _profile_counts(acc, M, dist)
+            # Profile: the batch's own proposals verified under the ISD rule, folded into the
+            # tracker; the weights are constants computed from it.
             tracker.update(AcceptanceProfile(reached, accepted))
             rates = tracker.posterior_mean()
             if cfg.profile == "static" and static_rates is not None:
                 rates = np.asarray(static_rates)
 
-            # Weights (constants): one row [1, M] shared by every block, or D-PACE's per block.
-            target_probs = None
-            if cfg.weights == "dpace":
-                logp = torch.log_softmax(noisy.detach().float(), -1)
-                lab = batch.noisy_labels.clamp(min=0)
-                tok_p = logp.gather(-1, lab[..., None])[..., 0].exp()  # [B, L]
-                idx = table.index.clamp(min=0)
-                target_probs = torch.where(table.index >= 0, tok_p.gather(1, idx.flatten(1))
-                                           .view_as(idx), 1.0)  # fmt: skip
-            w = position_weights(cfg.weights, M, rates=rates, target_probs=target_probs,
-                                 gamma=cfg.gamma)  # fmt: skip
-            block_w = w.to(device).expand(*table.index.shape)  # [B, K, M]
-            token_w = torch.zeros(batch.noisy_labels.shape, device=device)
-            valid = table.index >= 0
-            token_w.scatter_(1, table.index.clamp(min=0).flatten(1),
-                             torch.where(valid, block_w, 0.0).flatten(1))  # fmt: skip
-            token_w = torch.where(batch.noisy_labels != IGNORE, token_w, 0.0)
-
-            # Step: weighted I-DLM loss over global token counts; DDP averages the gradients.
-            out_loss = weighted_loss(noisy, clean, batch, token_w, cfg.alpha, dist)
+            # Step: each micro-batch's share of the weighted loss over the global counts;
+            # gradients are reduced across ranks once, after the last micro-batch.
             optimizer.zero_grad(set_to_none=True)
-            out_loss["loss"].backward()  # type: ignore[union-attr]
+            weighted = torch.zeros((), dtype=torch.float64)
+            slots = torch.zeros(2, M, dtype=torch.float64)
+            for k, batch in enumerate(batches):
+                with grad_sync(net, k == len(batches) - 1):
+                    noisy, clean = kept if kept is not None else forward(batch)
+                    token_w = _token_weights(cfg, batch, noisy, rates)
+                    share = weighted_loss(noisy, clean, batch, token_w, cfg.alpha, dist, totals)
+                    share["loss"].backward()
+                kept = None
+                weighted += share["weighted"].double().cpu()
+                slots += _slot_sums(batch, token_w)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             step += 1
-            tokens += int(out_loss["tokens"])
+            plain_g, clean_g, n_noisy, n_clean = totals.tolist()
+            n_noisy, n_clean = max(n_noisy, 1.0), max(n_clean, 1.0)
+            tokens += int(n_clean)
+            a = share["alpha"]
+            global_slots = dist.sum(torch.cat([slots.flatten(), weighted[None]]))
+            counts, weight_sums = global_slots[:M], global_slots[M : 2 * M]
+            ce_noisy = float(global_slots[-1]) / n_noisy
+            loss_value = ce_noisy + a * clean_g / n_clean
 
             # Log: what the weights were computed from, and what they were.
             if step % cfg.log_every == 0 or tokens >= cfg.token_budget:
-                slot = batch.slot.expand_as(token_w)
-                lab = batch.noisy_labels != IGNORE
-                counts = dist.sum(
-                    torch.zeros(M, dtype=torch.float64).index_add_(
-                        0, slot[lab].cpu(), torch.ones(int(lab.sum()), dtype=torch.float64)
-                    )
-                )
-                mean_w = dist.sum(
-                    torch.zeros(M, dtype=torch.float64).index_add_(
-                        0, slot[lab].cpu(), token_w[lab].double().cpu()
-                    )
-                ) / counts.clamp(min=1)
                 record = {
                     "step": step, "tokens": tokens, "lr": lr,
-                    "loss": out_loss["loss_value"], "ce_noisy": out_loss["ce_noisy"],
-                    "ce_noisy_plain": out_loss["ce_noisy_plain"],
-                    "ce_clean": out_loss["ce_clean"], "alpha": out_loss["alpha"],
-                    "weights": mean_w.tolist(), "profile": rates.tolist(),
+                    "loss": loss_value, "ce_noisy": ce_noisy,
+                    "ce_noisy_plain": plain_g / n_noisy,
+                    "ce_clean": clean_g / n_clean, "alpha": a,
+                    "weights": (weight_sums / counts.clamp(min=1)).tolist(),
+                    "profile": rates.tolist(),
                     "batch_reached": reached.tolist(), "batch_accepted": accepted.tolist(),
                     "accept_hist": hist.tolist(), "elapsed_s": time.monotonic() - t0,
                 }  # fmt: skip
                 log(record)
             progress.update(bar, completed=min(tokens, cfg.token_budget),
-                            info=f"loss {out_loss['loss_value']:.3f}")  # fmt: skip
+                            info=f"loss {loss_value:.3f}")  # fmt: skip
             due = cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget
-            if due and dist.rank == 0:
+            if due and (dist.rank == 0 or cfg.fsdp):
                 save(out / f"checkpoint-{step:06d}")
+                saved_at = step
 
     wall = time.monotonic() - t0
     final = out / "final"
-    if metrics is not None:  # rank 0
+    if metrics is not None or cfg.fsdp:
         save(final)
+    if metrics is not None:  # rank 0
         metrics.close()
         from brisk.runtime.train.plots import plot_weight_evolution
 
         plot_weight_evolution(metrics.path, out / "weights.png")
     dist.barrier()
     return ProposalResult(final, history, step, tokens, wall)
+
+
+def _check_lengths(examples: Sequence[Example], tokenizer: Any, config: Any, dataset: str) -> None:
+    """Every example fits the model's positions (``max_position_embeddings``): one that does not
+    is an error naming it, before anything is trained."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit:
+        return
+    for i, ex in enumerate(examples):
+        n = len(encode_example(ex.prompt, ex.response, tokenizer)[0])
+        if n > limit:
+            raise ValueError(
+                f"--dataset: example {i} of {dataset} has {n} tokens, longer than the model's "
+                f"{limit} positions (max_position_embeddings)"
+            )

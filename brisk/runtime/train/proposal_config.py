@@ -54,6 +54,10 @@ class ProposalTrainConfig(Config):
     random_block_offset: bool = True
     # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
     attention: Literal["dense", "flex", "flex-compiled"] = "dense"
+    fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 weights and reductions
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward
+    micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
     log_every: int = 1
     save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
     threads: int = 1
@@ -63,8 +67,9 @@ class ProposalTrainConfig(Config):
                      "top_k"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
-        if self.save_every < 0:
-            raise ValueError(f"save_every: must be ≥ 0, got {self.save_every!r}")
+        for name in ("save_every", "micro_batch_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
         if self.stride < 2:
             raise ValueError(f"stride: need N ≥ 2, got {self.stride!r}")
         for name in ("lr", "grad_clip", "gamma"):
@@ -81,7 +86,7 @@ class ProposalTrainConfig(Config):
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
         for name, allowed in (("data", DATA_MODES), ("weights", WEIGHT_SCHEMES),
-                              ("profile", PROFILE_MODES),
+                              ("profile", PROFILE_MODES), ("precision", ("fp32", "bf16")),
                               ("attention", ("dense", "flex", "flex-compiled"))):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(
