@@ -76,3 +76,41 @@ def test_compiled_flex_needs_cuda(tmp_path: Path) -> None:
     cfg = BaseTrainConfig.smoke(str(tmp_path / "x")).replace(steps=2, attention="flex-compiled")
     with pytest.raises(ValueError, match="attention: flex-compiled needs a CUDA device"):
         train_base(cfg, show_progress=False)
+
+
+def test_packed_base_training_equals_unpacked(tmp_path: Path) -> None:
+    """``pack_tokens``: the same examples end to end in rows of 64 tokens instead of one per
+    row. The loss is a token mean over the batch, so every step's loss (rtol 1e-5) and the
+    trained parameters (atol 1e-4) are the unpacked flex run's; the packed run has fewer rows."""
+    runs = {}
+    for pack in (0, 64):
+        cfg = BaseTrainConfig.smoke(str(tmp_path / f"pack{pack}")).replace(
+            steps=12, log_every=1, attention="flex", pack_tokens=pack
+        )
+        runs[pack] = train_base(cfg, show_progress=False)
+    plain, packed = (_records(tmp_path / f"pack{p}", "train") for p in (0, 64))
+    assert len(plain) == len(packed) == 12
+    for d, f in zip(plain, packed, strict=True):
+        assert f["loss"] == pytest.approx(d["loss"], rel=1e-5)
+        assert f["slot_ce"] == pytest.approx(d["slot_ce"], rel=1e-5)
+    _close_params(runs[0].checkpoint, runs[64].checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pack_tokens": 64}, "pack_tokens: packed rows need attention = flex"),
+        (
+            {"pack_tokens": 4096, "attention": "flex"},
+            "pack_tokens: 4096 is longer than the model's 128 positions",
+        ),
+        ({"pack_tokens": 8, "attention": "flex"}, "pack_tokens: step 0 drew a"),
+    ],
+)
+def test_packing_bad_input(change: dict[str, object], message: str, tmp_path: Path) -> None:
+    def run() -> None:
+        cfg = BaseTrainConfig.smoke(str(tmp_path / "x")).replace(steps=2, **change)
+        train_base(cfg, show_progress=False)
+
+    with pytest.raises(ValueError, match=message):
+        run()

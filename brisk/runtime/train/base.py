@@ -57,6 +57,7 @@ from brisk.runtime.train.distributed import (
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.flex import set_attention, training_forward
 from brisk.runtime.train.idlm import IGNORE, build_batch
+from brisk.runtime.train.packing import pack_batch
 from brisk.runtime.train.resume import (
     METRICS,
     STATE,
@@ -144,6 +145,16 @@ def _slot_sums(noisy_logits: torch.Tensor, batch: Any) -> torch.Tensor:
     return out
 
 
+def _check_fits(seqs: list[list[int]], limit: int, option: str, step: int) -> None:
+    """Every sequence fits ``limit`` tokens (the model's positions, or a packed row): else an
+    error naming the option, before the step is taken."""
+    longest = max(len(s) for s in seqs)
+    if longest > limit:
+        what = "a packed row" if option == "pack_tokens" else "the model's positions"
+        raise ValueError(f"{option}: step {step} drew a {longest}-token example, longer than "
+                         f"{what} ({limit} tokens)")  # fmt: skip
+
+
 def _model_and_tokenizer(cfg: BaseTrainConfig) -> tuple[Any, Any]:
     """The preset tiny model with its character tokenizer, or the checkpoint ``cfg.init``
     (MASK token added when asked)."""
@@ -222,6 +233,7 @@ def _train(
     model, tokenizer = _model_and_tokenizer(cfg)
     mask_id, pad_id = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     n_params = sum(p.numel() for p in model.parameters())
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
     held_out = _world(cfg, "test", n_eval, cfg.eval_seed).problems() if n_eval else []
     state = load_state(start) if start is not None else {}
@@ -334,13 +346,19 @@ def _train(
             M = N - 1
             drawn = [next(train_stream) for _ in range(cfg.batch_size)]
             offset = rng.randrange(M) if cfg.random_block_offset else 0
-            batches = []
+            batches: list[Any] = []
             for rows in micro_batches(drawn[mine], cfg.micro_batch_size):
                 encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
-                batches.append(build_batch(
-                    [s for s, _ in encoded], [n for _, n in encoded], M, mask_id, pad_id,
-                    offset=offset, dense_mask=cfg.attention == "dense", device=device,
-                ))  # fmt: skip
+                seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
+                _check_fits(seqs, cfg.pack_tokens or limit, "pack_tokens" if cfg.pack_tokens
+                            else "data", step)  # fmt: skip
+                if cfg.pack_tokens:  # examples end to end in rows of pack_tokens
+                    batches.append(pack_batch(seqs, prompt_lens, M, mask_id, pad_id,
+                                              cfg.pack_tokens, offset, device))  # fmt: skip
+                else:
+                    batches.append(build_batch(seqs, prompt_lens, M, mask_id, pad_id,
+                                               offset=offset, device=device,
+                                               dense_mask=cfg.attention == "dense"))  # fmt: skip
             for group in optimizer.param_groups:
                 group["lr"] = _lr(cfg, step)
 

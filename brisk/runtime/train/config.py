@@ -57,6 +57,8 @@ class BaseTrainConfig(Config):
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 weights and reductions
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward
     micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
+    # pack examples end to end in rows of this many tokens (0: one example per row; needs flex)
+    pack_tokens: int = 0
     log_every: int = 25
     eval_every: int = 0
     eval_problems: int = 100
@@ -73,7 +75,8 @@ class BaseTrainConfig(Config):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "eval_every", "eval_problems", "final_eval_problems",
-                     "save_every", "weight_decay", "micro_batch_size"):  # fmt: skip
+                     "save_every", "weight_decay", "micro_batch_size",
+                     "pack_tokens"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
         for name in ("lr", "grad_clip", "max_minutes"):
@@ -88,6 +91,14 @@ class BaseTrainConfig(Config):
         if self.attention not in ("dense", "flex", "flex-compiled"):
             raise ValueError(
                 f"attention: expected one of dense, flex, flex-compiled, got {self.attention!r}"
+            )
+        if self.pack_tokens and self.attention == "dense":
+            raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled "
+                             "(the dense mask has no document ids)")  # fmt: skip
+        if self.pack_tokens and self.pack_tokens > self.model.max_positions and not self.init:
+            raise ValueError(
+                f"pack_tokens: {self.pack_tokens} is longer than the model's "
+                f"{self.model.max_positions} positions (model.max_positions)"
             )
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision: expected one of fp32, bf16, got {self.precision!r}")

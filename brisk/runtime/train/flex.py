@@ -295,13 +295,22 @@ def set_attention(model: PreTrainedModel, attention: str) -> str:
     return before
 
 
-def training_forward(net: Any, batch: IDLMBatch, attention: str) -> tuple[Tensor, Tensor]:
+def training_forward(net: Any, batch: Any, attention: str) -> tuple[Tensor, Tensor]:
     """Noisy and clean logits ``[B, L, V]`` of ``net`` (a model, or its DDP wrapper, prepared
-    with :func:`set_attention`): the dense mask, or its ``BlockMask`` twin built here."""
-    if attention == "dense":
-        return idlm_forward(net, batch)
+    with :func:`set_attention`) on an :class:`~brisk.runtime.train.idlm.IDLMBatch` (the dense
+    mask, or its ``BlockMask`` twin built here) or a packed batch
+    (:class:`~brisk.runtime.train.packing.PackedBatch`: its ``BlockMask``, flex only)."""
+    from brisk.runtime.train.packing import PackedBatch, packed_block_mask
+
     L = batch.L
-    mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
+    if isinstance(batch, PackedBatch):
+        if attention == "dense":
+            raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled")
+        mask = packed_block_mask(batch)
+    elif attention == "dense":
+        return idlm_forward(net, batch)
+    else:
+        mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
     out = net(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
               use_cache=False)  # fmt: skip
     return out.logits[:, :L], out.logits[:, L:]
