@@ -230,3 +230,36 @@ def test_bad_input(micro_base: Path, micro_dataset: Path, tmp_path: Path) -> Non
             "2")  # fmt: skip
     assert done.stderr.count(line) == 2, done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_resuming_with_another_sharding_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A run saved under FSDP continued without it (or the reverse): one line naming the
+    setting, exit 2; the checkpoint is untouched."""
+    part = tmp_path / "part"
+    shutil.copytree(runs["fsdp"], part, ignore=shutil.ignore_patterns("final"))
+    config = json.loads((part / "checkpoint-000006" / "proposal_config.json").read_text())
+    args = proposal_args(Path(config["init"]), Path(config["dataset"]), part, "--save-every", "3",
+                         "--micro-batch-size", "4", "--resume")  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "brisk.cli", *args], capture_output=True,
+                          text=True, env=ENV)  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "was trained with another configuration (fsdp: True ≠ False)" in line
+    assert sorted(p.name for p in part.iterdir()) == [
+        "checkpoint-000003", "checkpoint-000006", "metrics.jsonl", "weights.png"]  # fmt: skip
+
+
+def test_examples_longer_than_the_model_are_refused(micro_base: Path) -> None:
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.train.proposal import _check_lengths
+    from brisk.runtime.train.proposal_data import Example
+
+    tokenizer = AutoTokenizer.from_pretrained(micro_base)
+    examples = [Example("1+1=", "2"), Example("1+1=", "2" * 40)]
+    _check_lengths(examples[:1], tokenizer, SimpleNamespace(max_position_embeddings=16), "D")
+    with pytest.raises(ValueError, match=r"--dataset: example 1 of D has \d+ tokens, longer than "
+                       r"the model's 16 positions"):  # fmt: skip
+        _check_lengths(examples, tokenizer, SimpleNamespace(max_position_embeddings=16), "D")
