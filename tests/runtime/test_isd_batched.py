@@ -158,7 +158,8 @@ def test_concat_is_the_inverse_of_select_and_pads_missing_optional_fields() -> N
     from brisk.runtime.isd.batched import Draft, ISDState, StepContext, init_state
 
     ctx = StepContext(ISDOptions(stride=4, max_new_tokens=8), K=3)
-    state = init_state([[1, 2], [3], [4, 5, 6], [7]], torch.arange(4), torch.arange(4), ctx, "cpu")
+    last, lengths = torch.tensor([2, 3, 6, 7]), torch.tensor([2, 1, 3, 1])
+    state = init_state(last, lengths, torch.arange(4), torch.arange(4), ctx)
     q = torch.rand(4, 3, 3)
     state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, q=q))
     parts = [state.select(torch.tensor(r)) for r in ([2], [0, 1], [3])]

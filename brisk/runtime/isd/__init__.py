@@ -1,11 +1,14 @@
 """Introspective strided decoding (I-DLM's ISD) with optional corrector, exact end to end.
 
-- :mod:`~brisk.runtime.isd.batched` — the batched, tensor-only step (state + pure functions) that
-  brisk's loop, SGLang and CUDA graphs call;
+- :mod:`~brisk.runtime.isd.batched` — the batched, tensor-only step: a pure transition from a
+  state and a forward's logits to the next state and each row's committed tokens, which brisk's
+  loop, the SGLang worker and CUDA graphs call;
+- :mod:`~brisk.runtime.isd.outputs` — what brisk's loop keeps per request around it: output,
+  EOS / budget stop, round statistics;
 - :mod:`~brisk.runtime.isd.loop` — :func:`decode`: brisk's loop around the step (KV cache,
   prefill, logs);
-- :mod:`~brisk.runtime.isd.reference` — the readable single-request loop the step is tested
-  against.
+- :mod:`~brisk.runtime.isd.reference` — the independent single-request twin (its own proposal,
+  verification and correction) the step is tested against.
 """
 
 from brisk.runtime.isd.batched import Draft, ISDState, StepContext, StepResult, init_state, step

@@ -3,8 +3,9 @@
 Stride N, M = N − 1. Every request of the batch is a row of :class:`ISDState` (``[B]`` and
 ``[B, …]`` tensors). A round feeds each row ``[pending, x_1..x_M, MASK×M]`` (verify round, 2N − 1
 slots) or ``[pending, MASK×M]`` (cold start; padded to 2N − 1 when other rows verify), runs one
-forward (the caller's: brisk's loop, SGLang's ``DllmAlgorithm.step`` or a CUDA graph), and
-:func:`step` turns the logits and last hidden states into the next state:
+forward (the caller's: brisk's loop, the SGLang worker or a CUDA graph), and :func:`step` turns
+the logits and last hidden states into the next state and each row's committed tokens (the
+caller appends them, stops a request at its EOS or budget and keeps the statistics):
 
 - **verify round** (the logit at slot t predicts the token after slot t): slots 0..M−1 give
   p_1..p_M for the drafts, slot M the bonus row p_{M+1}; accept x_i iff u_i · π_i(x_i) < p_i(x_i)
@@ -40,9 +41,7 @@ from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
-__all__ = ["Draft", "ISDState", "RoundStats", "StepContext", "StepResult", "init_state", "step"]
-
-RUNNING, FINISHED_EOS, FINISHED_LENGTH = 0, 1, 2
+__all__ = ["Draft", "ISDState", "StepContext", "StepResult", "init_state", "step"]
 
 
 class _Rows:
@@ -113,36 +112,19 @@ class Draft(_Rows):
 
 
 @dataclass(frozen=True)
-class RoundStats(_Rows):
-    """Per-request counters, as tensors, turned into :class:`RequestOutput` at the end."""
-
-    forwards: Tensor  # [B] decoding forwards (prefill excluded)
-    committed: Tensor  # [B] tokens committed by them (before any cut at EOS / budget)
-    rounds: Tensor  # [B] verify rounds
-    accept_log: Tensor  # [B, R] L of verify round r (−1 beyond ``rounds``)
-    cycle_tokens: Tensor  # [B] over complete renewal cycles (verify round + cold start)
-    cycle_forwards: Tensor  # [B]
-    cycle_hist: Tensor  # [B, M + 1] counts of L over complete cycles
-    open_L: Tensor  # [B] L of a rejection awaiting its cold start (−1: none)
-
-
-@dataclass(frozen=True)
 class ISDState(_Rows):
-    """Everything a row carries from one forward to the next."""
+    """Everything a row carries from one forward to the next: what the next forward feeds and
+    how its uniforms are keyed. What a request has output so far belongs to the loop that owns
+    it (:mod:`brisk.runtime.isd.outputs` for brisk's decode, SGLang's request for the server)."""
 
     seed: Tensor  # [B] int64
     request: Tensor  # [B] int64 request id
     counter: Tensor  # [B] int64 forwards this request has run: its own round counter
     pending: Tensor  # [B] last committed token, fed at slot 0 of the next forward
     verify: Tensor  # [B] bool: the next forward verifies ``draft`` (else a cold start)
-    done: Tensor  # [B] bool
-    finished: Tensor  # [B] int8: RUNNING, FINISHED_EOS or FINISHED_LENGTH
-    prompt_len: Tensor  # [B]
-    out: Tensor  # [B, max_new + M + 1] committed tokens; the output is out[:, :n_out]
-    n_out: Tensor  # [B]
+    length: Tensor  # [B] tokens of the request's sequence so far (prompt + committed)
     block_index: Tensor  # [B] verify rounds so far (the block log's block index)
     draft: Draft
-    stats: RoundStats
 
 
 @dataclass(frozen=True)
@@ -163,20 +145,30 @@ class StepContext:
 
 @dataclass(frozen=True)
 class StepResult:
+    """One round's transition: the next state and, per row, what the round committed."""
+
     state: ISDState
+    tokens: Tensor  # [B, M + 1] committed tokens x_1..x_L, then the next token (beyond count: junk)
+    count: Tensor  # [B] tokens committed, L + 1 (cold start: 1)
+    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts
     keep: Tensor  # [B, S] new slots each row keeps (their KV stays valid)
-    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts and finished rows
     verified: Tensor  # [B] bool: the row ran a verify round
     verified_draft: Draft  # the draft that was verified (the block log's row)
     u: Tensor  # [B, 2M + 1] this round's uniforms (Slots layout)
 
+    def committed(self) -> list[list[int]]:
+        """Each row's committed tokens as lists (one host transfer)."""
+        tokens, count = self.tokens.tolist(), self.count.tolist()
+        return [row[:n] for row, n in zip(tokens, count, strict=True)]
+
 
 def init_state(
-    prompts: list[list[int]], seeds: Tensor, requests: Tensor, ctx: StepContext, device: Any
+    last_tokens: Tensor, lengths: Tensor, seeds: Tensor, requests: Tensor, ctx: StepContext
 ) -> ISDState:
-    """Rows after prefill: each will cold-start from its prompt's last token."""
-    B, M, K = len(prompts), ctx.M, ctx.K
-    opt = ctx.options
+    """Rows after prefill: each cold-starts from its sequence's last token ``last_tokens [B]``;
+    ``lengths [B]`` are the sequences' lengths (prompt, and anything already generated)."""
+    B, M, K = len(last_tokens), ctx.M, ctx.K
+    device = last_tokens.device
 
     def zeros(*shape: int, dtype: torch.dtype = torch.long, fill: float = 0) -> Tensor:
         return torch.full(shape, fill, dtype=dtype, device=device)
@@ -187,25 +179,15 @@ def init_state(
         base_choice=zeros(B, M), head_choice=zeros(B, M, fill=-1),
         head_block=zeros(B, M, fill=-1),
     )  # fmt: skip
-    stats = RoundStats(
-        forwards=zeros(B), committed=zeros(B), rounds=zeros(B),
-        accept_log=zeros(B, opt.max_new_tokens + 1, fill=-1), cycle_tokens=zeros(B),
-        cycle_forwards=zeros(B), cycle_hist=zeros(B, M + 1), open_L=zeros(B, fill=-1),
-    )  # fmt: skip
     return ISDState(
         seed=seeds.to(device=device, dtype=torch.long),
         request=requests.to(device=device, dtype=torch.long),
         counter=zeros(B),
-        pending=torch.tensor([p[-1] for p in prompts], device=device),
+        pending=last_tokens.to(torch.long),
         verify=zeros(B, dtype=torch.bool),
-        done=zeros(B, dtype=torch.bool),
-        finished=zeros(B, dtype=torch.int8),
-        prompt_len=torch.tensor([len(p) for p in prompts], device=device),
-        out=zeros(B, opt.max_new_tokens + M + 1),
-        n_out=zeros(B),
+        length=lengths.to(device=device, dtype=torch.long),
         block_index=zeros(B),
         draft=draft,
-        stats=stats,
     )
 
 
@@ -320,7 +302,9 @@ def step(
     state: ISDState, logits: Tensor, hidden: Tensor, ctx: StepContext, u: Tensor | None = None
 ) -> StepResult:
     """One round for every row from the forward's ``logits [B, S, V]`` and ``hidden [B, S, H]``,
-    S = 2M + 1 (some row verifies) or M + 1 (all rows cold-start).
+    S = 2M + 1 (some row verifies) or M + 1 (all rows cold-start): a pure transition, the next
+    state and what each row committed. The caller owns the requests: it appends the committed
+    tokens, stops a request at its EOS or budget (and drops its row) and keeps statistics.
 
     ``u [B, 2M + 1]`` are the round's uniforms when the caller has them at hand (a table of
     :func:`~brisk.runtime.sampling.counter_uniforms` precomputed for the run); they must equal
@@ -331,8 +315,7 @@ def step(
     device = logits.device
     slots = Slots(M)
     ar = torch.arange(B, device=device)
-    live = ~state.done
-    ver = state.verify & live
+    ver = state.verify
     if u is None:
         u = counter_uniforms(state.seed, state.request, state.counter, slots.width)
     u_next, u_accept, u_draft = u[:, slots.next], u[:, 1 : 1 + M], u[:, 1 + M :]
@@ -345,72 +328,30 @@ def step(
                                   u_next)  # fmt: skip
         L, nxt = torch.where(ver, L_v, L), torch.where(ver, nxt_v, nxt)
 
-    # Commit x_1..x_L and the next token (cold start: the next token alone); cut at EOS/budget.
-    n_new = torch.where(live, L + 1, 0)
-    chunk = torch.cat([state.draft.tokens, nxt[:, None]], 1).scatter(1, L[:, None], nxt[:, None])
-    j = torch.arange(M + 1, device=device)
-    room = opt.max_new_tokens - state.n_out
-    cut = n_new
-    is_eos = torch.zeros_like(live)
-    if opt.eos_token_id is not None:
-        hits = (chunk == opt.eos_token_id) & (j < n_new[:, None])
-        first = hits.long().argmax(1)
-        is_eos = hits.any(1) & (first < room)
-        cut = torch.where(hits.any(1), torch.minimum(first + 1, n_new), n_new)
-    take = torch.minimum(cut, room)
-    is_length = live & ~is_eos & (take == room)
-    index = state.n_out[:, None] + j
-    out = state.out.scatter(
-        1, index, torch.where(j < take[:, None], chunk, state.out.gather(1, index))
-    )
-    finished_now = is_eos | is_length
-    finished = torch.where(
-        is_eos, FINISHED_EOS, torch.where(is_length, FINISHED_LENGTH, state.finished.long())
-    ).to(torch.int8)
+    # Commit x_1..x_L and the next token (cold start: the next token alone).
+    count = L + 1
+    tokens = torch.cat([state.draft.tokens, nxt[:, None]], 1).scatter(1, L[:, None], nxt[:, None])
+    length = state.length + count
 
-    # Statistics: per-round accept lengths and complete renewal cycles.
-    st = state.stats
-    full, rejected = ver & (L == M), ver & (L < M)
-    closing = live & ~ver & (st.open_L >= 0)
-    # slot `rounds` of a row's log still holds −1, so non-verifying rows write −1 back
-    accept_log = st.accept_log.scatter(1, st.rounds[:, None], torch.where(ver, L, -1)[:, None])
-    hist_at = torch.where(full, M, st.open_L.clamp(min=0))
-    stats = RoundStats(
-        forwards=st.forwards + live.long(),
-        committed=st.committed + n_new,
-        rounds=st.rounds + ver.long(),
-        accept_log=accept_log,
-        cycle_tokens=st.cycle_tokens
-        + torch.where(full, M + 1, 0)
-        + torch.where(closing, st.open_L + 2, 0),
-        cycle_forwards=st.cycle_forwards + full.long() + 2 * closing.long(),
-        cycle_hist=st.cycle_hist.scatter_add(1, hist_at[:, None], (full | closing).long()[:, None]),
-        open_L=torch.where(rejected, L, torch.where(closing, -1, st.open_L)),
-    )  # fmt: skip
-
-    # The next block, from this forward's MASK slots, for rows that verify next.
-    drafting = live & ~finished_now & (~ver | (L == M))
+    # The next block, from this forward's MASK slots, for rows that verify next (all but the
+    # rejections, which cold-start).
+    drafting = ~ver | (L == M)
     first_mask = torch.where(ver, M + 1, 1) if S == 2 * M + 1 else torch.ones_like(L)
     span = first_mask[:, None] + torch.arange(M, device=device)  # [B, M]
     draft = propose(
         logits[ar[:, None], span], hidden[ar[:, None], span], hidden[ar, first_mask - 1], nxt,
-        state.prompt_len + stats.committed, u_draft, ctx,
+        length, u_draft, ctx,
     )  # fmt: skip
 
-    keep = (torch.arange(S, device=device) <= torch.where(ver, L, 0)[:, None]) & live[:, None]
+    keep = torch.arange(S, device=device) <= torch.where(ver, L, 0)[:, None]
     new_state = ISDState(
         seed=state.seed,
         request=state.request,
-        counter=state.counter + live.long(),
-        pending=torch.where(live, nxt, state.pending),
+        counter=state.counter + 1,
+        pending=nxt,
         verify=drafting,
-        done=state.done | finished_now,
-        finished=finished,
-        prompt_len=state.prompt_len,
-        out=out,
-        n_out=state.n_out + torch.where(live, take, 0),
+        length=length,
         block_index=state.block_index + ver.long(),
         draft=draft,
-        stats=stats,
     )
-    return StepResult(new_state, keep, torch.where(ver, L, -1), ver, state.draft, u)
+    return StepResult(new_state, tokens, count, torch.where(ver, L, -1), keep, ver, state.draft, u)

@@ -13,22 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.batched import (
-    FINISHED_EOS,
-    ISDState,
-    StepContext,
-    StepResult,
-    init_state,
-    step,
-)
+from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, init_state, step
 from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.isd.outputs import Outputs, commit
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
 from brisk.runtime.sampling import Slots, counter_uniforms
 
@@ -176,7 +169,10 @@ class _Batch:
         self.cache = backbone.new_cache()
         self.kv = KVSlots(len(prompts), self.device)
         seed, request = torch.tensor(seeds), torch.tensor(request_ids)
-        self.state = init_state(prompts, seed, request, ctx, self.device)
+        last = torch.tensor([p[-1] for p in prompts], device=self.device)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.state = init_state(last, lengths, seed, request, ctx)
+        self.outputs = Outputs.empty(len(prompts), ctx.options, self.device)
         # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
         # so no request runs more than max_new_tokens of them.
         R, W = ctx.options.max_new_tokens, Slots(ctx.M).width
@@ -201,7 +197,8 @@ class _Batch:
             if self.logger is not None:
                 self._log(result, logits, alt_logp)
             self.state = result.state
-            if bool(self.state.done.any()):
+            self.outputs = commit(self.outputs, result, self.ctx.options)
+            if bool(self.outputs.done.any()):
                 self._retire()
 
     @property
@@ -265,12 +262,13 @@ class _Batch:
             self.bb.gather(self.cache, rows, self.kv.packed(rows))
 
     def _retire(self) -> None:
-        done = self.state.done
+        done = self.outputs.done
         for b in done.nonzero()[:, 0].tolist():
-            self.finish(int(self.index[b]), _request_output(self.state, b, self.ctx.M))
+            self.finish(int(self.index[b]), self.outputs.request_output(b, self.ctx.M))
         rows = (~done).nonzero()[:, 0]
         self.index = self.index[rows.cpu()]
         self.state = self.state.select(rows)
+        self.outputs = self.outputs.select(rows)
         self.uniforms = self.uniforms[rows]
         if len(rows):
             if len(done) == 1 or self.kv.physical != self.bb.cache_length(self.cache):
@@ -389,20 +387,3 @@ def block_logp(
         end = torch.where(eos.any(1), eos.long().argmax(1), M - 1)
         keep = pos[None] <= end[:, None]
     return torch.where(keep, logp, 0.0).sum(-1)
-
-
-def _request_output(state: ISDState, b: int, M: int) -> RequestOutput:
-    """Row b's tensors as a :class:`RequestOutput` (once per request, when it finishes)."""
-    st = state.stats
-    rounds = int(st.rounds[b])
-    hist = st.cycle_hist[b].tolist()
-    return RequestOutput(
-        tokens=state.out[b, : int(state.n_out[b])].tolist(),
-        forwards=int(st.forwards[b]),
-        committed=int(st.committed[b]),
-        accept_lengths=st.accept_log[b, :rounds].tolist(),
-        cycle_tokens=int(st.cycle_tokens[b]),
-        cycle_forwards=int(st.cycle_forwards[b]),
-        cycle_lengths=np.repeat(np.arange(M + 1), hist).tolist(),
-        finished="eos" if int(state.finished[b]) == FINISHED_EOS else "length",
-    )

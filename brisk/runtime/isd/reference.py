@@ -1,27 +1,112 @@
-"""The single-request ISD loop, written to be read: the twin the batched step is tested against.
+"""The single-request ISD loop, written to be read: the independent twin the batched step is
+tested against.
 
 Like gpt-fast's ``speculative_decode``: one request, Python ints, one forward per round on a
-dense KV cache, verification by :func:`brisk.runtime.verify.verify_chain`. It draws the same
-uniforms (same seed, request id, forward counter and :class:`~brisk.runtime.sampling.Slots`) and
-proposes with the same per-position function as :func:`brisk.runtime.isd.batched.step`, so for any
-request its tokens, accept lengths and forward count equal the batched loop's exactly.
+dense KV cache. Proposal, verification and correction are written here again, position by
+position, from the paper (sec:idlm_background, eq:head_residual_logits), sharing nothing with
+:mod:`brisk.runtime.isd.batched` but the uniforms (same seed, request id, forward counter and
+slot layout ``[next, accept × M, draft × M]``), so a bug cannot sit on both sides of the parity
+test. For any request its tokens, accept lengths and forward count equal the batched loop's.
+
+A round feeds ``[pending, x_1..x_M, MASK×M]`` (verify) or ``[pending, MASK×M]`` (cold start).
+
+- **verify**: p_i is the verifier's law at slot i − 1 (temperature T; greedy: its argmax).
+  x_i is accepted iff u_i · π_i(x_i) < p_i(x_i), in order, until the first rejection (greedy:
+  iff x_i = argmax p_i); L = the number accepted. L = M commits x_1..x_M and a bonus token from
+  p_{M+1}; L < M commits x_1..x_L and a correction from normalize([p_{L+1} − π_{L+1}]₊)
+  (p_{L+1} itself if that is zero), then the next round is a cold start.
+- **cold start**: the next token from p at slot 0.
+- **proposal** (after a cold start or a full acceptance): for j = 1..M the MASK slot's logits
+  give the Top-K candidates C_j (descending); the base draws x_j from q_j restricted to C_j and
+  renormalized (π_j; greedy: the top candidate), the corrector (when given) chooses over C_j
+  left to right with its own law.
+- A draw with uniform u from weights w is the inverse CDF: the first index whose cumulative
+  weight exceeds u · Σw, never an index of zero weight.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.batched import Draft, StepContext, draw_next, probs_at, propose
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import RequestOutput
-from brisk.runtime.sampling import Slots, counter_uniforms
-from brisk.runtime.verify import ProposalLaw, verify_chain
+from brisk.runtime.sampling import counter_uniforms
 
 __all__ = ["reference_decode"]
+
+
+@dataclass
+class _Block:
+    tokens: list[int]  # x_1..x_M
+    ranks: list[int]  # index of x_j in C_j
+    candidates: Tensor  # [M, K] C_j
+    law: Tensor  # [M, K] π_j over C_j
+
+
+def _draw(weights: Tensor, u: Tensor) -> int:
+    """Inverse-CDF draw from unnormalized ``weights [V]`` with the uniform ``u``."""
+    cdf = weights.cumsum(0)
+    above = (cdf > u.to(cdf.dtype) * cdf[-1]).nonzero()
+    index = int(above[0]) if len(above) else len(weights) - 1
+    return min(index, int((weights > 0).nonzero()[-1]))
+
+
+def _law(logits: Tensor, T: float) -> Tensor:
+    """softmax(logits / T) (T = 0: at temperature 1, for the argmax)."""
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    return torch.softmax(x / (T if T > 0 else 1.0), dim=-1)
+
+
+def _choose(p: Tensor, T: float, u: Tensor) -> int:
+    return int(p.argmax()) if T == 0 else _draw(p, u)
+
+
+def _verify(logits: Tensor, block: _Block, T: float, u: Tensor) -> tuple[int, int]:
+    """L and the next token from the verify logits ``[M + 1, V]`` (module docstring)."""
+    M = len(block.tokens)
+    p = _law(logits, T)
+    L = 0
+    for i, x in enumerate(block.tokens):
+        if T == 0:
+            ok = x == int(p[i].argmax())
+        else:
+            pi_x = block.law[i, block.ranks[i]].to(p.dtype)
+            ok = bool(u[1 + i].to(p.dtype) * pi_x < p[i, x])
+        if not ok:
+            break
+        L += 1
+    if T == 0:
+        return L, int(p[L].argmax())
+    if L == M:  # bonus token
+        return L, _draw(p[M], u[0])
+    residual = p[L].clone()
+    residual[block.candidates[L]] -= block.law[L].to(p.dtype)
+    residual = residual.clamp(min=0)
+    return L, _draw(residual if bool(residual.sum() > 0) else p[L], u[0])
+
+
+def _propose(
+    logits: Tensor, hidden: Tensor, anchor_hidden: Tensor, anchor: int, u: Tensor, K: int,
+    T: float, backbone: Backbone, corrector: Corrector | None, shadow: bool,
+) -> _Block:  # fmt: skip
+    """The next block from the M MASK slots' ``logits [M, V]`` and ``hidden [M, H]``."""
+    cand_logits, candidates = logits.topk(K, dim=-1)
+    if corrector is not None and not shadow:
+        sel = corrector.select(backbone, anchor_hidden[None], torch.tensor([anchor]),
+                               hidden[None], cand_logits[None], candidates[None], T,
+                               u=u[None] if T > 0 else None)  # fmt: skip
+        ranks, law = sel.ranks[0].tolist(), sel.probs[0]
+    else:
+        law = _law(cand_logits, T)
+        ranks = [0 if T == 0 else _draw(law[j], u[j]) for j in range(len(law))]
+    tokens = [int(candidates[j, r]) for j, r in enumerate(ranks)]
+    return _Block(tokens, ranks, candidates, law)
 
 
 @torch.inference_mode()
@@ -36,31 +121,26 @@ def reference_decode(
 ) -> RequestOutput:
     M, T, mask = options.M, options.temperature, backbone.mask_token_id
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
-    ctx = StepContext(options, K, backbone, corrector)
-    slots, out = Slots(M), RequestOutput()
+    out = RequestOutput()
     cache = backbone.new_cache()
     if len(prompt) > 1:
         backbone.forward(torch.tensor([list(prompt[:-1])]), cache)
-    pending, draft = prompt[-1], None  # draft: the block to verify (None → cold start)
+    pending, block = prompt[-1], None  # block: the drafts to verify (None → cold start)
     while not out.finished:
-        u = counter_uniforms(*(torch.tensor([x]) for x in (seed, request_id, out.forwards)),
-                             slots.width)[0]  # fmt: skip
+        keys = (torch.tensor([x]) for x in (seed, request_id, out.forwards))
+        u = counter_uniforms(*keys, 1 + 2 * M)[0]  # [next, accept × M, draft × M]
         length = backbone.cache_length(cache)
-        block = [] if draft is None else draft.tokens[0].tolist()
-        fwd = backbone.forward(torch.tensor([[pending, *block, *[mask] * M]]), cache)
+        drafts = [] if block is None else block.tokens
+        fwd = backbone.forward(torch.tensor([[pending, *drafts, *[mask] * M]]), cache)
         logits, hidden = fwd.logits[0], fwd.hidden[0]
         out.forwards += 1
-        if draft is None:  # cold start: slot 0 gives the next token, slots 1..M the proposals
-            committed = [int(draw_next(logits[:1], T, u[slots.next : slots.next + 1])[0])]
+        if block is None:  # cold start: slot 0 gives the next token, slots 1..M the proposals
+            committed = [_choose(_law(logits[0], T), T, u[0])]
             first, full = 1, True
-        else:  # verify round: p_1..p_M for the drafts, p_{M+1} for the bonus token
-            law = ProposalLaw.point_mass() if T == 0 else ProposalLaw.candidates(
-                draft.law, draft.cand_ids)  # fmt: skip
-            res = verify_chain(probs_at(logits[None, : M + 1], T), draft.tokens, law,
-                               greedy=T == 0, u=u[None, 1 : 1 + M], u_next=u[:1])  # fmt: skip
-            L = int(res.accept_len[0])
+        else:  # verify round: slots 0..M give p_1..p_{M+1}
+            L, nxt = _verify(logits[: M + 1], block, T, u)
             out.accept_lengths.append(L)
-            committed = [*block[:L], int(res.next_token[0])]
+            committed = [*drafts[:L], nxt]
             first, full = M + 1, L == M
         backbone.trim(cache, length + len(committed))  # keep pending and the accepted drafts
         out.committed += len(committed)
@@ -73,14 +153,9 @@ def reference_decode(
             if out.finished:
                 break
         pending = committed[-1]
-        draft = None
+        block = None
         if full and not out.finished:  # the MASK slots propose the next block
-            span = slice(first, first + M)
-            draft = _propose(logits[span], hidden[span], hidden[first - 1], pending,
-                             u[1 + M :], ctx)  # fmt: skip
+            block = _propose(logits[first : first + M], hidden[first : first + M],
+                             hidden[first - 1], pending, u[1 + M :], K, T, backbone, corrector,
+                             options.shadow)  # fmt: skip
     return out
-
-
-def _propose(logits, hidden, anchor_hidden, anchor, u, ctx) -> Draft:  # type: ignore[no-untyped-def]
-    return propose(logits[None], hidden[None], anchor_hidden[None], torch.tensor([anchor]),
-                   torch.zeros(1, dtype=torch.long), u[None], ctx)  # fmt: skip

@@ -61,9 +61,6 @@ __all__ = ["BriskISD", "ModelHeads", "RowHandle", "request_key", "validate_sampl
 
 _TEMPERATURES: dict[str, float] = {}
 
-# A forward commits ≥ 1 token and SGLang stops requests itself: the step's own budget is unused.
-_NO_BUDGET = 1 << 40
-
 
 class ModelHeads:
     """What the corrector reads of the served model: E (input embeddings) and E_out (LM head
@@ -154,8 +151,8 @@ class BriskISD(DllmAlgorithm):
                     f"{opt.stride} gives M = {opt.M}"
                 )
         K = self.corrector.config.K if self.corrector is not None else opt.top_k
-        self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature,
-                              max_new_tokens=_NO_BUDGET, shadow=opt.shadow, top_k=K)  # fmt: skip
+        self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
+                              top_k=K)  # fmt: skip
         self.K = K
         self.logger = _rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
         if self.logger is not None:  # SGLang never closes its algorithm: flush at exit
@@ -225,23 +222,20 @@ class BriskISD(DllmAlgorithm):
         idx = torch.tensor(index, device=device)
         seeds = _request_seeds(forward_batch, self.options.seed).to(device)[idx]
         keys = _request_keys(forward_batch).to(device)[idx]
-        pending = ids[idx, 0].tolist()
-        # a one-token "prompt": the row starts at its pending token; the step's own output
-        # buffer is replaced by the one-round view, so it is allocated at its smallest
-        small = dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, max_new_tokens=1))
-        rows = init_state([[t] for t in pending], seeds, keys, small, device)
+        # the row starts at its pending token; its length (prompt + output so far) gives the
+        # block log the offsets in the request's own sequence
         prefix = getattr(forward_batch, "extend_prefix_lens", None)
-        if prefix is not None:  # offsets in the request's own sequence, for the block log
-            rows = dataclasses.replace(rows, prompt_len=prefix.to(device)[idx].long() + 1)
-        return _serving_view(rows, ctx.M)
+        lengths = (prefix.to(device)[idx].long() + 1 if prefix is not None
+                   else torch.ones(len(index), dtype=torch.long, device=device))  # fmt: skip
+        return init_state(ids[idx, 0], lengths, seeds, keys, ctx)
 
     def run(
         self, model_runner: Any, forward_batch: Any, algo_states: list[Any] | None = None
     ) -> tuple[Any, list[list[int]], list[int], list[Any], bool]:
-        B, S, M = forward_batch.batch_size, self.block_size, self.options.M
+        B, S = forward_batch.batch_size, self.block_size
         self._vocab_size = getattr(getattr(model_runner, "model_config", None), "vocab_size", None)
         ctx = self._context(model_runner.model)
-        state = _serving_view(self._gather(forward_batch, algo_states, ctx), M)
+        state = self._gather(forward_batch, algo_states, ctx)
         self.prepare_inputs(model_runner, forward_batch, [state])
 
         out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
@@ -260,10 +254,9 @@ class BriskISD(DllmAlgorithm):
             log_verified(self.logger, state, result, logits, self.options.temperature)
 
         new = result.state
-        n_out, keep, out_ids = new.n_out.tolist(), result.keep.sum(1).tolist(), new.out.tolist()
-        committed = [out_ids[i][: n_out[i]] for i in range(B)]
+        committed, keep = result.committed(), result.keep.sum(1).tolist()
         self.forwards += B
-        self.tokens += sum(n_out)
+        self.tokens += sum(len(c) for c in committed)
         return lo, committed, keep, [RowHandle(new, i) for i in range(B)], bool(out.can_run_graph)
 
     def _gather(self, forward_batch: Any, algo_states: list[Any] | None, ctx: StepContext) -> Any:
@@ -327,23 +320,6 @@ class RowHandle:
 
     batch: ISDState
     row: int
-
-
-def _serving_view(state: ISDState, M: int) -> ISDState:
-    """The state with a one-round output buffer: SGLang takes each round's tokens at once, so a
-    row never holds its whole output (and its accept-length log holds only this round)."""
-    B, device = state.seed.shape[0], state.seed.device
-    stats = dataclasses.replace(
-        state.stats,
-        accept_log=torch.full((B, 1), -1, dtype=torch.long, device=device),
-        rounds=torch.zeros(B, dtype=torch.long, device=device),
-    )
-    return dataclasses.replace(
-        state,
-        out=torch.zeros(B, M + 1, dtype=torch.long, device=device),
-        n_out=torch.zeros(B, dtype=torch.long, device=device),
-        stats=stats,
-    )
 
 
 def _request_seeds(forward_batch: Any, default: int) -> Tensor:
