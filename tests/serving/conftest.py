@@ -3,27 +3,24 @@ light (no CUDA dependency set) beside brisk. Elsewhere this directory is not col
 ``tests/conftest.py``); it is never skipped where SGLang is present.
 
 SGLang's vision configs import torchvision, whose wheels here need CUDA torch: when it cannot
-be imported, ``stubs/`` provides an import-only stand-in. Every test brings its own plugin state
-(:func:`plugins`), since ``load_plugins()`` runs once per process.
+be imported, brisk's CPU stand-in takes its place (:func:`ensure_torchvision`). Every test
+brings its own plugin state (:func:`plugins`), since ``load_plugins()`` runs once per process.
+One real SGLang server (:func:`real_server`) is shared by the whole session.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-try:
-    import torchvision  # noqa: F401
-except Exception:
-    sys.modules.pop("torchvision", None)
-    sys.path.insert(0, str(Path(__file__).parent / "stubs"))
+from brisk.runtime.serving.cpu import ensure_torchvision
+from tests.serving.real_server import RealServer, start_real_server
+
+ensure_torchvision()
 
 assert importlib.util.find_spec("sglang") is not None, "tests/serving runs in .venv-serving"
-
-collect_ignore = ["stubs"]
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +29,15 @@ def plugins() -> None:
     import sglang.srt.plugins as sp
 
     sp.load_plugins()
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """A real SGLang server on CPU, on a free loopback port, serving the micro model of
+    :mod:`tests.serving.real_server`: started once (bounded by its start-up timeout) and always
+    stopped by its own process group, whatever the tests do."""
+    process, server = start_real_server(tmp_path_factory.mktemp("real_server"))
+    try:
+        yield server
+    finally:
+        process.stop()

@@ -11,7 +11,11 @@
 - :mod:`~brisk.runtime.serving.bench` — ``brisk bench serve``: the paper's serving sweep over
   ``sglang.benchmark.serving``, with paired ratios;
 - :mod:`~brisk.runtime.serving.loopback` — a small OpenAI-compatible server with a known speed,
-  which the sweep is tested against.
+  which the sweep is tested against;
+- :mod:`~brisk.runtime.serving.launch` — the command line and environment of a real SGLang
+  server (CPU or CUDA) and a process handle that waits for it and stops it (``brisk serve``);
+- :mod:`~brisk.runtime.serving.cpu` — the CPU stand-ins for SGLang's CUDA-only imports
+  (``sgl_kernel``, ``torchvision``), loaded only for ``--device cpu``.
 
 SGLang is an optional extra (``brisk[serving]``): only the plugin, algorithm and DFlash modules
 import it, and importing :mod:`brisk` or this package imports nothing of it.

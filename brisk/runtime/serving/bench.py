@@ -138,6 +138,9 @@ def run_once(
     workdir: Path, log: io.TextIOBase | None = None,
 ) -> Run:  # fmt: skip
     """One run through ``sglang.benchmark.serving``'s own command line, in this process."""
+    from brisk.runtime.serving.cpu import ensure_torchvision
+
+    ensure_torchvision()  # SGLang's configs import torchvision; a CPU install has the stand-in
     try:
         from sglang.benchmark import serving
     except ModuleNotFoundError as err:  # sglang's configs import torchvision, among others

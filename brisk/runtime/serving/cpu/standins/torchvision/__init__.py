@@ -1,8 +1,10 @@
-"""An import-only stand-in for torchvision in the serving tests.
+"""An import-only stand-in for torchvision, for SGLang on CPU torch.
 
 ``sglang.srt.configs`` imports torchvision (vision-language configs), and the torchvision wheels
-this CPU machine can install need a CUDA torch (``operator torchvision::nms does not exist``).
-Nothing the tests run touches it: any attribute is a placeholder that fails if it is called.
+the registry has for CPU torch fail to load (``operator torchvision::nms does not exist``).
+Nothing a text model's server runs touches it: any attribute is a placeholder that fails if it
+is called. Loaded as the top-level ``torchvision`` by :mod:`brisk.runtime.serving.cpu`, never
+under this package's dotted name.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 import types
 from typing import Any
 
-__version__ = "0.0.0+brisk-stub"
+__version__ = "0.0.0+brisk.cpu.standin"
 
 
 class _Missing(types.ModuleType):
@@ -26,7 +28,7 @@ class _Missing(types.ModuleType):
         return module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self.__name__}: torchvision is a stand-in in brisk's serving tests")
+        raise RuntimeError(f"{self.__name__}: torchvision is brisk's CPU stand-in (import only)")
 
 
 # `torchvision.x` (an attribute of this module) is the placeholder `import torchvision.x` gives

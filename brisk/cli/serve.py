@@ -1,0 +1,55 @@
+"""``brisk serve``: a thin launcher over ``python -m sglang.launch_server``.
+
+The command line and environment come from :func:`brisk.runtime.serving.launch.server_launch`
+(``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins); arguments after
+``--`` go to SGLang unchanged and override. The launcher replaces this process, so Ctrl-C and
+signals reach SGLang directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = layers.add_parser(
+        "serve",
+        help="serve a model with SGLang (CPU or CUDA)",
+        description="Launch SGLang's HTTP server (/generate, /v1/completions) on a model "
+        "directory. --device cpu runs SGLang's CPU engine with the flags and stand-ins it "
+        "needs; everything after -- is passed to sglang.launch_server.",
+    )
+    s.add_argument("--model", type=Path, required=True, help="a model directory (config.json)")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the command and the variables it sets; start nothing")  # fmt: skip
+    s.add_argument("sglang_args", nargs=argparse.REMAINDER,
+                   help="-- then arguments for sglang.launch_server")  # fmt: skip
+    s.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from brisk.runtime.serving.launch import port_in_use, server_launch
+
+    extra = list(args.sglang_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    if not (args.model / "config.json").is_file():
+        raise ValueError(f"--model: {args.model} is not a model directory (no config.json)")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port: {args.port} is not a port number")
+    if not args.dry_run and port_in_use(args.host, args.port):
+        raise ValueError(f"--port: {args.host}:{args.port} is already in use")
+    launch = server_launch(args.model, args.port, device=args.device, host=args.host,
+                           extra_args=extra)  # fmt: skip
+    print(launch.shell(), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
+    if args.dry_run:
+        return 0
+    os.execve(launch.argv[0], list(launch.argv), dict(launch.env))

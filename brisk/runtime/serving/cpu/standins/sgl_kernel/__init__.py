@@ -1,0 +1,48 @@
+"""An import-only stand-in for ``sgl_kernel`` on SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``).
+
+The names are exactly those SGLang 0.5.23 imports from ``sgl_kernel`` at module level on the CPU
+path (found by serving a model with an instrumented stand-in): the ops a server can call are
+plain torch (:mod:`brisk.runtime.serving.cpu.ops`); the tree-speculation ops (EAGLE trees, which
+brisk does not serve) raise ``NotImplementedError`` when called. Any other name is absent, so
+SGLang's own ``try: from sgl_kernel... except ImportError`` fallbacks take their CPU branch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brisk.runtime.serving.cpu.ops import (
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    assign_req_to_token_pool_cpu,
+    copy_all_layer_kv_cache_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+)
+
+__version__ = "0.0.0+brisk.cpu.standin"
+
+IMPORT_ONLY = ("build_tree_kernel_efficient_cpu", "rotate_input_ids_cpu", "verify_tree_greedy_cpu")
+
+__all__ = [
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    *IMPORT_ONLY,
+]
+
+
+def _import_only(name: str) -> Any:
+    def op(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"sgl_kernel.{name}: brisk's CPU stand-in only imports it")
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+build_tree_kernel_efficient_cpu = _import_only("build_tree_kernel_efficient_cpu")
+rotate_input_ids_cpu = _import_only("rotate_input_ids_cpu")
+verify_tree_greedy_cpu = _import_only("verify_tree_greedy_cpu")

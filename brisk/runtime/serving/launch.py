@@ -1,0 +1,196 @@
+"""Launching a real SGLang server: its command line and environment, and its process.
+
+:func:`server_launch` builds what ``brisk serve`` and the real-server tests run. On CPU that is
+SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``, without which SGLang asks for vLLM's rotary
+embedding) with the native torch attention backend, no CUDA graphs, no overlap scheduling, no
+radix cache, a 4096-token KV pool (SGLang would otherwise size it from free memory: 15 GB and a
+minute of start-up), and the CPU stand-ins of :mod:`brisk.runtime.serving.cpu` on its path. On
+CUDA it is SGLang's own defaults. Arguments passed through come last, so they override.
+
+:class:`ServerProcess` starts the command in its own process group, waits for the server to
+answer a generation, and stops it by that group (the launcher and its scheduler and detokenizer
+children), never by name. Nothing here imports SGLang or torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from brisk.runtime.serving.cpu import activate
+
+__all__ = [
+    "CPU_FLAGS",
+    "ServerLaunch",
+    "ServerProcess",
+    "free_port",
+    "port_in_use",
+    "server_launch",
+]
+
+Device = Literal["cpu", "cuda"]
+
+CPU_FLAGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    # SGLang 0.5.23's spelling of --disable-cuda-graph (deprecated there)
+    "--cuda-graph-backend-decode", "disabled",
+    "--cuda-graph-backend-prefill", "disabled",
+    "--disable-overlap-schedule",
+    "--disable-radix-cache",
+    "--max-total-tokens", "4096",
+)  # fmt: skip
+"""The flags of SGLang's CPU server, as ``brisk serve --device cpu`` passes them."""
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """A server's command line and full environment (``env`` replaces the caller's)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    url: str
+
+    def shell(self) -> str:
+        """The command as one shell line, with the variables it sets (for logs and READMEs)."""
+        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")
+        extra = [f"{k}={self.env[k]}" for k in set_here if self.env.get(k) != os.environ.get(k)]
+        return " ".join([*extra, *self.argv])
+
+
+def server_launch(
+    model: str | os.PathLike[str],
+    port: int,
+    *,
+    device: Device = "cpu",
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> ServerLaunch:
+    """``python -m sglang.launch_server`` for ``model`` on ``host:port``.
+
+    >>> launch = server_launch("m", 30000, extra_args=["--dtype", "float32"], python="python")
+    >>> launch.argv[:5], launch.argv[-2:], launch.env["SGLANG_USE_CPU_ENGINE"]
+    (('python', '-m', 'sglang.launch_server', '--model-path', 'm'), ('--dtype', 'float32'), '1')
+    >>> "SGLANG_USE_CPU_ENGINE" in server_launch("m", 30000, device="cuda", env={}).env
+    False
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r} is not one of cpu, cuda")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
+            "--host", host, "--port", str(port)]  # fmt: skip
+    run_env = dict(os.environ if env is None else env)
+    if device == "cpu":
+        argv += CPU_FLAGS
+        run_env = activate(run_env)
+        run_env["SGLANG_USE_CPU_ENGINE"] = "1"
+    argv += extra_args
+    return ServerLaunch(argv=tuple(argv), env=run_env, url=f"http://{host}:{port}")
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server already listens on ``host:port`` (a port in TIME_WAIT is free: the
+    server binds with ``SO_REUSEADDR``, as uvicorn does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free on ``host`` now (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A launched server, owned by this object: :meth:`start`, :meth:`wait_ready`, :meth:`stop`.
+
+    The server runs in a new session, so its process group id is the launcher's pid and
+    :meth:`stop` signals exactly the processes this object started. A context manager.
+    """
+
+    def __init__(self, launch: ServerLaunch, log: str | os.PathLike[str]) -> None:
+        self.launch = launch
+        self.log = Path(log)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        self._log_file = self.log.open("wb")
+        self.process = subprocess.Popen(
+            self.launch.argv, env=dict(self.launch.env), stdin=subprocess.DEVNULL,
+            stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until ``/health_generate`` answers (a real generation); raises
+        ``RuntimeError`` with the log's tail when the server exits or ``timeout`` passes."""
+        assert self.process is not None, "start() first"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.launch.url}/health_generate", timeout=10) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"the server did not answer within {timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL to what is left after ``grace`` s."""
+        if self.process is not None:
+            pgid = self.process.pid  # start_new_session: the group is the launcher's pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _group_alive(pgid):
+                self.process.poll()  # reap the launcher so the group can empty
+                time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

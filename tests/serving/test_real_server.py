@@ -1,0 +1,98 @@
+"""A real SGLang server (CPU engine, no speculative algorithm) against transformers: plain greedy
+decoding of a handful of prompts, batched in one request, equals greedy AR token for token; and
+``brisk serve``'s command line and its one-line refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from brisk.runtime.serving.cpu import STANDINS
+from brisk.runtime.serving.launch import CPU_FLAGS, ServerLaunch, ServerProcess, free_port
+from tests.serving.real_server import RealServer, generate, greedy_reference
+
+MAX_NEW_TOKENS = 24
+MIN_MARGIN = 1e-4  # ≫ float32 rounding of these logits (|logit| ≲ 10): no near-tie to flip
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    """Random prompts of 1–9 character tokens (ids 5..100 of the char tokenizer; no specials)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(5, 101, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
+
+
+def test_plain_greedy_decoding_equals_greedy_ar(real_server: RealServer) -> None:
+    batch = prompts(6, seed=0)
+    expected, margin = greedy_reference(real_server.model, batch, MAX_NEW_TOKENS)
+    assert margin > MIN_MARGIN, f"the reference has a near-tie (gap {margin:.2e}): fix the model"
+    served = generate(real_server.url, batch, MAX_NEW_TOKENS)
+    for i, (want, got) in enumerate(zip(expected, served, strict=True)):
+        first = next((t for t, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
+        assert got == want, f"prompt {i}: first difference at token {first}: {got} != {want}"
+
+
+def brisk(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "brisk.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_brisk_serve_dry_run_prints_the_cpu_command(real_server: RealServer) -> None:
+    result = brisk("serve", "--model", str(real_server.model), "--device", "cpu", "--port",
+                   "30123", "--dry-run", "--", "--dtype", "float32")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    words = line.split()
+    assert "SGLANG_USE_CPU_ENGINE=1" in words
+    pythonpath = next(w for w in words if w.startswith("PYTHONPATH=")).split("=", 1)[1]
+    assert pythonpath.split(os.pathsep)[0] == str(STANDINS)  # first: the stand-ins shadow
+    assert line.endswith(f"--port 30123 {' '.join(CPU_FLAGS)} --dtype float32")
+
+
+def test_brisk_serve_refuses_a_missing_model_and_a_port_in_use(
+    real_server: RealServer, tmp_path: Path
+) -> None:
+    missing = brisk("serve", "--model", str(tmp_path / "nope"), "--device", "cpu")
+    assert missing.returncode == 2
+    no_model = f"--model: {tmp_path / 'nope'} is not a model directory (no config.json)"
+    assert missing.stderr.strip() == f"brisk: error: {no_model}"
+    port = real_server.url.rsplit(":", 1)[1]
+    taken = brisk("serve", "--model", str(real_server.model), "--device", "cpu", "--port", port)
+    assert taken.returncode == 2
+    assert taken.stderr.strip() == f"brisk: error: --port: 127.0.0.1:{port} is already in use"
+
+
+def test_a_server_that_never_answers_is_stopped_with_its_children(tmp_path: Path) -> None:
+    """The fixture's guarantees on a stand-in process tree: bounded wait, the log's tail in the
+    error, and ``stop()`` ends the launcher and the child it started (its process group)."""
+    child_pid = tmp_path / "child.pid"
+    code = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(600)']); open({str(child_pid)!r}, 'w').write(str(c.pid)); "
+            f"print('not a server', flush=True); time.sleep(600)")  # fmt: skip
+    launch = ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
+                          url=f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    server = ServerProcess(launch, tmp_path / "log").start()
+    try:
+        with pytest.raises(RuntimeError, match=r"did not answer within 3 s:\nnot a server"):
+            server.wait_ready(timeout=3)
+    finally:
+        server.stop(grace=5)
+    assert server.process is not None
+    assert server.process.returncode is not None
+    assert not running(int(child_pid.read_text()))
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process its parent has not reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
