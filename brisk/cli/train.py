@@ -22,6 +22,7 @@ from brisk.cli._common import (
     run_problem_decode,
 )
 from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.pretrain_config import PretrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
@@ -40,6 +41,23 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_config_arguments(b, BaseTrainConfig, rename={"out_dir": "out"})
     b.set_defaults(run=run_base)
+
+    a = commands.add_parser(
+        "ar", help="AR pre-training of the tiny model on the broad corpus (before conversion)"
+    )
+    a.add_argument("--config", type=Path, default=None,
+                   help="TOML or JSON config (default: the converted preset)")  # fmt: skip
+    a.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    a.add_argument("--export-corpus", type=Path, default=None, metavar="PATH",
+                   help="instead of training, write --examples examples of the config's broad "
+                        "corpus (drawn with --export-seed) as JSON Lines {prompt, response, "
+                        "answer, family}: the conversion data of `brisk train base`")  # fmt: skip
+    a.add_argument("--examples", type=int, default=20000, help="examples --export-corpus writes")
+    a.add_argument("--export-seed", type=int, default=1,
+                   help="corpus seed of --export-corpus (training draws with --seed)")  # fmt: skip
+    add_config_arguments(a, PretrainConfig, rename={"out_dir": "out"})
+    a.set_defaults(run=run_ar)
 
     s = commands.add_parser(
         "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
@@ -60,6 +78,23 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     from brisk.cli.corrector import register_train
 
     register_train(commands)
+
+    h = commands.add_parser(
+        "headroom", help="per-position CE of the MASK and causal streams on a model's own samples"
+    )
+    h.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
+    h.add_argument("--samples", type=Path, required=True,
+                   help="`brisk decode --out` JSON Lines (graded; correct rows used)")  # fmt: skip
+    h.add_argument("--reference", type=Path, default=None,
+                   help="a second checkpoint measured on the same samples (e.g. a base trained "
+                        "to convergence): its MASK-stream CE is the achievable one")  # fmt: skip
+    h.add_argument("--stride", type=int, default=8, help="ISD stride N (M = N − 1)")
+    h.add_argument("--temperature", type=float, default=1.0, help="temperature of β")
+    h.add_argument("--top-k", type=int, default=16, help="Top-K of the drafter in β")
+    h.add_argument("--all", action="store_true", help="use every sample, not only correct ones")
+    h.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    h.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    h.set_defaults(run=run_headroom)
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
@@ -87,7 +122,39 @@ def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.base import train_base
 
     quiet_transformers()
-    result = train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
+    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
+        if rank == 0:
+            raise
+        return INTERRUPTED
+    if rank != 0:
+        return 0
+    print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
+    if result.report is not None:
+        _print_report(result.report)
+    return 0
+
+
+@exits_on_interrupt
+def run_ar(args: argparse.Namespace) -> int:
+    overrides = config_overrides(args, PretrainConfig)
+    cfg = config_from_args(PretrainConfig, args.config, overrides, {"out_dir": "out"})
+    if args.export_corpus is not None:
+        from brisk.runtime.tiny.broad import export_corpus
+
+        if args.examples < 1:
+            raise ValueError(f"--examples: must be an integer ≥ 1, got {args.examples}")
+        if args.export_corpus.is_dir():
+            raise ValueError(f"--export-corpus: {args.export_corpus} is a directory")
+        export_corpus(cfg.corpus, args.export_corpus, args.examples, args.export_seed)
+        print(f"wrote {args.examples} examples to {args.export_corpus}")
+        return 0
+    from brisk.runtime.train.pretrain import train_ar
+
+    quiet_transformers()
+    result = train_ar(cfg, show_progress=not args.no_progress, resume=args.resume)
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.report is not None:
         _print_report(result.report)
@@ -174,6 +241,68 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2))
     return 0
+
+
+def run_headroom(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.train.headroom import measure_headroom, read_samples
+
+    if args.stride < 2:
+        raise ValueError(f"--stride: need an integer N ≥ 2, got {args.stride}")
+    if args.threads < 1:
+        raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    names = {"--checkpoint": args.checkpoint, "--reference": args.reference}
+    checkpoints = {flag: path for flag, path in names.items() if path is not None}
+    for flag, path in checkpoints.items():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{flag}: {path} is not a checkpoint (no config.json)")
+    if not args.samples.is_file():
+        raise ValueError(f"--samples: no file {args.samples}")
+    try:
+        samples = read_samples(args.samples, correct_only=not args.all)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    torch.set_num_threads(args.threads)
+    quiet_transformers()
+    results = {}
+    for flag, path in checkpoints.items():
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            backbone = HFBackbone.from_pretrained(path)
+        except ValueError as err:
+            raise ValueError(f"{flag}: {err}") from None
+        room = measure_headroom(backbone, tokenizer, samples, args.stride, args.temperature,
+                                args.top_k)  # fmt: skip
+        results[str(path)] = room.to_dict()
+        _print_headroom(str(path), room)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _print_headroom(name: str, room: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from brisk.runtime.train.headroom import Headroom
+
+    assert isinstance(room, Headroom)
+    positions = [str(i + 1) for i in range(room.stride - 1)]
+    table = Table("position i", *positions, title=f"{name}: {room.n_samples} samples, "
+                  f"N = {room.stride}")  # fmt: skip
+    for label, values in (("CE MASK stream", room.ce_mask), ("CE causal stream", room.ce_causal),
+                          ("gap", room.gap), ("β (acceptance)", room.beta)):  # fmt: skip
+        table.add_row(label, *(f"{v:.3f}" for v in values))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"mean CE: MASK {sum(room.ce_mask) / len(room.ce_mask):.3f}, causal "
+        f"{sum(room.ce_causal) / len(room.ce_causal):.3f}; TPF predicted at β (complete "
+        f"cycles): {room.predicted_tpf:.3f}"
+    )
 
 
 def _print_report(report: object) -> None:

@@ -1,0 +1,205 @@
+"""AR pre-training of the tiny model as an ordinary causal LM on the broad corpus
+(``brisk train ar --config FILE``): the first half of an I-DLM-style converted base (issue 23).
+
+The second half is ``brisk train base --init <this run>/final`` on the same corpus with a short
+budget (``configs/converted_base.toml``): the I-DLM conversion recipe, which leaves the MASK
+stream behind the causal stream the way I-DLM-8B's lags its Qwen3 parent.
+
+The objective is next-token cross-entropy over every token of ``[bos, prompt, response, eos]``
+(prompt included: a pre-training corpus has no prompt/response roles),
+
+    L = −(1/n) Σ_b Σ_{j < ℓ_b − 1} log p_θ(x_b[j + 1] | x_b[..j]),   n = Σ_b (ℓ_b − 1),
+
+with rows right-padded, so the causal mask alone keeps padding out of every scored position.
+
+One loop, read top to bottom: draw a batch from the corpus stream, take an AdamW step, log, now
+and then checkpoint. Checkpoints, resume and the run-directory rules are those of ``brisk train
+base`` (:mod:`brisk.runtime.train.resume`): ``checkpoint-<step>/`` holds the trainer state,
+``final/`` the model, tokenizer and ``train_config.json``, each written atomically. The tiny
+tokenizer already holds ``<|MASK|>``; its embedding is never trained here, like a reserved token
+of a released AR model, until the conversion uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from safetensors.torch import load_file
+from torch import Tensor
+
+from brisk._interrupt import Interrupted, StopSignals, stop_signals
+from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.presets import build_preset
+from brisk.runtime.tasks.task import get_task
+from brisk.runtime.tiny.broad import Example, broad_corpus
+from brisk.runtime.train.base import TrainResult, _lr, cpu_settings, save_checkpoint
+from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
+from brisk.runtime.train.idlm import IGNORE
+from brisk.runtime.train.pretrain_config import PretrainConfig
+from brisk.runtime.train.resume import (
+    METRICS,
+    MetricsLog,
+    interrupted_at,
+    load_state,
+    restore_rng,
+    rng_state,
+    start_checkpoint,
+)
+
+__all__ = ["ARBatch", "ar_batch", "ar_loss", "encode", "train_ar"]
+
+
+@dataclass(frozen=True)
+class ARBatch:
+    input_ids: Tensor  # [B, L] right-padded
+    labels: Tensor  # [B, L] x[j + 1] where it exists, IGNORE elsewhere
+
+    @property
+    def n_targets(self) -> int:
+        return int((self.labels != IGNORE).sum())
+
+
+def ar_batch(seqs: list[list[int]], pad_id: int) -> ARBatch:
+    """Right-pad ``seqs`` and label position j with token j + 1 of its own row."""
+    B, L = len(seqs), max(len(s) for s in seqs)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    labels = torch.full((B, L), IGNORE, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.as_tensor(s)
+        labels[b, : len(s) - 1] = torch.as_tensor(s[1:])
+    return ARBatch(ids, labels)
+
+
+def ar_loss(model: Any, batch: ARBatch) -> Tensor:
+    """Mean next-token cross-entropy of the batch (module docstring), float32."""
+    logits = model(input_ids=batch.input_ids, use_cache=False).logits
+    return F.cross_entropy(logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE)
+
+
+def encode(example: Example, tokenizer: Any) -> list[int]:
+    """``[bos, prompt, response, eos]`` token ids of a corpus example."""
+    return encode_example(example.prompt, example.response, tokenizer)[0]
+
+
+def train_ar(
+    cfg: PretrainConfig, show_progress: bool = True, *, resume: bool = True
+) -> TrainResult:
+    """Pre-train into ``cfg.out_dir``; ``resume`` continues an interrupted run there (the rules of
+    :func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or SIGTERM ends it with a
+    checkpoint and :class:`~brisk._interrupt.Interrupted`."""
+    with cpu_settings(cfg.threads), stop_signals() as stop:
+        return _train(cfg, show_progress, resume, stop)
+
+
+def _train(
+    cfg: PretrainConfig, show_progress: bool, resume: bool, stop: StopSignals
+) -> TrainResult:
+    out = Path(cfg.out_dir)
+    start = start_checkpoint(out, resume, cfg.to_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    done = 0
+
+    # Model and data: the preset tiny model; the corpus stream is a function of the seed, so a
+    # resumed run skips the step · batch_size examples already drawn.
+    model, tokenizer = build_preset("tiny", cfg.model)
+    pad_id = tokenizer.pad_token_id
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay},
+         {"params": no_decay, "weight_decay": 0}],
+        lr=cfg.lr, betas=(0.9, 0.98),
+    )  # fmt: skip
+
+    state = load_state(start) if start is not None else {}
+    metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
+    if start is not None:
+        model.load_state_dict(load_file(start / "model.safetensors"))
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng(state["rng"])
+        done = state["step"]
+    else:
+        n_params = sum(p.numel() for p in model.parameters())
+        metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
+    stream = islice(broad_corpus(cfg.corpus, cfg.seed), done * cfg.batch_size, None)
+
+    def save(path: Path) -> Path:
+        return save_checkpoint(model, tokenizer, cfg, path, state={
+            "step": done, "optimizer": optimizer.state_dict(), "rng": rng_state(),
+            "metrics_bytes": metrics.size, "elapsed_s": time.monotonic() - t0,
+        })  # fmt: skip
+
+    progress = Progress(
+        TextColumn("train ar"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not show_progress,
+    )  # fmt: skip
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)
+    with progress:
+        bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
+        model.train()
+        for step in range(done, cfg.steps):
+            if stop.requested:
+                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save,
+                                     metrics)  # fmt: skip
+
+            # Step: next-token CE over whole examples, cosine schedule as `train base`.
+            batch = ar_batch([encode(next(stream), tokenizer) for _ in range(cfg.batch_size)],
+                             pad_id)  # fmt: skip
+            for group in optimizer.param_groups:
+                group["lr"] = _lr(cfg, step)
+            loss = ar_loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            done = step + 1
+
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                metrics.write({"event": "train", "step": step, "lr": _lr(cfg, step),
+                               "loss": loss.item(),
+                               "elapsed_s": time.monotonic() - t0})  # fmt: skip
+            progress.update(bar, advance=1, info=f"loss {loss.item():.3f}")
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+                save(out / f"checkpoint-{done:06d}")
+            if (time.monotonic() - t0) / 60 > cfg.max_minutes:
+                metrics.write({"event": "budget", "step": done, "elapsed_s": time.monotonic() - t0})
+                break
+
+    train_wall = time.monotonic() - t0
+    final = save_checkpoint(model, tokenizer, cfg, out / "final")
+    report = None
+    if cfg.final_eval_problems:
+        try:
+            with stop.abortable():
+                report = _evaluate(cfg, model, tokenizer)
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"during the final evaluation; the model is saved in {final}"
+            ) from None
+        metrics.write({"event": "eval", "step": done, **report.to_dict()})
+    metrics.write({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
+    metrics.close()
+    return TrainResult(final, metrics.records, report, train_wall)
+
+
+def _evaluate(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
+    """Greedy answer accuracy of the causal LM on held-out problems of the target world (the
+    MASK stream is untrained here, so no proposal accuracy)."""
+    world = dataclasses.replace(
+        get_task("arithmetic", split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed),
+        config=cfg.corpus.target,
+    )
+    model.eval()
+    return evaluate(HFBackbone(model, tokenizer.mask_token_id), tokenizer, world.problems(),
+                    strides=())  # fmt: skip
