@@ -42,6 +42,7 @@ from brisk.runtime.experiment.common import (
     job_dir,
     run_jobs,
 )
+from brisk.runtime.experiment.theory import ArmTheory, arm_theory, theory_markdown
 from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
@@ -95,6 +96,10 @@ class ExperimentConfig(Config):
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
     workers: int = 2
+    # token budgets in epochs of the base's correct self-generated responses, the same for every
+    # arm (token-matched; each budget a row per arm); empty: [train] token_budget
+    budgets: tuple[float, ...] = ()
+    theory_samples: int = 200  # common samples of the theory tables (0: no theory tables)
     # the training configs themselves, each arm and seed changing what it must with replace:
     # [selfgen] is brisk train selfgen's (its stride is the experiment's), [train] brisk train
     # proposal's (init, dataset, out_dir, data, weights, profile, seed, stride and temperature
@@ -105,38 +110,85 @@ class ExperimentConfig(Config):
 
     def __post_init__(self) -> None:
         check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
+        if any(not b > 0 for b in self.budgets) or len(set(self.budgets)) != len(self.budgets):
+            raise ValueError(f"budgets: need distinct epochs > 0, got {self.budgets!r}")
+        if self.theory_samples < 0:
+            raise ValueError(f"theory_samples: must be ≥ 0, got {self.theory_samples!r}")
+
+    def job_names(self) -> list[str]:
+        """The table's rows: each arm, or each arm at each budget (``arm@5ep``); the base arm
+        is trained for no budget."""
+        if not self.budgets:
+            return list(self.arms)
+        return [a if a == "base" else f"{a}@{b:g}ep" for a in self.arms
+                for b in (self.budgets if a != "base" else (0,))]  # fmt: skip
+
+
+def _split(name: str) -> tuple[str, float | None]:
+    """``arm@5ep`` → (arm, 5.0); a plain arm → (arm, None)."""
+    arm, _, budget = name.partition("@")
+    return arm, float(budget.removesuffix("ep")) if budget else None
+
+
+def _budget_label(name: str) -> str:
+    epochs = _split(name)[1]
+    return "–" if epochs is None else f"{epochs:g} ep"
+
+
+def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
+    """Response tokens of one epoch of the base's correct self-generated responses (what a
+    training step counts: every response token and the EOS)."""
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.train.evaluate import encode_example
+    from brisk.runtime.train.proposal_data import load_examples
+
+    pcfg = cfg.train.replace(init=cfg.base, dataset=str(data_dir), data="selfgen-correct",
+                             stride=cfg.stride)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(cfg.base, local_files_only=True)
+    total = 0
+    for ex in load_examples(pcfg):
+        seq, prompt_len = encode_example(ex.prompt, ex.response, tokenizer)
+        total += len(seq) - prompt_len
+    return total
 
 
 def _arm(name: str) -> Arm:
     return next(a for a in ARMS if a.name == name)
 
 
-def _job(cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int) -> dict[str, Any]:
-    """Train (unless the base arm) and evaluate one arm × seed; returns the evaluation. A signal
-    stops the training at its next step (with a checkpoint) and the evaluation at once."""
+def _job(
+    cfg: ExperimentConfig, data_dir: str, tokens_per_epoch: int, name: str, seed: int
+) -> dict[str, Any]:
+    """Train (unless the base arm) and evaluate one arm (at one budget) × seed; returns the
+    evaluation. A signal stops the training at its next step (with a checkpoint) and the
+    evaluation at once."""
     with stop_signals() as stop:  # in a worker, its flag for life
-        return _train_and_evaluate(cfg, data_dir, arm_name, seed, stop)
+        return _train_and_evaluate(cfg, data_dir, tokens_per_epoch, name, seed, stop)
 
 
 def _train_and_evaluate(
-    cfg: ExperimentConfig, data_dir: str, arm_name: str, seed: int, stop: StopSignals
-) -> dict[str, Any]:
+    cfg: ExperimentConfig, data_dir: str, tokens_per_epoch: int, name: str, seed: int,
+    stop: StopSignals,
+) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
     from brisk.runtime.train.proposal import train_proposal
 
     torch.set_num_threads(1)
+    arm_name, epochs = _split(name)
     arm = _arm(arm_name)
-    run, done = job_dir(cfg.out_dir, arm.name, seed)
+    run, done = job_dir(cfg.out_dir, name, seed)
     if done is not None:
         return done
     checkpoint = Path(cfg.base)
     if arm.data != "base":
+        budget = cfg.train.token_budget if epochs is None else round(epochs * tokens_per_epoch)
         pcfg = cfg.train.replace(
             init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,
             weights=arm.weights, profile=arm.profile, seed=seed, stride=cfg.stride,
-            temperature=cfg.selfgen.temperature,
+            temperature=cfg.selfgen.temperature, token_budget=budget,
         )  # fmt: skip
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
@@ -147,7 +199,7 @@ def _train_and_evaluate(
     shutil.rmtree(blocks, ignore_errors=True)
     with stop.abortable():  # rerun whole: only eval.json marks the job done
         ev = evaluate_checkpoint(
-            checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=arm.name,
+            checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=name,
             seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
             max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
             log_blocks=blocks, grader=grader,
@@ -189,9 +241,15 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
         generate_dataset(cfg.base, data_dir, cfg.selfgen.replace(stride=cfg.stride),
                          show_progress=show_progress)  # fmt: skip
     timings["selfgen_s"] = time.monotonic() - t
+    tokens_per_epoch = epoch_tokens(cfg, data_dir)
+    if cfg.budgets:
+        console.print(f"one epoch of the correct responses: {tokens_per_epoch:,} tokens; "
+                      f"budgets {', '.join(f'{b:g}' for b in cfg.budgets)} epochs")  # fmt: skip
 
     # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).
-    jobs = [(a, seed) for a in cfg.arms if a != "base" for seed in cfg.seeds]
+    names = cfg.job_names()
+    jobs = [(a, seed) for a in sorted(names, key=lambda a: -(_split(a)[1] or 0))
+            if a != "base" for seed in cfg.seeds]  # fmt: skip
     jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
     t = time.monotonic()
     evals: dict[tuple[str, int], CheckpointEval] = {}
@@ -206,34 +264,39 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
         )
 
     with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
-        run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir)), done)
+        run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir), tokens_per_epoch), done)
     timings["arms_s"] = time.monotonic() - t
 
     # 4. The table, the plots and the mechanism report of the best arm (abortable: a rerun
     # writes them again from the jobs' results).
     with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
-        return _summarize(cfg, evals, timings, t0, console)
+        return _summarize(cfg, evals, timings, t0, console, data_dir, tokens_per_epoch)
 
 
 def _summarize(
     cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], timings: dict[str, float],
-    t0: float, console: Any,
+    t0: float, console: Any, data_dir: Path, tokens_per_epoch: int,
 ) -> dict[str, Any]:  # fmt: skip
     from brisk.runtime.experiment.evaluate import summarize
     from brisk.runtime.experiment.table import markdown_table, plot_summaries
 
     out = Path(cfg.out_dir)
-    ordered = [evals[(a, seed)] for a in cfg.arms for seed in cfg.seeds]
+    names = cfg.job_names()
+    ordered = [evals[(a, seed)] for a in names for seed in cfg.seeds]
     summaries = summarize(ordered)
+    headers: tuple[str, ...] = ("Training data", "W.")
     labels = {a.name: a.labels for a in ARMS}
-    table = markdown_table(summaries, labels, ("Training data", "W."),
+    if cfg.budgets:
+        headers += ("Budget",)
+        labels = {n: (*_arm(_split(n)[0]).labels, _budget_label(n)) for n in names}
+    table = markdown_table(summaries, labels, headers,
                            baseline="base" if "base" in cfg.arms else None)  # fmt: skip
     plot_summaries(summaries, out / "arms.png")
     trained = [sm for sm in summaries if sm.arm != "base"]
     best = max(trained, key=lambda sm: sm.metrics["tpf_run"].mean).arm if trained else "base"
     from brisk.runtime.train.plots import plot_weight_evolution
 
-    for a in cfg.arms:
+    for a in names:
         metrics = out / "arms" / a / f"seed{cfg.seeds[0]}" / "metrics.jsonl"
         if metrics.exists():
             plot_weight_evolution(metrics, out / f"weights_{a}.png")
@@ -241,11 +304,14 @@ def _summarize(
 
     blocks = out / "arms" / best / f"seed{cfg.seeds[0]}" / "blocks"
     write_report(analyze(blocks, draws=200), out / "mechanism")  # brisk mechanism report
+    theory = _theory(cfg, names, ordered, summaries, data_dir) if cfg.theory_samples else []
     timings["total_s"] = time.monotonic() - t0
     summary = {
         "config": cfg.to_dict(),
+        "tokens_per_epoch": tokens_per_epoch,
         "arms": [sm.to_dict() for sm in summaries],
         "evals": [e.to_dict() for e in ordered],
+        "theory": [r.to_dict() for r in theory],
         "best_arm": best,
         "timings": timings,
     }
@@ -255,13 +321,52 @@ def _summarize(
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems)\n\n{table}\n"
         f"Cells: mean over seeds [95 % Student-t interval]. tok/s on one CPU thread with block "
         f"logging on. W.: D = BRISK dynamic, S = BRISK static, U = uniform. Best arm by "
-        f"whole-run TPF: {best}.\n\n{_profile_table(cfg, ordered)}"
+        f"whole-run TPF: {best}.\n\n{_profile_table(cfg, names, ordered)}\n"
+        + theory_markdown(theory, "base" if "base" in cfg.arms else None, cfg.theory_samples)
     )
     console.print(table)
     return summary
 
 
-def _profile_table(cfg: ExperimentConfig, evals: Sequence[Any]) -> str:
+def _theory(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any],
+            summaries: Sequence[Any], data_dir: Path) -> list[ArmTheory]:  # fmt: skip
+    """The theory row of every table row: its pooled profile, and the headroom measurement of
+    its first seed's checkpoint on the first ``theory_samples`` correct self-generated
+    responses of the base (the same samples for every arm)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.train.headroom import measure_headroom
+    from brisk.runtime.train.selfgen import read_dataset
+
+    table = read_dataset(str(data_dir))
+    columns = (table[c].to_pylist() for c in ("prompt", "response", "correct"))
+    rows = [(p, r) for p, r, ok in zip(*columns, strict=True) if ok]
+    samples = rows[: cfg.theory_samples]
+    if not samples:
+        return []
+    tpf_cycles = {sm.arm: sm.metrics["tpf_cycles"].mean for sm in summaries}
+    out = []
+    torch.set_num_threads(1)
+    for name in names:
+        run = Path(cfg.out_dir) / "arms" / name / f"seed{cfg.seeds[0]}"
+        checkpoint = Path(cfg.base) if name == "base" else run / "final"
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+        backbone = HFBackbone(model, model.config.mask_token_id)
+        headroom = measure_headroom(backbone, tokenizer, samples, cfg.stride,
+                                    cfg.eval.temperature, cfg.train.top_k)  # fmt: skip
+        mine = [e for e in evals if e.arm == name]
+        reached = np.sum([e.reached for e in mine], axis=0)
+        accepted = np.sum([e.accepted for e in mine], axis=0)
+        out.append(arm_theory(name, reached.tolist(), accepted.tolist(), headroom,
+                              tpf_cycles[name]))  # fmt: skip
+    return out
+
+
+def _profile_table(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any]) -> str:
     """Per arm, the acceptance rate a_i at each position pooled over seeds' verify rounds."""
     import numpy as np
 
@@ -269,7 +374,7 @@ def _profile_table(cfg: ExperimentConfig, evals: Sequence[Any]) -> str:
     lines = ["Acceptance profile a_i (pooled over seeds)\n",
              "| arm | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
              "|---|" + "---:|" * M]  # fmt: skip
-    for arm in cfg.arms:
+    for arm in names:
         rows = [e for e in evals if e.arm == arm]
         reached = np.sum([e.reached for e in rows], axis=0)
         accepted = np.sum([e.accepted for e in rows], axis=0)
