@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from brisk.runtime.train.distributed import Dist, autocast, prepare
 from brisk.runtime.train.flex import set_attention, training_forward
-from brisk.runtime.train.idlm import IGNORE, build_batch
-from brisk.runtime.train.proposal import weighted_loss
+from brisk.runtime.train.idlm import IGNORE, build_batch, weighted_loss
 
 M = 7
 SHAPES: dict[str, dict[str, Any]] = {

@@ -56,7 +56,7 @@ from brisk.runtime.train.distributed import (
 )
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.flex import set_attention, training_forward
-from brisk.runtime.train.idlm import IGNORE, build_batch
+from brisk.runtime.train.idlm import IGNORE, build_batch, loss_totals, weighted_loss
 from brisk.runtime.train.packing import pack_batch
 from brisk.runtime.train.resume import (
     METRICS,
@@ -211,8 +211,6 @@ def train_base(
 def _train(
     cfg: BaseTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
 ) -> TrainResult:
-    from brisk.runtime.train.proposal import loss_totals, weighted_loss
-
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if dist.group and

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
+
+from brisk.runtime.train.distributed import Dist
 
 __all__ = [
     "IGNORE",
@@ -41,7 +43,9 @@ __all__ = [
     "build_batch",
     "idlm_forward",
     "idlm_loss",
+    "loss_totals",
     "may_attend",
+    "weighted_loss",
 ]
 
 IGNORE = -100
@@ -208,3 +212,55 @@ def idlm_loss(
         slot_ce=sums / count.clamp(min=1),
         slot_count=count,
     )
+
+
+def loss_totals(noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch) -> Tensor:
+    """This batch's ``[Σ ℓ_noisy, Σ ℓ_clean, n_noisy, n_clean]`` (float64, no gradient): the
+    unweighted cross-entropy sums and label counts the loss's denominators and ``α`` come from,
+    summed over micro-batches and ranks before any gradient is taken."""
+    with torch.no_grad():
+        ce_noisy, ce_clean = _stream_ce(noisy_logits, clean_logits, batch)
+        n_noisy = (batch.noisy_labels != IGNORE).sum().float()
+        n_clean = (batch.clean_labels != IGNORE).sum().float()
+        return torch.stack([ce_noisy.sum(), ce_clean.sum(), n_noisy, n_clean]).double().cpu()
+
+
+def _stream_ce(
+    noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch
+) -> tuple[Tensor, Tensor]:
+    """Per-token cross-entropies ``[B, L]`` of both streams, in fp32, 0 where unlabelled."""
+    ce_noisy = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
+                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    ce_clean = F.cross_entropy(clean_logits.float().transpose(1, 2), batch.clean_labels,
+                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    return ce_noisy, ce_clean
+
+
+def weighted_loss(
+    noisy_logits: Tensor,
+    clean_logits: Tensor,
+    batch: IDLMBatch,
+    token_weights: Tensor,
+    alpha: float | str = "auto",
+    dist: Dist | None = None,
+    totals: Tensor | None = None,
+) -> dict[str, Any]:
+    """The weighted I-DLM loss of :mod:`brisk.runtime.train.proposal` (eq:brisk_weighting),
+    ``Σ w ℓ / n_noisy + α · CE_clean``. ``token_weights [B, L]`` multiply the MASK
+    slots' cross-entropies. The denominators and ``α`` are the step's global figures:
+    ``totals`` (:func:`loss_totals` summed over the step's micro-batches and ranks) when this
+    batch is one micro-batch of a step, else this batch's own, all-reduced under ``dist``.
+    Returns ``loss``, this batch's share to backpropagate (scaled by the world size, as DDP and
+    FSDP average gradients; the shares of a step's micro-batches sum to the step's loss),
+    ``weighted`` (its detached Σ w ℓ), ``alpha`` and ``totals``."""
+    dist = dist or Dist()
+    ce_noisy, ce_clean = _stream_ce(noisy_logits, clean_logits, batch)
+    weighted = (token_weights * ce_noisy).sum()
+    clean = ce_clean.sum()
+    if totals is None:
+        totals = dist.sum(loss_totals(noisy_logits, clean_logits, batch))
+    plain_g, clean_g, n_noisy, n_clean = totals.tolist()
+    n_noisy, n_clean = max(n_noisy, 1.0), max(n_clean, 1.0)
+    a = plain_g / n_noisy / max(clean_g / n_clean, 1e-8) if alpha == "auto" else float(alpha)
+    loss = dist.world * (weighted / n_noisy + a * clean / n_clean)
+    return {"loss": loss, "weighted": weighted.detach(), "alpha": a, "totals": totals}
