@@ -1,9 +1,10 @@
 """``brisk serve``: a thin launcher over ``python -m sglang.launch_server``.
 
 The command line and environment come from :func:`brisk.runtime.serving.launch.server_launch`
-(``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins); arguments after
-``--`` go to SGLang unchanged and override. The launcher replaces this process, so Ctrl-C and
-signals reach SGLang directly.
+(``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins; ``--stride N``
+decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and ``--corrector`` adds
+the head); arguments after ``--`` go to SGLang unchanged and override. The launcher replaces
+this process, so Ctrl-C and signals reach SGLang directly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    s.add_argument("--stride", type=int, default=None,
+                   help="decode with ISD at stride N (SGLang algorithm BRISK_ISD); "
+                   "default: plain autoregressive decoding")  # fmt: skip
+    s.add_argument("--corrector", type=Path, default=None,
+                   help="a corrector checkpoint for ISD's proposals (needs --stride)")  # fmt: skip
+    s.add_argument("--temperature", type=float, default=None,
+                   help="ISD's decoding temperature (0: greedy, the default); every request "
+                   "must ask for it")  # fmt: skip
     s.add_argument("--dry-run", action="store_true",
                    help="print the command and the variables it sets; start nothing")  # fmt: skip
     s.add_argument("sglang_args", nargs=argparse.REMAINDER,
@@ -47,9 +56,32 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port: {args.port} is not a port number")
     if not args.dry_run and port_in_use(args.host, args.port):
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
+    isd = _isd_options(args)
     launch = server_launch(args.model, args.port, device=args.device, host=args.host,
-                           extra_args=extra)  # fmt: skip
+                           extra_args=extra, isd=isd)  # fmt: skip
     print(launch.shell(), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
     os.execve(launch.argv[0], list(launch.argv), dict(launch.env))
+
+
+def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:
+    """``BRISK_ISD``'s options from the flags, checked here (one line naming the flag) so a
+    bad value never reaches SGLang's start-up."""
+    if args.stride is None:
+        for name in ("corrector", "temperature"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name}: needs --stride (ISD decoding)")
+        return None
+    from brisk.runtime.serving.options import BriskISDOptions, OptionError
+
+    isd: dict[str, object] = {"stride": args.stride}
+    if args.corrector is not None:
+        isd["corrector"] = str(args.corrector.resolve())
+    if args.temperature is not None:
+        isd["temperature"] = args.temperature
+    try:
+        BriskISDOptions.from_mapping(isd)
+    except OptionError as err:
+        raise ValueError(f"--{err.args[0]}") from None
+    return isd

@@ -14,8 +14,9 @@ import json
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from brisk.runtime.serving.launch import ServerProcess, free_port, server_launch
+from brisk.runtime.serving.launch import ServerProcess, free_port, isd_flags, server_launch
 
 __all__ = [
     "LOGIT_SCALE",
@@ -23,7 +24,11 @@ __all__ = [
     "build_micro_model",
     "generate",
     "greedy_reference",
+    "isd_server_args",
+    "post_generate",
     "start_real_server",
+    "task_prompts",
+    "train_micro_idlm",
 ]
 
 LOGIT_SCALE = 16.0
@@ -59,6 +64,33 @@ def build_micro_model(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def train_micro_idlm(out: Path, steps: int = 150) -> Path:
+    """A micro I-DLM base on the trivial task, trained in ≈ 10 s (tests/runtime's
+    ``micro_base``): its MASK slots propose blocks the verifier often accepts, so the ISD tests
+    exercise acceptance and KV keeping, not only cold starts (the random micro model's drafts
+    are almost never accepted). The checkpoint directory."""
+    from brisk.runtime.train.base import train_base
+    from brisk.runtime.train.config import BaseTrainConfig
+
+    cfg = BaseTrainConfig.smoke(str(out)).replace(steps=steps)
+    return Path(train_base(cfg, show_progress=False).checkpoint)
+
+
+def task_prompts(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of the trivial task's test split, tokenized as brisk decodes them."""
+    import itertools
+
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.prompts import encode_prompts
+    from brisk.runtime.tiny.task import TaskConfig
+    from brisk.runtime.tiny.task import generate as problems
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stream = problems(TaskConfig.trivial(), "test", seed)
+    return encode_prompts(tokenizer, [p.prompt for p in itertools.islice(stream, n)])
+
+
 def greedy_reference(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
                      ) -> tuple[list[list[int]], float]:  # fmt: skip
     """Greedy AR decoding with transformers in float32, written as the definition (the full
@@ -88,22 +120,41 @@ def generate(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[li
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
                             "ignore_eos": True},
     }  # fmt: skip
+    return [answer["output_ids"] for answer in post_generate(url, body)]
+
+
+def post_generate(url: str, body: dict[str, Any]) -> Any:
+    """``POST /generate`` with ``body``; the decoded JSON answer (``urllib.error.HTTPError``
+    when the server refuses the request)."""
     request = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-        answers = json.loads(response.read())
-    return [answer["output_ids"] for answer in answers]
+        return json.loads(response.read())
 
 
-def start_real_server(workdir: Path) -> tuple[ServerProcess, RealServer]:
-    """Build the micro model under ``workdir`` and serve it on a free loopback port (CPU).
+def isd_server_args(stride: int) -> list[str]:
+    """SGLang's flags for ``BRISK_ISD`` at stride N (:func:`isd_flags`), at most 16 requests."""
+    return [*isd_flags(stride), "--max-running-requests", "16"]
+
+
+def start_real_server(
+    workdir: Path,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    model: Path | None = None,
+) -> tuple[ServerProcess, RealServer]:
+    """Serve ``model`` (default: the micro model, built under ``workdir``) on a free loopback
+    port (CPU), with ``extra_args`` after brisk's CPU flags and ``env`` added to the server's
+    environment.
 
     The caller owns the returned process and must ``stop()`` it, also when this raises after
     starting it: on failure it is stopped here before the error propagates.
     """
-    model = build_micro_model(workdir / "model")
-    launch = server_launch(model, free_port(), device="cpu", extra_args=["--dtype", "float32"],
-                           env=_one_thread_env())  # fmt: skip
+    if model is None:
+        model = build_micro_model(workdir / "model")
+    launch = server_launch(model, free_port(), device="cpu",
+                           extra_args=["--dtype", "float32", *(extra_args or [])],
+                           env={**_one_thread_env(), **(env or {})})  # fmt: skip
     server = ServerProcess(launch, workdir / "server.log").start()
     try:
         startup = server.wait_ready(START_TIMEOUT_S)

@@ -15,6 +15,7 @@ children), never by name. Nothing here imports SGLang or torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -32,9 +33,11 @@ from brisk.runtime.serving.cpu import activate
 
 __all__ = [
     "CPU_FLAGS",
+    "ISD_CONFIG_ENV",
     "ServerLaunch",
     "ServerProcess",
     "free_port",
+    "isd_flags",
     "port_in_use",
     "server_launch",
 ]
@@ -54,6 +57,24 @@ CPU_FLAGS: tuple[str, ...] = (
 """The flags of SGLang's CPU server, as ``brisk serve --device cpu`` passes them."""
 
 
+ISD_CONFIG_ENV = "BRISK_ISD_CONFIG"
+"""The variable that hands ``BRISK_ISD``'s options to SGLang's processes: a YAML/JSON file, or
+the options themselves as a JSON object."""
+
+
+def isd_flags(stride: int) -> tuple[str, ...]:
+    """SGLang's flags for speculative algorithm ``BRISK_ISD`` at stride N: a chain (top-k 1) of
+    2N − 1 verify slots, ``[pending, x_1..x_M, MASK×M]``, run synchronously (no overlap).
+
+    >>> isd_flags(4)[:4]
+    ('--speculative-algorithm', 'BRISK_ISD', '--speculative-num-draft-tokens', '7')
+    """
+    n = 2 * stride - 1
+    return ("--speculative-algorithm", "BRISK_ISD", "--speculative-num-draft-tokens", str(n),
+            "--speculative-eagle-topk", "1", "--speculative-num-steps", str(n - 1),
+            "--disable-overlap-schedule")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ServerLaunch:
     """A server's command line and full environment (``env`` replaces the caller's)."""
@@ -64,8 +85,9 @@ class ServerLaunch:
 
     def shell(self) -> str:
         """The command as one shell line, with the variables it sets (for logs and READMEs)."""
-        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")
-        extra = [f"{k}={self.env[k]}" for k in set_here if self.env.get(k) != os.environ.get(k)]
+        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV)
+        extra = [f"{k}={_quoted(self.env[k])}" for k in set_here
+                 if k in self.env and self.env.get(k) != os.environ.get(k)]  # fmt: skip
         return " ".join([*extra, *self.argv])
 
 
@@ -78,8 +100,10 @@ def server_launch(
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
+    isd: Mapping[str, object] | None = None,
 ) -> ServerLaunch:
-    """``python -m sglang.launch_server`` for ``model`` on ``host:port``.
+    """``python -m sglang.launch_server`` for ``model`` on ``host:port``; with ``isd`` (the
+    ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) decoding is ISD through brisk's plugin.
 
     >>> launch = server_launch("m", 30000, extra_args=["--dtype", "float32"], python="python")
     >>> launch.argv[:5], launch.argv[-2:], launch.env["SGLANG_USE_CPU_ENGINE"]
@@ -96,8 +120,17 @@ def server_launch(
         argv += CPU_FLAGS
         run_env = activate(run_env)
         run_env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if isd is not None:
+        argv += isd_flags(int(isd.get("stride", 4)))  # type: ignore[call-overload]
+        run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
     argv += extra_args
     return ServerLaunch(argv=tuple(argv), env=run_env, url=f"http://{host}:{port}")
+
+
+def _quoted(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
 
 
 def port_in_use(host: str, port: int) -> bool:

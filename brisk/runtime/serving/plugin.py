@@ -9,7 +9,11 @@ the hooks registered here. :func:`register`
   (2N − 1 slots) and admits any checkpoint that declares a ``mask_token_id``: I-DLM's
   ``SDARForCausalLM`` and Qwen3-layout models; other algorithms go to SGLang's own resolution;
 - wraps DFlash's draft sampler (:mod:`brisk.runtime.serving.dflash`), active when
-  ``BRISK_DFLASH_CORRECTOR`` names a corrector checkpoint.
+  ``BRISK_DFLASH_CORRECTOR`` names a corrector checkpoint;
+- registers the speculative algorithm ``BRISK_ISD`` (:mod:`brisk.runtime.serving.worker`:
+  ``--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 2N-1``, options from
+  ``$BRISK_ISD_CONFIG``) and wraps the torch-native attention's extend so that its chain verify
+  attends as SGLang's CUDA backends do (the hook acts on TARGET_VERIFY batches only).
 
 SGLang logs a hook that fails to apply instead of raising, so :func:`installed` says which
 targets brisk has actually patched.
@@ -25,21 +29,34 @@ __all__ = ["ALGORITHM", "HOOKS", "installed", "register", "resolve_dllm_config"]
 ALGORITHM = "BriskISD"
 _CONFIG_TARGET = "sglang.srt.dllm.config.DllmConfig.from_server_args"
 _DFLASH = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
+_TORCH_NATIVE_EXTEND = (
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend"
+)
 HOOKS = {
     _CONFIG_TARGET: "brisk.runtime.serving.plugin:resolve_dllm_config",
     f"{_DFLASH}._greedy_sample_from_vocab_parallel_head": "brisk.runtime.serving.dflash:rerank",
     f"{_DFLASH}._maybe_build_draft_sampler": "brisk.runtime.serving.dflash:eager_when_reranking",
+    _TORCH_NATIVE_EXTEND: "brisk.runtime.serving.worker:verify_attention",
 }
 
 
 def register() -> None:
-    """Add ``BriskISD`` to SGLang's dLLM algorithms and register brisk's hooks."""
+    """Add ``BriskISD`` to SGLang's dLLM algorithms, ``BRISK_ISD`` to its speculative
+    algorithms, and register brisk's hooks."""
     from sglang.srt.dllm import algorithm as algorithms
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
 
     from brisk.runtime.serving.algorithm import BriskISD
+    from brisk.runtime.serving.worker import ALGORITHM as SPECULATIVE
+    from brisk.runtime.serving.worker import BriskISDSpec, BriskISDWorker
 
     algorithms.algo_name_to_cls[ALGORITHM] = BriskISD
+    if get_spec(SPECULATIVE) is None:  # register() may run twice in one process
+        SpeculativeAlgorithm.register(SPECULATIVE, spec_class=BriskISDSpec)(
+            lambda server_args: BriskISDWorker
+        )
     for target, hook in HOOKS.items():
         module, name = hook.split(":")
         HookRegistry.register(target, getattr(importlib.import_module(module), name),

@@ -1,0 +1,404 @@
+"""``BriskISDWorker``: ISD as SGLang speculative algorithm ``BRISK_ISD`` (a chain verify).
+
+ISD is self-speculative: one forward of ``[pending, x_1..x_M, MASK×M]`` (n = 2M + 1 verify
+slots per request, ``--speculative-num-draft-tokens 2M+1``) verifies the drafts x_1..x_M and
+proposes the next block at the MASK slots; a cold start ``[pending, MASK×M]`` pads to the same n
+with MASK. SGLang's speculative framework provides the rest: it reserves n KV slots after each
+request's ``seq_len`` (the KV length; the pending token sits at position ``seq_len``), returns
+the logits of every verify slot (and, with ``CaptureHiddenMode.FULL``, the hidden states), and
+commits a variable number of tokens per request.
+
+Per forward and request, brisk's exact step (:func:`brisk.runtime.isd.batched.step`) decides:
+
+- the committed tokens x_1..x_L and the next token (L + 1 of them, ``accept_lens``; the scheduler
+  appends them and cuts at EOS / budget / stop strings);
+- the slots whose KV stays: 0..L (pending and the accepted drafts), ``accept_index``; the KV of
+  MASK slots and rejected drafts is never kept (the next window overwrites it);
+- the next state, carried here keyed by the request id (``rid``) between forwards, so a batch
+  that changes (requests join, finish, are aborted or retracted) costs nothing but a row lookup.
+
+The prefill forward runs SGLang's plain extend; its next token is brisk's cold-start draw from
+the prompt's last logits (argmax at T = 0; at T > 0 the request's uniform at counter 0), and the
+request starts the decode with a cold start from it. Uniforms are keyed by (seed, a hash of the
+rid, the request's forward counter), so a request's tokens do not depend on its batch.
+
+Options come from the YAML/JSON file named by ``$BRISK_ISD_CONFIG`` (:class:`BriskISDOptions`);
+the server refuses to start when its stride disagrees with ``--speculative-num-draft-tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+from torch import Tensor
+
+from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd.batched import ISDState, StepContext, draw_next, init_state, step
+from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.sampling import Slots, counter_uniforms
+from brisk.runtime.serving.algorithm import ModelHeads, request_key, validate_sampling
+from brisk.runtime.serving.launch import ISD_CONFIG_ENV as CONFIG_ENV
+from brisk.runtime.serving.options import BriskISDOptions, OptionError
+
+__all__ = ["ALGORITHM", "CONFIG_ENV", "BriskISDSpec", "BriskISDWorker", "load_options"]
+
+ALGORITHM = "BRISK_ISD"
+
+
+def load_options() -> BriskISDOptions:
+    """The algorithm's options from ``$BRISK_ISD_CONFIG``: a JSON object, or a YAML / JSON
+    file (defaults when unset)."""
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        return BriskISDOptions()
+    raw = json.loads(path) if path.lstrip().startswith("{") else _read_file(path)
+    if not isinstance(raw, dict):
+        raise OptionError(f"{CONFIG_ENV}: {path} is not a mapping")
+    return BriskISDOptions.from_mapping(raw)
+
+
+def _read_file(path: str) -> Any:
+    text = Path(path).read_text()
+    if path.endswith(".json"):
+        raw = json.loads(text)
+    else:
+        import yaml
+
+        raw = yaml.safe_load(text) or {}
+    return raw
+
+
+class BriskISDSpec(CustomSpecAlgo):
+    """``BRISK_ISD`` for SGLang's dispatch: a no-draft-model chain speculator, so it takes the
+    scheduler's NGRAM paths (``is_ngram``: no draft KV, verify-only forwards) and supplies the
+    methods ``CustomSpecAlgo`` lacks in 0.5.23."""
+
+    def is_ngram(self) -> bool:
+        return True
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        return None
+
+    def create_future_map(self, device: Any, req_to_token_pool: Any,
+                          needs_cpu_seq_lens: bool = True,
+                          needs_confidence_relay: bool = False) -> Any:  # fmt: skip
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens,
+                         needs_confidence_relay)  # fmt: skip
+
+    def handle_server_args(self, server_args: Any) -> None:
+        """Check the verify width against the stride: n = 2M + 1 slots, a chain (top-k 1)."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        cfg = resolving_view(server_args)
+        options = load_options()
+        n = cfg.speculative_num_draft_tokens
+        if n != options.block_size:
+            raise OptionError(
+                f"--speculative-num-draft-tokens: BRISK_ISD at stride {options.stride} verifies "
+                f"2N − 1 = {options.block_size} slots per request, got {n}"
+            )
+
+
+class BriskISDWorker(BaseSpecWorker):
+    """The speculative worker: SGLang's target forward, brisk's step (module doc). Like
+    ``NGRAMWorker`` it has no draft model; it shares the target's memory pools."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        from sglang.srt.runtime_context import get_device, get_schedule, get_spec
+
+        super().__init__()
+        self.server_args = server_args
+        self.enable_overlap = False
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.page_size = get_schedule().page_size
+        self.draft_token_num = int(get_spec().speculative_num_draft_tokens)
+        self.speculative_num_draft_tokens = self.draft_token_num
+        self.max_trie_depth = 1
+        self.topk = 1
+        self.speculative_num_steps = get_spec().speculative_num_steps
+        self.device = get_device().device
+        self.adaptive_controller = None
+        self.grammar_tree_host = None
+
+        self.options = opt = load_options()
+        if self.draft_token_num != opt.block_size:
+            raise OptionError(f"--speculative-num-draft-tokens: need {opt.block_size} at stride "
+                              f"{opt.stride}, got {self.draft_token_num}")  # fmt: skip
+        hf = self.model_runner.model_config.hf_config
+        mask_id = getattr(hf, "mask_token_id", None)
+        if not isinstance(mask_id, int) or isinstance(mask_id, bool):
+            raise RuntimeError("--model-path: the model declares no integer mask_token_id; "
+                               "BRISK_ISD proposes from MASK slots")  # fmt: skip
+        self.mask_id = mask_id
+        self.corrector = Corrector.from_pretrained(opt.corrector) if opt.corrector else None
+        K = self.corrector.config.K if self.corrector is not None else opt.top_k
+        self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
+                              top_k=K)  # fmt: skip
+        self.ctx = StepContext(self.isd, K)
+        if self.corrector is not None:
+            self.corrector.impl = opt.impl
+            vocab = self.model_runner.model_config.vocab_size
+            heads = ModelHeads(self.model_runner.model, vocab)
+            self.corrector.to(heads.device)
+            self.ctx = StepContext(self.isd, K, heads, self.corrector)  # type: ignore[arg-type]
+        self.states: dict[str, ISDState] = {}  # rid → its one-row state
+        self._decoding: set[str] = set()
+        self.forwards = 0  # server-wide TPF = tokens / forwards (request-forwards)
+        self.tokens = 0
+
+    @property
+    def draft_worker(self) -> None:
+        return None
+
+    def alloc_memory_pool(self, **kwargs: Any) -> None:
+        # the target's pools exist only once the scheduler asks for these
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = (
+            self._target_worker.get_memory_pool()
+        )
+
+    def clear_cache_pool(self) -> None:
+        self.states.clear()
+        self._decoding = set()
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        """A finished request's state is dropped at once (aborted and retracted ones when they
+        leave the decode batch)."""
+        self.states.pop(rid, None)
+        self._decoding.discard(rid)
+
+    # -- prefill: plain extend, the first token by brisk's cold-start draw
+    def _seed(self, req: Any) -> int:
+        seed = getattr(req.sampling_params, "sampling_seed", None)
+        return int(seed) if seed is not None else self.options.seed
+
+    def _prefill(self, batch: Any, pp_proxy_tensors: Any) -> Any:
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        # A greedy request for one token is served exactly by the prefill's argmax whatever
+        # the server's temperature (SGLang's /health_generate asks for one).
+        argmax_rows = [_one_greedy_token(r.sampling_params) for r in batch.reqs]
+        for req, argmax in zip(batch.reqs, argmax_rows, strict=True):
+            why = None if argmax else validate_sampling(req.sampling_params,
+                                                        self.options.temperature)  # fmt: skip
+            if why is None and getattr(req, "return_logprob", False):
+                why = "BRISK_ISD does not return logprobs"
+            if why is not None and not req.finished():
+                req.set_finish_with_abort(why)
+        result = self.target_worker.forward_batch_generation(
+            batch, pp_proxy_tensors=pp_proxy_tensors
+        )
+        bs = len(batch.reqs)
+        logits = result.logits_output.next_token_logits  # [bs, V]
+        device = logits.device
+        seeds = torch.tensor([self._seed(r) for r in batch.reqs], dtype=torch.long)
+        keys = torch.tensor([request_key(r.rid) for r in batch.reqs], dtype=torch.long)
+        # a re-prefilled (retracted) request ran at most one forward per output token, so its
+        # counter resumes past every uniform it has used
+        counters = torch.tensor(
+            [int(self.states[r.rid].counter[0]) if r.rid in self.states else len(r.output_ids)
+             for r in batch.reqs], dtype=torch.long)  # fmt: skip
+        u = counter_uniforms(seeds, keys, counters, Slots(self.options.M).width).to(device)
+        logits = logits[:, : self.model_runner.model_config.vocab_size]
+        first = draw_next(logits, self.options.temperature, u[:, Slots(self.options.M).next])
+        first = torch.where(torch.tensor(argmax_rows, device=device), logits.argmax(-1), first)
+        lengths = torch.tensor(
+            [len(r.origin_input_ids) + len(r.output_ids) + 1 for r in batch.reqs],
+            dtype=torch.long,
+        )  # fmt: skip
+        rows = init_state(first, lengths.to(device), seeds, keys, self.ctx)
+        rows = dataclasses.replace(rows, counter=(counters + 1).to(device))
+        for i, req in enumerate(batch.reqs):
+            self.states[req.rid] = rows.select(torch.tensor([i], device=device))
+        self.forwards += bs
+        self.tokens += bs
+        next_ids = first.to(result.next_token_ids.dtype)
+        accept_tokens = torch.zeros(bs, self.draft_token_num, dtype=torch.int32, device=device)
+        accept_tokens[:, 0] = next_ids
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
+        new_seq_lens = batch.seq_lens.clone()
+        return GenerationBatchResult(
+            logits_output=result.logits_output, next_token_ids=next_ids,
+            can_run_cuda_graph=result.can_run_cuda_graph, accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=NgramVerifyInput(draft_token_num=self.draft_token_num,
+                                              new_seq_lens=new_seq_lens,
+                                              accept_tokens=accept_tokens.flatten(),
+                                              accept_lens=accept_lens),
+            speculative_num_draft_tokens=self.draft_token_num,
+        )  # fmt: skip
+
+    def _cold_row(self, req: Any) -> ISDState:
+        """A request's row when it reaches a decode forward without a state of this worker:
+        a cold start from its last token, its counter past every forward it can have run."""
+        device = self.device
+        last = (req.output_ids or req.origin_input_ids)[-1]
+        length = len(req.origin_input_ids) + len(req.output_ids)
+        row = init_state(torch.tensor([last], device=device), torch.tensor([length]),
+                         torch.tensor([self._seed(req)]), torch.tensor([request_key(req.rid)]),
+                         self.ctx)  # fmt: skip
+        return dataclasses.replace(row, counter=torch.full_like(row.counter, length))
+
+    # -- decode: one ISD round per request
+    def _verify_input(self, batch: Any, state: ISDState) -> Tensor:
+        """Write the verify slots into ``batch`` and return them ``[bs, n]``: ids
+        ``[pending, x_1..x_M or MASK×M, MASK×M]`` at positions ``seq_len + j``, a causal chain."""
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        bs, n, M = len(batch.reqs), self.draft_token_num, self.options.M
+        device = batch.seq_lens.device
+        ids = torch.full((bs, n), self.mask_id, dtype=torch.long, device=device)
+        ids[:, 0] = state.pending
+        ids[:, 1 : M + 1] = torch.where(state.verify[:, None], state.draft.tokens, self.mask_id)
+        j = torch.arange(n, device=device)
+        positions = (batch.seq_lens.long()[:, None] + j).flatten()
+        chain = (j[:, None] >= j[None, :]).expand(bs, n, n)  # slot i sees slots ≤ i
+        if not str(self.device).startswith(
+            "cpu"
+        ):  # custom-mask backends read [seq_len prefix ones | chain] rows
+            mask = torch.cat([
+                torch.cat([torch.ones(n, int(s), dtype=torch.bool, device=device), chain[b]], 1)
+                .flatten() for b, s in enumerate(batch.seq_lens.tolist())
+            ])  # fmt: skip
+        else:
+            mask = chain.flatten()
+        nxt = torch.where(j + 1 < n, j + 1, -1).expand(bs, n).clone()
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = ids.flatten()
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens, end_offset=batch.seq_lens + n,
+            batch_size=bs, draft_token_num=n, device=device,
+        )  # fmt: skip
+        batch.spec_info = NgramVerifyInput(
+            draft_token=batch.input_ids, custom_mask=mask, positions=positions,
+            retrieve_index=(torch.arange(bs, device=device)[:, None] * n + j),
+            retrieve_next_token=nxt, retrieve_next_sibling=torch.full_like(nxt, -1),
+            draft_token_num=n,
+        )  # fmt: skip
+        if self.corrector is not None:
+            batch.spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
+        return ids
+
+    def _decode(self, batch: Any, on_publish: Any, pp_proxy_tensors: Any) -> Any:
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+        from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+        bs, n = len(batch.reqs), self.draft_token_num
+        rids = [req.rid for req in batch.reqs]
+        for rid in self._decoding - set(rids):  # finished, aborted or retracted: state freed
+            self.states.pop(rid, None)
+        self._decoding = set(rids)
+        for req in batch.reqs:
+            if req.rid not in self.states:  # never prefilled here: cold-start from its last token
+                self.states[req.rid] = self._cold_row(req)
+        state = ISDState.concat([self.states[rid] for rid in rids])
+        self._verify_input(batch, state)
+        out = self.target_worker.forward_batch_generation(
+            batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True
+        )
+        lo = out.logits_output
+        vocab = self.model_runner.model_config.vocab_size
+        logits = lo.next_token_logits.view(bs, n, -1)[..., :vocab]
+        hidden = getattr(lo, "hidden_states", None)
+        if hidden is None:
+            if self.corrector is not None:
+                raise RuntimeError("BRISK_ISD: the corrector needs the verify hidden states")
+            hidden = logits.new_zeros(bs, n, 1)
+        result = step(state, logits, hidden.view(bs, n, -1), self.ctx)
+
+        device = logits.device
+        accept_lens = result.count.to(torch.int32)
+        flat = torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)
+        accept_index = torch.where(result.keep, flat, -1)  # [bs, n] slots 0..L keep their KV
+        tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
+        tokens[:, : result.tokens.shape[1]] = result.tokens.to(torch.int32)
+        new_seq_lens = batch.seq_lens + accept_lens
+        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1,
+                                             self.token_to_kv_pool_allocator)  # fmt: skip
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        for i, rid in enumerate(rids):
+            self.states[rid] = result.state.select(torch.tensor([i], device=device))
+        self.forwards += bs
+        self.tokens += int(accept_lens.sum())
+        batch.forward_mode = ForwardMode.DECODE
+        next_ids = tokens.flatten()
+        return GenerationBatchResult(
+            logits_output=lo, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
+            accept_lens=accept_lens, new_seq_lens=new_seq_lens,
+            next_draft_input=NgramVerifyInput(draft_token_num=n, new_seq_lens=new_seq_lens,
+                                              accept_tokens=next_ids, accept_lens=accept_lens),
+            speculative_num_draft_tokens=n,
+        )  # fmt: skip
+
+    def forward_batch_generation(
+        self, batch: Any, on_publish: Any = None, pp_proxy_tensors: Any = None
+    ) -> Any:
+        if batch.forward_mode.is_decode():
+            return self._decode(batch, on_publish, pp_proxy_tensors)
+        if batch.forward_mode.is_extend():
+            result = self._prefill(batch, pp_proxy_tensors)
+            if on_publish is not None:
+                on_publish(result.new_seq_lens)
+            return result
+        return self.target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+
+    @property
+    def tpf(self) -> float:
+        """Tokens per forward over all requests served (request-forwards, prefill included)."""
+        return self.tokens / max(self.forwards, 1)
+
+
+def _one_greedy_token(params: Any) -> bool:
+    greedy = float(getattr(params, "temperature", 1.0)) == 0 or getattr(params, "top_k", -1) == 1
+    return greedy and getattr(params, "max_new_tokens", None) == 1
+
+
+def verify_attention(original: Any, self: Any, q: Tensor, k: Tensor, v: Tensor, layer: Any,
+                     forward_batch: Any, save_kv_cache: bool = True) -> Any:  # fmt: skip
+    """``TorchNativeAttnBackend.forward_extend`` for TARGET_VERIFY (AROUND hook).
+
+    SGLang builds a verify batch like a decode one (no ``extend_prefix_lens`` /
+    ``extend_seq_lens``; ``seq_lens`` without the n verify slots) and then routes it to
+    ``forward_extend``. For the call, each request's prefix is its ``seq_len``, its extend is n
+    and its KV length ``seq_len + n``; SDPA's causal mask is then exactly the chain's.
+    """
+    if not forward_batch.forward_mode.is_target_verify():
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+    saved = (forward_batch.seq_lens, forward_batch.extend_prefix_lens,
+             forward_batch.extend_seq_lens)  # fmt: skip
+    seq_lens = forward_batch.seq_lens
+    n = q.shape[0] // seq_lens.shape[0]
+    forward_batch.extend_prefix_lens = seq_lens
+    forward_batch.extend_seq_lens = torch.full_like(seq_lens, n)
+    forward_batch.seq_lens = seq_lens + n
+    try:
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+    finally:
+        (forward_batch.seq_lens, forward_batch.extend_prefix_lens,
+         forward_batch.extend_seq_lens) = saved  # fmt: skip

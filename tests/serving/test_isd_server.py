@@ -1,0 +1,178 @@
+"""A real SGLang server running ISD as speculative algorithm ``BRISK_ISD`` (CPU engine, the
+plugin, :class:`brisk.runtime.serving.worker.BriskISDWorker`), against brisk's own decode.
+
+The model is a micro I-DLM base trained in the fixture (≈ 10 s), so its MASK slots propose
+blocks the verifier accepts (accept lengths 0..M all occur) and the tests exercise partial and
+full acceptance, the KV kept for accepted drafts and the cold starts after rejections. Exactness
+holds for any weights; greedy equality needs only a clear top-1 margin, which is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from brisk.runtime.serving.launch import ISD_CONFIG_ENV, ServerProcess, free_port, server_launch
+from tests.serving.real_server import (
+    RealServer,
+    generate,
+    greedy_reference,
+    isd_server_args,
+    post_generate,
+    start_real_server,
+    task_prompts,
+    train_micro_idlm,
+)
+
+STRIDE = 4  # M = 3: verify rounds of 2M + 1 = 7 slots
+MAX_NEW_TOKENS = 32
+MIN_MARGIN = 1e-3  # ≫ float32 rounding of these logits: no near-tie to flip
+
+
+@pytest.fixture(scope="module")
+def micro_idlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_micro_idlm(tmp_path_factory.mktemp("micro_idlm"))
+
+
+def _isd_server(workdir: Path, model: Path, temperature: float) -> Iterator[RealServer]:
+    """The options as a YAML file when greedy, inline JSON otherwise (both forms of
+    ``$BRISK_ISD_CONFIG``). SGLang's warm-up asks for 8 greedy tokens, which a T > 0 server
+    refuses: it is skipped there."""
+    if temperature == 0:
+        config = workdir / "isd.yaml"
+        config.write_text(f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n")
+        options = str(config)
+    else:
+        options = json.dumps({"stride": STRIDE, "temperature": temperature, "seed": 7})
+    args = isd_server_args(STRIDE) + (["--skip-server-warmup"] if temperature > 0 else [])
+    # SGLang's own KV-leak check after every busy step: kept and freed slots must add up
+    env = {ISD_CONFIG_ENV: options, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
+    process, server = start_real_server(workdir, args, env, model)
+    try:
+        yield server
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def isd_server(micro_idlm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """The greedy ISD server, shared by this module's greedy tests and always stopped."""
+    yield from _isd_server(tmp_path_factory.mktemp("isd_server"), micro_idlm, 0.0)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((t for t, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def test_greedy_completions_equal_brisk_decode(isd_server: RealServer) -> None:
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd.loop import decode
+    from brisk.runtime.isd.options import ISDOptions
+
+    batch = task_prompts(isd_server.model, 8)
+    _, margin = greedy_reference(isd_server.model, batch, MAX_NEW_TOKENS)
+    assert margin > MIN_MARGIN, f"the reference has a near-tie (gap {margin:.2e})"
+    reference = decode(HFBackbone.from_pretrained(isd_server.model), batch,
+                       ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    accepted = [L for r in reference.requests for L in r.accept_lengths]
+    assert max(accepted) == STRIDE - 1, "the test needs rounds that accept the whole block"
+    assert min(accepted) == 0, "the test needs rounds that reject the first draft"
+    served = generate(isd_server.url, batch, MAX_NEW_TOKENS)
+    for i, (want, got) in enumerate(zip(reference.tokens, served, strict=True)):
+        assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
+
+
+def test_the_server_verifies_drafts_and_counts_its_forwards(isd_server: RealServer) -> None:
+    """SGLang's per-request counters: a verify forward commits accept + 1 tokens, so
+    completion = 1 (the prefill's token) + forwards + accepted drafts, and TPF > 1."""
+    (prompt,) = task_prompts(isd_server.model, 1, seed=1)
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "ignore_eos": True,
+                                                     "max_new_tokens": MAX_NEW_TOKENS}}  # fmt: skip
+    meta = post_generate(isd_server.url, body)["meta_info"]
+    forwards, accepted = meta["spec_verify_ct"], meta["spec_num_correct_drafts"]
+    assert accepted > 0
+    # the last round may commit past the budget; the scheduler cuts it
+    assert meta["completion_tokens"] <= 1 + forwards + accepted
+    assert meta["completion_tokens"] > 1 + forwards + accepted - STRIDE
+    assert meta["completion_tokens"] / (forwards + 1) > 1.5
+
+
+def test_eight_concurrent_requests_equal_one_at_a_time(isd_server: RealServer) -> None:
+    batch = task_prompts(isd_server.model, 8, seed=2)
+    alone = [generate(isd_server.url, [p], MAX_NEW_TOKENS)[0] for p in batch]
+    with ThreadPoolExecutor(len(batch)) as pool:
+        together = list(pool.map(lambda p: generate(isd_server.url, [p], MAX_NEW_TOKENS)[0],
+                                 batch))  # fmt: skip
+    for i, (want, got) in enumerate(zip(alone, together, strict=True)):
+        assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
+
+
+def test_a_request_the_algorithm_cannot_serve_exactly_is_refused(isd_server: RealServer) -> None:
+    (prompt,) = task_prompts(isd_server.model, 1)
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0.7, "max_new_tokens": 4}}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post_generate(isd_server.url, body)
+    assert refused.value.code == 400
+    assert "serves greedy" in refused.value.read().decode()
+
+
+def test_sampling_with_request_seeds_does_not_depend_on_the_batch(
+    micro_idlm: Path, tmp_path: Path
+) -> None:
+    """T = 1: a request's tokens are a function of its prompt, seed and id (the uniforms'
+    key), so 4 seeded requests give the same tokens batched together and one at a time."""
+    batch = task_prompts(micro_idlm, 4, seed=3)
+    seeds = [11, 12, 13, 14]
+
+    def body(prompts: list[list[int]], seeds: list[int], rid: list[str]) -> dict[str, object]:
+        params = [{"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True,
+                   "sampling_seed": s} for s in seeds]  # fmt: skip
+        return {"input_ids": prompts, "sampling_params": params, "rid": rid}
+
+    rids = [f"seeded-{i}" for i in range(len(batch))]
+    for server in _isd_server(tmp_path, micro_idlm, 1.0):
+        together = [a["output_ids"] for a in post_generate(server.url, body(batch, seeds, rids))]
+        # one at a time, after the batch finished: the same rids (keys) are free again
+        alone = [post_generate(server.url, body([p], [s], [r]))[0]["output_ids"]
+                 for p, s, r in zip(batch, seeds, rids, strict=True)]  # fmt: skip
+    for i, (want, got) in enumerate(zip(alone, together, strict=True)):
+        assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
+    greedy, _ = greedy_reference(micro_idlm, batch, MAX_NEW_TOKENS)
+    assert together != greedy, "T = 1 sampled exactly the greedy tokens: sampling is not on"
+
+
+def test_a_verify_width_that_disagrees_with_the_stride_refuses_to_start(
+    micro_idlm: Path, tmp_path: Path
+) -> None:
+    launch = server_launch(micro_idlm, free_port(), device="cpu", isd={"stride": STRIDE},
+                           extra_args=["--speculative-num-draft-tokens", "5"])  # fmt: skip
+    server = ServerProcess(launch, tmp_path / "log").start()
+    try:
+        with pytest.raises(RuntimeError, match="the server exited") as failed:
+            server.wait_ready(timeout=240)
+    finally:
+        server.stop()
+    want = (f"--speculative-num-draft-tokens: BRISK_ISD at stride {STRIDE} verifies "
+            f"2N − 1 = {2 * STRIDE - 1} slots per request, got 5")  # fmt: skip
+    assert want in str(failed.value)
+
+
+def test_brisk_serve_stride_launches_brisk_isd(micro_idlm: Path) -> None:
+    command = [sys.executable, "-m", "brisk.cli", "serve", "--model", str(micro_idlm),
+               "--device", "cpu", "--stride", "3", "--port", "30123", "--dry-run"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert f"{ISD_CONFIG_ENV}='{{\"stride\":3}}'" in line.split()
+    assert "--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 5" in line
+    refused = subprocess.run([*command[:-5], "--corrector", "x", "--dry-run"],
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "brisk: error: --corrector: needs --stride (ISD decoding)"
