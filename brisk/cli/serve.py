@@ -10,6 +10,7 @@ this process, so Ctrl-C and signals reach SGLang directly.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--model: {args.model} is not a model directory (no config.json)")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port: {args.port} is not a port number")
+    if not args.dry_run and importlib.util.find_spec("sglang") is None:
+        raise ValueError(
+            f"SGLang is not installed beside this brisk ({sys.executable}); run "
+            "brisk serve from the serving venv (make serving-venv; .venv-serving/bin/brisk serve)"
+        )
     if not args.dry_run and port_in_use(args.host, args.port):
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
     isd = _isd_options(args)

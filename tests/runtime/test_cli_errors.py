@@ -301,3 +301,16 @@ def test_parser_errors_are_one_line(
     argv: list[str], name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one_line_error(argv, capsys, name)
+
+
+def test_serve_without_sglang_says_where_to_run_it(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """brisk serve in an environment without SGLang (this one): one line, exit 2."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("the error path of an environment without SGLang")
+    line = one_line_error(["serve", "--model", str(checkpoint), "--port", "30999"], capsys,
+                          "SGLang is not installed")  # fmt: skip
+    assert ".venv-serving/bin/brisk serve" in line
