@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,12 +43,13 @@ def micro_idlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _isd_server(workdir: Path, model: Path, temperature: float) -> Iterator[RealServer]:
-    """The options as a YAML file when greedy, inline JSON otherwise (both forms of
-    ``$BRISK_ISD_CONFIG``). SGLang's warm-up asks for 8 greedy tokens, which a T > 0 server
-    refuses: it is skipped there."""
+    """The options as a YAML file when greedy (with a block log at ``workdir/blocks``), inline
+    JSON otherwise (both forms of ``$BRISK_ISD_CONFIG``). SGLang's warm-up asks for 8 greedy
+    tokens, which a T > 0 server refuses: it is skipped there."""
     if temperature == 0:
         config = workdir / "isd.yaml"
-        config.write_text(f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n")
+        config.write_text(f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n"
+                          f"log_blocks: {workdir / 'blocks'}\n")  # fmt: skip
         options = str(config)
     else:
         options = json.dumps({"stride": STRIDE, "temperature": temperature, "seed": 7})
@@ -176,3 +178,61 @@ def test_brisk_serve_stride_launches_brisk_isd(micro_idlm: Path) -> None:
                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert refused.returncode == 2
     assert refused.stderr.strip() == "brisk: error: --corrector: needs --stride (ISD decoding)"
+
+
+def test_the_server_block_log_is_valid_and_counts_its_rounds(
+    isd_server: RealServer, tmp_path: Path
+) -> None:
+    """One mechanism-format row per verify round that verified drafts, with SGLang's own
+    counters: the rows' accepted drafts are the server's ``spec_num_correct_drafts``, and the
+    other forwards are cold starts (one token each). The accept lengths are not compared with
+    ``brisk decode``'s: the server's first token comes from the prefill and brisk's from a cold
+    start at the prompt's last token, so their blocks start one token apart and the lengths
+    differ (same tokens; e.g. [3, 3, 3, 2, 0, …] served, [1, 3, 3, 3, 0, …] decoded)."""
+    import numpy as np
+
+    from brisk.mechanism.io import read_blocks
+    from brisk.runtime.serving.algorithm import request_key
+
+    # under torch.distributed (always, in SGLang) TP rank 0 writes its own rank folder
+    logs = sorted((isd_server.log.parent / "blocks").glob("rank*"))
+    assert [p.name for p in logs] == ["rank0"], "one TP rank, one block log"
+    (log,) = logs
+    batch = task_prompts(isd_server.model, 4, seed=4)
+    rids = [f"logged-{i}" for i in range(len(batch))]
+    body = {"input_ids": batch, "rid": rids,
+            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS,
+                                "ignore_eos": True}}  # fmt: skip
+    metas = [a["meta_info"] for a in post_generate(isd_server.url, body)]
+    keys = {request_key(rid): meta for rid, meta in zip(rids, metas, strict=True)}
+
+    def rows() -> dict[int, list[tuple[int, int]]]:
+        found: dict[int, list[tuple[int, int]]] = {k: [] for k in keys}
+        if not any(log.glob("part-*.parquet")):
+            return found
+        for part in read_blocks(log, ["request_id", "block_index", "accept_len"]):
+            c = part.columns
+            for r, b, L in zip(c["request_id"], c["block_index"], c["accept_len"], strict=True):
+                if int(r) in found:
+                    found[int(r)].append((int(b), int(L)))
+        return found
+
+    deadline = time.monotonic() + 30  # the worker flushes when it falls idle
+    while not all(rows().values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    found = rows()
+    for key, meta in keys.items():
+        rounds = sorted(found[key])
+        assert rounds, "no block-log rows for a served request"
+        assert len({b for b, _ in rounds}) == len(rounds), "a verify round logged twice"
+        assert len(rounds) <= meta["spec_verify_ct"]
+        assert sum(L for _, L in rounds) == meta["spec_num_correct_drafts"]
+        assert np.all(np.asarray([L for _, L in rounds]) <= STRIDE - 1)
+    cli = [sys.executable, "-m", "brisk.cli", "mechanism"]
+    validated = subprocess.run([*cli, "validate", str(log)], capture_output=True, text=True,
+                               timeout=120, check=False)  # fmt: skip
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    report = subprocess.run([*cli, "report", str(log), "--out", str(tmp_path / "report"),
+                             "--bootstrap", "0"], capture_output=True, text=True, timeout=300,
+                            check=False)  # fmt: skip
+    assert report.returncode == 0, report.stdout + report.stderr

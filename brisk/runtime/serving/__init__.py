@@ -14,6 +14,10 @@
   which the sweep is tested against;
 - :mod:`~brisk.runtime.serving.launch` — the command line and environment of a real SGLang
   server (CPU or CUDA) and a process handle that waits for it and stops it (``brisk serve``);
+- :mod:`~brisk.runtime.serving.worker` — ``BriskISDWorker``, ISD as SGLang speculative algorithm
+  ``BRISK_ISD`` (exact verification by brisk's step, KV of accepted slots only, block logs);
+- :mod:`~brisk.runtime.serving.engine` — ``isd_engine``: SGLang's offline ``Engine`` with the
+  same arguments as the server, for generating with ISD from Python without a port;
 - :mod:`~brisk.runtime.serving.cpu` — the CPU stand-ins for SGLang's CUDA-only imports
   (``sgl_kernel``, ``torchvision``), loaded only for ``--device cpu``.
 

@@ -39,6 +39,7 @@ __all__ = [
     "free_port",
     "isd_flags",
     "port_in_use",
+    "server_arguments",
     "server_launch",
 ]
 
@@ -91,6 +92,46 @@ class ServerLaunch:
         return " ".join([*extra, *self.argv])
 
 
+def server_arguments(
+    model: str | os.PathLike[str],
+    *,
+    device: Device = "cpu",
+    address: tuple[str, int] | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    isd: Mapping[str, object] | None = None,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """SGLang's arguments for serving ``model`` and the full environment its processes need;
+    the one place both the HTTP server (:func:`server_launch`) and the offline engine
+    (:func:`brisk.runtime.serving.engine.isd_engine`) take them from.
+
+    ``address`` (host, port) is for the HTTP server only; ``isd`` (the ``BRISK_ISD`` options,
+    e.g. ``{"stride": 4}``) makes decoding ISD through brisk's plugin; ``extra_args`` come last,
+    so they override.
+
+    >>> flags, env = server_arguments("m", isd={"stride": 2}, env={})
+    >>> flags[:4], flags[-9:-7]
+    (('--model-path', 'm', '--device', 'cpu'), ('--speculative-algorithm', 'BRISK_ISD'))
+    >>> env["BRISK_ISD_CONFIG"]
+    '{"stride":2}'
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r} is not one of cpu, cuda")
+    flags = ["--model-path", str(model)]
+    if address is not None:
+        flags += ["--host", address[0], "--port", str(address[1])]
+    run_env = dict(os.environ if env is None else env)
+    if device == "cpu":
+        flags += CPU_FLAGS
+        run_env = activate(run_env)
+        run_env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if isd is not None:
+        flags += isd_flags(int(isd.get("stride", 4)))  # type: ignore[call-overload]
+        run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
+    flags += extra_args
+    return tuple(flags), run_env
+
+
 def server_launch(
     model: str | os.PathLike[str],
     port: int,
@@ -102,8 +143,9 @@ def server_launch(
     env: Mapping[str, str] | None = None,
     isd: Mapping[str, object] | None = None,
 ) -> ServerLaunch:
-    """``python -m sglang.launch_server`` for ``model`` on ``host:port``; with ``isd`` (the
-    ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) decoding is ISD through brisk's plugin.
+    """``python -m sglang.launch_server`` for ``model`` on ``host:port`` with
+    :func:`server_arguments`; with ``isd`` (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``)
+    decoding is ISD through brisk's plugin.
 
     >>> launch = server_launch("m", 30000, extra_args=["--dtype", "float32"], python="python")
     >>> launch.argv[:5], launch.argv[-2:], launch.env["SGLANG_USE_CPU_ENGINE"]
@@ -111,20 +153,10 @@ def server_launch(
     >>> "SGLANG_USE_CPU_ENGINE" in server_launch("m", 30000, device="cuda", env={}).env
     False
     """
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device: {device!r} is not one of cpu, cuda")
-    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
-            "--host", host, "--port", str(port)]  # fmt: skip
-    run_env = dict(os.environ if env is None else env)
-    if device == "cpu":
-        argv += CPU_FLAGS
-        run_env = activate(run_env)
-        run_env["SGLANG_USE_CPU_ENGINE"] = "1"
-    if isd is not None:
-        argv += isd_flags(int(isd.get("stride", 4)))  # type: ignore[call-overload]
-        run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
-    argv += extra_args
-    return ServerLaunch(argv=tuple(argv), env=run_env, url=f"http://{host}:{port}")
+    flags, run_env = server_arguments(model, device=device, address=(host, port),
+                                      extra_args=extra_args, env=env, isd=isd)  # fmt: skip
+    argv = (python, "-m", "sglang.launch_server", *flags)
+    return ServerLaunch(argv=argv, env=run_env, url=f"http://{host}:{port}")
 
 
 def _quoted(value: str) -> str:

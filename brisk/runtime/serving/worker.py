@@ -24,10 +24,17 @@ rid, the request's forward counter), so a request's tokens do not depend on its 
 
 Options come from the YAML/JSON file named by ``$BRISK_ISD_CONFIG`` (:class:`BriskISDOptions`);
 the server refuses to start when its stride disagrees with ``--speculative-num-draft-tokens``.
+
+With ``log_blocks`` TP rank 0 writes one mechanism-format block-log row per verify round
+(:func:`brisk.runtime.isd.loop.log_verified`, as brisk's decode does). The prefill's token is
+not a verify round and has no row. SGLang never closes its speculative worker and stops the
+scheduler by a signal, so the rows are flushed whenever the worker falls idle (its last request
+finished), and at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -39,11 +46,18 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from torch import Tensor
 
+from brisk.runtime.blocklog import verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, draw_next, init_state, step
+from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms
-from brisk.runtime.serving.algorithm import ModelHeads, request_key, validate_sampling
+from brisk.runtime.serving.algorithm import (
+    ModelHeads,
+    _rank_logger,
+    request_key,
+    validate_sampling,
+)
 from brisk.runtime.serving.launch import ISD_CONFIG_ENV as CONFIG_ENV
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
@@ -153,13 +167,18 @@ class BriskISDWorker(BaseSpecWorker):
         K = self.corrector.config.K if self.corrector is not None else opt.top_k
         self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
                               top_k=K)  # fmt: skip
-        self.ctx = StepContext(self.isd, K)
+        self.logger = _rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
+        if self.logger is not None:
+            self.logger.declare(verification_for(self.isd, self.corrector))
+            atexit.register(self.logger.close)
+        log = self.logger is not None
+        self.ctx = StepContext(self.isd, K, log=log)
         if self.corrector is not None:
             self.corrector.impl = opt.impl
             vocab = self.model_runner.model_config.vocab_size
             heads = ModelHeads(self.model_runner.model, vocab)
             self.corrector.to(heads.device)
-            self.ctx = StepContext(self.isd, K, heads, self.corrector)  # type: ignore[arg-type]
+            self.ctx = StepContext(self.isd, K, heads, self.corrector, log=log)  # type: ignore[arg-type]
         self.states: dict[str, ISDState] = {}  # rid → its one-row state
         self._decoding: set[str] = set()
         self.forwards = 0  # server-wide TPF = tokens / forwards (request-forwards)
@@ -180,10 +199,12 @@ class BriskISDWorker(BaseSpecWorker):
         self._decoding = set()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        """A finished request's state is dropped at once (aborted and retracted ones when they
-        leave the decode batch)."""
+        """A request that finished decoding drops its state at once (those that finish at the
+        prefill, aborted and retracted ones when the next decode batch lacks them)."""
         self.states.pop(rid, None)
         self._decoding.discard(rid)
+        if self.logger is not None and not self._decoding:  # idle: the rows reach disk now
+            self.logger.flush()
 
     # -- prefill: plain extend, the first token by brisk's cold-start draw
     def _seed(self, req: Any) -> int:
@@ -310,8 +331,9 @@ class BriskISDWorker(BaseSpecWorker):
 
         bs, n = len(batch.reqs), self.draft_token_num
         rids = [req.rid for req in batch.reqs]
-        for rid in self._decoding - set(rids):  # finished, aborted or retracted: state freed
-            self.states.pop(rid, None)
+        # finished (also at the prefill, which SGLang does not report), aborted or retracted
+        for rid in set(self.states) - set(rids):
+            del self.states[rid]
         self._decoding = set(rids)
         for req in batch.reqs:
             if req.rid not in self.states:  # never prefilled here: cold-start from its last token
@@ -330,6 +352,8 @@ class BriskISDWorker(BaseSpecWorker):
                 raise RuntimeError("BRISK_ISD: the corrector needs the verify hidden states")
             hidden = logits.new_zeros(bs, n, 1)
         result = step(state, logits, hidden.view(bs, n, -1), self.ctx)
+        if self.logger is not None:
+            log_verified(self.logger, state, result, logits, self.options.temperature)
 
         device = logits.device
         accept_lens = result.count.to(torch.int32)
