@@ -69,7 +69,7 @@ from brisk.runtime.train.resume import (
     start_checkpoint,
 )
 
-__all__ = ["TrainResult", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
+__all__ = ["TrainResult", "adamw", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,18 @@ class TrainResult:
     history: list[dict[str, Any]]  # every record written to metrics.jsonl
     report: EvalReport | None  # held-out evaluation after training (None if disabled)
     wall_s: float  # training wall time, evaluation and final save excluded
+
+
+def adamw(model: Any, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (β = 0.9, 0.98) without decay on norms and biases (1-D tensors), the usual GPT
+    recipe; for an FSDP model build it after sharding (its parameters are then DTensors)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.98),
+    )  # fmt: skip
 
 
 def _lr(cfg: BaseTrainConfig, step: int) -> float:
@@ -247,17 +259,7 @@ def _train(
         with precision:
             return training_forward(net, batch, cfg.attention)
 
-    # AdamW without decay on norms and biases (1-D tensors), the usual GPT recipe.
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0},
-        ],
-        lr=cfg.lr,
-        betas=(0.9, 0.98),
-    )
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
 
     # Resume: optimizer, RNG states and the log as they were at the checkpoint; every step draws
     # batch_size problems, so the stream continues after step · batch_size of them.

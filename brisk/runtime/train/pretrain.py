@@ -41,7 +41,7 @@ from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.presets import build_preset
 from brisk.runtime.tasks.task import get_task
 from brisk.runtime.tiny.broad import Example, broad_corpus
-from brisk.runtime.train.base import TrainResult, _lr, cpu_settings, save_checkpoint
+from brisk.runtime.train.base import TrainResult, _lr, adamw, cpu_settings, save_checkpoint
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
 from brisk.runtime.train.idlm import IGNORE
 from brisk.runtime.train.pretrain_config import PretrainConfig
@@ -114,13 +114,7 @@ def _train(
     # resumed run skips the step · batch_size examples already drawn.
     model, tokenizer = build_preset("tiny", cfg.model)
     pad_id = tokenizer.pad_token_id
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0}],
-        lr=cfg.lr, betas=(0.9, 0.98),
-    )  # fmt: skip
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
 
     state = load_state(start) if start is not None else {}
     metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))

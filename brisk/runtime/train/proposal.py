@@ -55,7 +55,7 @@ from brisk.runtime.train.acceptance import (
     position_weights,
     slot_table,
 )
-from brisk.runtime.train.base import cpu_settings, replace_dir
+from brisk.runtime.train.base import adamw, cpu_settings, replace_dir
 from brisk.runtime.train.distributed import (
     Dist,
     autocast,
@@ -253,13 +253,7 @@ def _train(
     set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
     net = prepare(model, dist, fsdp=cfg.fsdp, precision=cfg.precision,
                   checkpointing=cfg.activation_checkpointing)  # fmt: skip
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98),
-    )  # fmt: skip
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     tracker = ProfileTracker(M, cfg.profile_decay)
     step, tokens, static_rates = 0, 0, None
     stream = ExampleStream(examples, cfg.seed)
