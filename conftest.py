@@ -1,14 +1,11 @@
-"""Doctest collection of the package: the modules that subclass SGLang's classes
-(``DllmAlgorithm``, the speculative worker) import SGLang at module level, so they are collected
-only where SGLang is installed (``.venv-serving``); their behaviour is tested in
-``tests/serving``."""
+"""Doctest collection of the package: the SGLang speculative worker
+(``brisk/runtime/serving/worker.py``: ``BriskISDWorker`` subclasses SGLang's classes) imports
+SGLang at module level, so it is collected only where SGLang is installed (``.venv-serving``);
+its behaviour is tested in ``tests/serving``. Every other serving module imports SGLang only
+when called."""
 
 from __future__ import annotations
 
 import importlib.util
 
-collect_ignore = (
-    []
-    if importlib.util.find_spec("sglang")
-    else ["brisk/runtime/serving/algorithm.py", "brisk/runtime/serving/worker.py"]
-)
+collect_ignore = [] if importlib.util.find_spec("sglang") else ["brisk/runtime/serving/worker.py"]

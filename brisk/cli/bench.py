@@ -17,22 +17,23 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = commands.add_parser(
         "serve",
-        help="the paper's serving sweep over sglang.benchmark.serving (one server, or two "
+        help="the paper's serving sweep over sglang.benchmark.serving (one server, or several "
         "compared by paired ratios)",
-        description="Sweep concurrency C against one or two OpenAI-compatible servers with "
+        description="Sweep concurrency C against one or more OpenAI-compatible servers with "
         "sglang.benchmark.serving: fixed prompt length, exactly --output-len tokens per "
         "request, --runs runs per C. Prints aggregate and median-request tokens/s, p95 "
-        "latency and the server's TPF; with two --url, the paired tokens/s ratios (second ÷ "
-        "first) per C and their geometric mean across C. Writes serve_bench.{md,json,png}.",
+        "latency and the server's TPF; with several --url, the paired tokens/s ratios of every "
+        "later server to every earlier one (e.g. B ÷ A, C ÷ A, C ÷ B) per C and their geometric "
+        "mean across C. Writes serve_bench.{md,json,png}.",
     )
     s.add_argument(
         "--url",
         action="append",
         required=True,
-        help="server base URL; give it twice to compare (second ÷ first)",
+        help="server base URL; repeat it to compare servers (later ÷ earlier)",
     )
     s.add_argument("--label", action="append",
-                   help="a name per --url (default: A, B)")  # fmt: skip
+                   help="a name per --url (default: A, B, C, …)")  # fmt: skip
     s.add_argument(
         "--tokenizer",
         required=True,
@@ -57,9 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from brisk.runtime.serving import bench
 
-    labels = args.label or ["A", "B"][: len(args.url)]
-    if len(args.url) > 2:
-        raise ValueError(f"--url: one or two servers, got {len(args.url)}")
+    labels = args.label or [chr(ord("A") + i) for i in range(len(args.url))]
+    if len(args.url) > 8:
+        raise ValueError(f"--url: at most 8 servers, got {len(args.url)}")
     if len(labels) != len(args.url) or len(set(labels)) != len(labels):
         raise ValueError(f"--label: need one distinct name per --url, got {labels}")
     if not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
@@ -90,15 +91,17 @@ def _serve(args: argparse.Namespace) -> int:
     except RuntimeError as err:  # a server down or failing requests: one line, exit 2
         raise ValueError(str(err)) from err
     rows = bench.summarize(runs)
-    ratios = bench.compare(runs, labels[0], labels[1]) if len(labels) == 2 else []
-    names = f"{labels[1]} ÷ {labels[0]}" if len(labels) == 2 else ""
-    text = bench.markdown(rows, ratios, names)
+    pairs = bench.comparisons(runs, labels)
+    text = bench.markdown(rows) + "".join(
+        "\n" + bench.ratio_table(ratios, names) for names, ratios in pairs.items()
+    )
     print(text, end="")
     atomic_write_text(args.out / "serve_bench.md", text)
+    first = next(iter(pairs.values()), [])
     atomic_write_text(
         args.out / "serve_bench.json",
-        bench.dumps(bench.to_json(runs, rows, ratios, options, servers)),
+        bench.dumps(bench.to_json(runs, rows, first, options, servers, pairs)),
     )
-    bench.plot(rows, ratios, args.out / "serve_bench.png", names)
+    bench.plot(rows, pairs, args.out / "serve_bench.png")
     console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")
     return 0

@@ -535,8 +535,8 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], setup: _Setup, args:
     rounds = profile.n_blocks
     console.print(
         f"{len(rows)} requests, stride N = {options.stride}, temperature {options.temperature:g}: "
-        f"{result.generated} output tokens in {result.forwards} decoding forwards "
-        f"(prefill excluded) over {rounds} verify rounds"
+        f"{result.generated} output tokens in {result.forwards} forwards "
+        f"(the prefills, which commit each first token, and {rounds} verify rounds)"
     )
     if setup.corrector is None:
         console.print("corrector: none (the base drafts)")

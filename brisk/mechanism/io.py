@@ -1,9 +1,12 @@
 """Writing, streaming and validating block logs.
 
-A *log* is either one Parquet file or a directory of part files ``part-NNNNNN.parquet``. The
-writer produces directories: each flush writes one complete row group to a temporary hidden
-file, fsyncs it and renames it into place, so a crash or ``kill -9`` of the writing process
-loses only rows not yet flushed, and every part a reader sees is a whole, valid file.
+A *log* is either one Parquet file or a directory of part files ``part-NNNNNN.parquet``, or a
+directory of rank folders ``rank0/``, ``rank1/``, … each of which is such a part directory (what
+the SGLang server's worker writes under ``--log-blocks``: one folder per tensor-parallel rank,
+only rank 0 writing today; :func:`log_folders`). The writer produces part directories: each
+flush writes one complete row group to a temporary hidden file, fsyncs it and renames it into
+place, so a crash or ``kill -9`` of the writing process loses only rows not yet flushed, and
+every part a reader sees is a whole, valid file.
 
 Parts carry Parquet page checksums (CRC-32 of every data page), and every reader here verifies
 them, so bytes damaged on disk or in transit end as a :class:`CorruptBlockLogError` naming the
@@ -14,6 +17,7 @@ files written by other tools) still read; only the value checks guard them.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +50,7 @@ __all__ = [
     "block_table",
     "count_blocks",
     "log_files",
+    "log_folders",
     "log_info",
     "log_shape",
     "log_verification",
@@ -54,6 +59,8 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_ROWS = 65_536
+PART_PATTERN = "part-*.parquet"
+_RANK_FOLDER = re.compile(r"rank(\d+)")
 _PER_CANDIDATE = frozenset({"cand_ids", "q", "p"})
 _PER_POSITION = frozenset(
     {"verifier_top1", "verifier_top1_prob", "u", "base_choice", "head_choice", "head_block"}
@@ -101,12 +108,45 @@ class BlockBatch:
         return self.rows
 
 
+def log_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The folders that make up the log directory ``path``: ``path`` itself when it holds block
+    parts (or nothing recognizable), else its rank folders ``rank<i>/`` in rank order
+    (``rank2`` before ``rank10``).
+
+    Rank folders are read together as one log: their parts must share M, K and the verification
+    (:func:`log_info` names the file that differs) and their request rows must have distinct
+    request ids (:func:`~brisk.mechanism.requests.read_requests` names the file). A folder that
+    holds parts and rank folders both is an error naming it.
+    """
+    path = Path(path)
+    ranks = _rank_folders(path)
+    if not ranks:
+        return [path]
+    if any(path.glob(PART_PATTERN)):
+        names = ", ".join(f"{r.name}/" for r in ranks)
+        raise ValueError(
+            f"{path}: holds block-log parts (part-*.parquet) and rank folders ({names}) both; "
+            "pass one rank folder, or move the parts into their own"
+        )
+    return ranks
+
+
+def _rank_folders(path: Path) -> list[Path]:
+    found = [(int(m[1]), p) for p in path.iterdir() if p.is_dir()
+             and (m := _RANK_FOLDER.fullmatch(p.name))]  # fmt: skip
+    return [p for _, p in sorted(found)]
+
+
 def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Expand logs (files or part directories) into Parquet files, in a canonical order.
+    """Expand logs (files, part directories or directories of rank folders) into Parquet files,
+    in a canonical order.
 
     A directory contributes its block parts, ``part-*.parquet`` (what
     :class:`BlockLogWriter` writes); other files in it are not blocks and are left alone. A
-    directory with no part is an error that names the Parquet files it does hold, if any.
+    directory without parts but with rank folders ``rank<i>/`` (:func:`log_folders`)
+    contributes the parts of each, in rank order; a rank folder without parts (a rank that
+    wrote no block) adds none, but at least one must hold some. A directory with neither
+    parts nor rank folders is an error that names it and the Parquet files it does hold, if any.
     """
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
@@ -114,9 +154,10 @@ def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            parts = sorted(path.glob("part-*.parquet"))
+            folders = log_folders(path)
+            parts = [f for folder in folders for f in sorted(folder.glob(PART_PATTERN))]
             if not parts:
-                raise ValueError(_no_parts(path))
+                raise ValueError(_no_parts(path, folders))
             files.extend(parts)
         elif path.exists():
             files.append(path)
@@ -127,10 +168,16 @@ def log_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
     return files
 
 
-def _no_parts(path: Path) -> str:
+def _no_parts(path: Path, folders: list[Path]) -> str:
+    if folders != [path]:
+        names = ", ".join(f"{f.name}/" for f in folders)
+        return f"{path}: no block-log parts (part-*.parquet) in its rank folders ({names})"
     others = sorted(p.name for p in path.glob("*.parquet") if not p.name.startswith("requests-"))
     if not others:
-        return f"{path}: no block-log parts (part-*.parquet) in this directory"
+        return (
+            f"{path}: no block-log parts (part-*.parquet) and no rank folders (rank0/, …) in "
+            "this directory"
+        )
     shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
     return (
         f"{path}: no block-log parts (part-*.parquet) in this directory; it holds {shown}: "

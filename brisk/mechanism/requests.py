@@ -1,27 +1,34 @@
 """The request table of a block log: one row per finished request, beside its blocks.
 
-Blocks alone cannot give the TPF a user sees. A request's forwards include its cold starts (the
-first forward after the prompt, and one after every rejection it continued from), its output is
-cut at EOS or the token budget, and a request that ends at its opening cold start has no block at
-all. So when a request finishes, the decoder writes one row of what it cost:
+Blocks alone cannot give the TPF a user sees. A request's forwards include its prefill (the
+forward over the whole prompt, which commits the first output token) and its cold starts (the
+forward after the prefill, and one after every rejection it continued from), its output is cut
+at EOS or the token budget, and a request that ends at its prefill or at its opening cold start
+has no block at all. So when a request finishes, the decoder writes one row of what it cost:
 
 =================  ======  =========================================================
 column             type    meaning
 =================  ======  =========================================================
 ``request_id``     int64   the ``request_id`` of its blocks
-``prompt_tokens``  int64   prompt length (its first block has token_offset = this + 1)
+``prompt_tokens``  int64   prompt length (its first block has token_offset = this + 2: the
+                           prefill commits output token 1, the cold start token 2)
 ``output_tokens``  int64   n, tokens output (EOS included; ≥ 1)
-``forwards``       int64   F, decoding forwards (prefill excluded): verify rounds and cold
-                           starts, so verify_rounds + 1 ≤ F ≤ 2·verify_rounds + 1
+``forwards``       int64   F, forwards including the prefill (which commits the first token):
+                           1 + cold starts + verify rounds, so F = 1 when n = 1 (the prefill
+                           alone), else verify_rounds + 2 ≤ F ≤ 2·verify_rounds + 2
 ``verify_rounds``  int64   verify rounds, i.e. blocks of this request in the log
 ``finished``       string  ``"eos"`` or ``"length"`` (the token budget)
 =================  ======  =========================================================
 
-Rows live in ``requests-NNNNNN.parquet`` files in the log directory, written atomically after
+Rows live in ``requests-NNNNNN.parquet`` files in the log directory (in each rank folder of a
+directory of rank folders, :func:`brisk.mechanism.io.log_folders`), written atomically after
 the block parts they describe, so a request that has a row has all its blocks on disk; blocks of
 requests without a row (unfinished when the log closed, or a log from a writer that keeps no
 table) still feed every diagnostic but no TPF. M and the format version are in the schema
-metadata, as for the parts.
+metadata, as for the parts, and ``brisk.requests_version`` says how ``forwards`` counts:
+``2``, the prefill included (above). A request file without it was written when the prefill
+covered the prompt but its last token, committed nothing and was not counted; its rows are
+refused (:func:`read_requests`), since their forwards mean something else.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from brisk.mechanism.io import log_folders
 from brisk.mechanism.schema import FORMAT_VERSION, BlockLogError
 
 __all__ = ["FINISHED", "REQUEST_COLUMNS", "RequestTable", "read_requests", "request_table"]
@@ -45,6 +53,9 @@ FINISHED: tuple[str, ...] = ("eos", "length")
 _INT_COLUMNS = ("request_id", "prompt_tokens", "output_tokens", "forwards", "verify_rounds")
 REQUEST_COLUMNS: tuple[str, ...] = (*_INT_COLUMNS, "finished")
 PATTERN = "requests-*.parquet"
+REQUESTS_VERSION = 2
+"""Version of the request table's meaning: 2, ``forwards`` includes the prefill."""
+_META_REQUESTS_VERSION = b"brisk.requests_version"
 
 IntArray = npt.NDArray[np.int64]
 
@@ -52,7 +63,11 @@ IntArray = npt.NDArray[np.int64]
 def request_schema(M: int) -> pa.Schema:
     fields = [pa.field(name, pa.int64(), nullable=False) for name in _INT_COLUMNS]
     fields.append(pa.field("finished", pa.string(), nullable=False))
-    meta = {b"brisk.M": str(M).encode(), b"brisk.version": str(FORMAT_VERSION).encode()}
+    meta = {
+        b"brisk.M": str(M).encode(),
+        b"brisk.version": str(FORMAT_VERSION).encode(),
+        _META_REQUESTS_VERSION: str(REQUESTS_VERSION).encode(),
+    }
     return pa.schema(fields, metadata=meta)
 
 
@@ -80,12 +95,19 @@ def request_table(columns: Mapping[str, Any], M: int, file: str = "<requests>") 
 def check_requests(cols: Mapping[str, npt.NDArray[Any]], M: int, file: str, row0: int = 0) -> None:
     """Raise :class:`BlockLogError` at the first row that cannot describe an ISD request."""
     R, F, n = cols["verify_rounds"], cols["forwards"], cols["output_tokens"]
-    cold = F - R  # cold starts: one commits 1 token, a verify round at most M + 1
+    # cold starts: a verify round follows one, so there is one at least when R ≥ 1; the prefill
+    # and a cold start commit 1 token each, a verify round at most M + 1
+    cold = F - 1 - R
     for column, bad, problem in (
         ("prompt_tokens", cols["prompt_tokens"] < 1, "below 1"),
         ("verify_rounds", R < 0, "negative"),
-        ("forwards", (cold < 1) | (cold > R + 1), "outside [rounds + 1, 2·rounds + 1]"),
-        ("output_tokens", (n < 1) | (n > cold + (M + 1) * R), "more than its forwards commit"),
+        (
+            "forwards",
+            (cold < np.minimum(R, 1)) | (cold > R + 1),
+            "outside [rounds + 2, 2·rounds + 2] (1 or 2 without a round)",
+        ),
+        ("output_tokens", (n < 1) | (n > 1 + cold + (M + 1) * R), "more than its forwards commit"),
+        ("output_tokens", n < F, "fewer than its forwards (each commits one token at least)"),
         ("finished", ~np.isin(cols["finished"], FINISHED), f"not one of {', '.join(FINISHED)}"),
     ):
         rows = np.flatnonzero(bad)
@@ -118,17 +140,25 @@ class RequestTable:
 
 
 def request_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The request files of the logs' directories (a log given as a file has none)."""
+    """The request files of the logs' directories, those of each rank folder in rank order for a
+    directory of rank folders (:func:`brisk.mechanism.io.log_folders`); a log given as a file
+    has none."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
-    return [f for p in map(Path, paths) if p.is_dir() for f in sorted(p.glob(PATTERN))]
+    return [
+        f
+        for p in map(Path, paths)
+        if p.is_dir()
+        for folder in log_folders(p)
+        for f in sorted(folder.glob(PATTERN))
+    ]
 
 
 def read_requests(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], M: int
 ) -> RequestTable | None:
-    """The request rows of the logs, checked (M against each file's, every row, unique ids);
-    None when no log directory has a request file."""
+    """The request rows of the logs, checked (M against each file's, the table's version, every
+    row, unique ids); None when no log directory has a request file."""
     files = request_files(paths)
     if not files:
         return None
@@ -144,6 +174,14 @@ def read_requests(
         if meta.get(b"brisk.M") != str(M).encode():
             got = (meta.get(b"brisk.M") or b"?").decode()
             raise BlockLogError(str(file), "(schema metadata)", None, f"M = {got}, blocks have {M}")
+        if meta.get(_META_REQUESTS_VERSION) != str(REQUESTS_VERSION).encode():
+            got = (meta.get(_META_REQUESTS_VERSION) or b"absent").decode()
+            raise BlockLogError(
+                str(file), "(schema metadata)", None,
+                f"brisk.requests_version {got}: a request table written before forwards counted "
+                "the prefill (which now commits the first token); its TPFs mean something else. "
+                "Decode again, or move its requests-*.parquet away to report the blocks alone",
+            )  # fmt: skip
         absent = [c for c in REQUEST_COLUMNS if c not in table.column_names]
         if absent:
             raise BlockLogError(str(file), absent[0], None, "missing")

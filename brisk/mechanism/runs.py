@@ -2,13 +2,15 @@
 shown (``brisk decode``'s summary, the mechanism report's table, JSON and plots).
 
 - **TPF, whole run** — Σ_r n_r / Σ_r F_r: output tokens (cut at EOS or the budget) over
-  decoding forwards (prefill excluded). What a user of the decoder gets.
+  forwards, the prefill included (it commits the first token, as in SGLang's serving loop), so
+  an autoregressive decoder has exactly 1. What a user of the decoder gets;
+  :func:`brisk.theory.run_tpf` is its expectation under a profile.
 - **TPF, complete cycles** — tokens over forwards of complete renewal cycles only: a verify
   round that accepts all M proposals (M + 1 tokens, 1 forward), or one that rejects at L < M
   together with the cold start that follows it (L + 2 tokens, 2 forwards). Each request's
-  opening cold start and its unfinished last cycle are left out, which is why it exceeds the
-  whole-run TPF. By the renewal-reward identity it equals eq:idlm_tpf_instantiation at the
-  plug-in profile of the same cycles.
+  prefill, its opening cold start and its unfinished last cycle are left out, which is why it
+  exceeds the whole-run TPF. By the renewal-reward identity it equals
+  eq:idlm_tpf_instantiation at the plug-in profile of the same cycles.
 - **TPF, renewal theory** — eq:idlm_tpf_instantiation at the complete cycles' acceptance
   profile, as the posterior median and credible interval of
   :meth:`brisk.theory.AcceptanceProfile.tpf_interval`: the long-run TPF the measured profile
@@ -17,7 +19,9 @@ shown (``brisk decode``'s summary, the mechanism report's table, JSON and plots)
 A decode knows all three from its own counters. A block log knows them when its directory holds
 the request table (:mod:`brisk.mechanism.requests`): whole-run from the requests' output tokens
 and forwards; complete cycles from the blocks' accept lengths, closing a request's rejections
-with the cold starts its forwards imply (F = verify rounds + 1 + closed rejections).
+with the cold starts its forwards imply (F = 1 + verify rounds + closed rejections for a
+request that ends at its prefill, i.e. n = 1, else F = 2 + verify rounds + closed rejections:
+the prefill and the opening cold start).
 """
 
 from __future__ import annotations
@@ -88,11 +92,11 @@ class RunTPF:
         rows = [
             (WHOLE_RUN, f"{self.whole_run:.3f}",
              f"{self.output_tokens:,} tokens ÷ {self.forwards:,} forwards",
-             "output tokens ÷ decoding forwards, prefill excluded"),
+             "output tokens ÷ forwards, the prefill (which commits the first token) included"),
             (COMPLETE_CYCLES, f"{self.complete_cycles:.3f}",
              f"{self.cycle_tokens:,} tokens ÷ {self.cycle_forwards:,} forwards",
-             "verify rounds and the cold starts after their rejections; each request's opening "
-             "cold start and unfinished last cycle left out"),
+             "verify rounds and the cold starts after their rejections; each request's prefill, "
+             "opening cold start and unfinished last cycle left out"),
         ]  # fmt: skip
         if self.cycle_profile.n_blocks:
             t, pct = self.renewal, round(100 * self.renewal.level)
@@ -148,7 +152,8 @@ def run_tpf_of_log(
            lambda r: f"{table.verify_rounds[r]}, but the log holds {blocks[r]} blocks of "
                      f"request {table.request_id[r]}")  # fmt: skip
     rejected = hist[:, :M].sum(axis=1)
-    closed = table.forwards - table.verify_rounds - 1  # cold starts after the opening one
+    opening = 1 + (table.output_tokens >= 2)  # the prefill, and the cold start unless n = 1
+    closed = table.forwards - table.verify_rounds - opening  # cold starts after the opening one
     still_open = rejected - closed  # 1: the last round rejected and the request ended there
     impossible = (still_open < 0) | (still_open > 1) | ((still_open == 1) & (last_L == M))
     _agree(table, "forwards", impossible,

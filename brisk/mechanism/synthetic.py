@@ -17,10 +17,11 @@ head departs from the base; from there on the head sees its own prefix, so each 
 keeps ``head_choice`` with probability 0.8 (else q's top candidate) and steps off a token that
 repeats the head's own previous token with probability 0.75. ``head_logp`` scores that block.
 
-``token_offset`` starts at a per-request prompt length + 1 (16..511: the anchor is the token
-the request's opening cold start committed) and grows by L + 1 per block, the tokens an ISD
-round commits. :func:`synthetic_requests` gives the matching request table: every rejection but
-a request's last is followed by a cold start, and a request ends at its last block.
+``token_offset`` starts at a per-request prompt length + 2 (16..511: the prefill commits output
+token 1, and the anchor is token 2, the one the request's opening cold start committed) and
+grows by L + 1 per block, the tokens an ISD round commits. :func:`synthetic_requests` gives the
+matching request table: the prefill and the opening cold start, every rejection but a
+request's last followed by a cold start, and a request ends at its last block.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def synthetic_blocks(
     ids = np.sort(rng.choice(np.int64(1) << 62, size=R, replace=False))
     ids = rng.permutation(ids)
     level = rng.normal(0.0, 0.8, R)  # per-request acceptance offset (logit scale)
-    next_offset = rng.integers(16, 512, R).astype(np.int64)  # prompt lengths, then + L + 1
+    next_offset = rng.integers(16, 512, R).astype(np.int64)  # prompt lengths + 2, then + L + 1
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     request_of_row = np.repeat(np.arange(R), counts)
     for start in range(0, n_blocks, batch_rows):
@@ -115,8 +116,9 @@ def synthetic_requests(
 ) -> dict[str, npt.NDArray[Any]]:
     """The request table (:mod:`brisk.mechanism.requests`) of synthetic blocks, as
     :meth:`~brisk.mechanism.io.BlockLogWriter.write_requests` takes it: each request opened
-    with a cold start (the first block's anchor), cold-started after every rejection but its
-    last block's, and ended at its last block (at EOS)."""
+    with the prefill (output token 1, a forward) and a cold start (token 2, the first block's
+    anchor), cold-started after every rejection but its last block's, and ended at its last
+    block (at EOS)."""
     parts = []
     for cols in batches:
         L = cols["accept_len"].astype(np.int64)
@@ -134,9 +136,9 @@ def synthetic_requests(
     closed = rejected - (L[ends] < M)
     return {
         "request_id": ids[starts],
-        "prompt_tokens": offset[starts] - 1,
-        "output_tokens": 1 + np.add.reduceat(L + 1, starts) + closed,
-        "forwards": 1 + rounds + closed,
+        "prompt_tokens": offset[starts] - 2,
+        "output_tokens": 2 + np.add.reduceat(L + 1, starts) + closed,
+        "forwards": 2 + rounds + closed,
         "verify_rounds": rounds,
         "finished": np.full(starts.size, "eos", dtype=object),
     }

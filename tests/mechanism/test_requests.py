@@ -1,12 +1,14 @@
 """The request table beside the blocks: the run's TPFs by hand, and every way it can disagree
 with its blocks named by file and row.
 
-M = 3. Request 1: blocks L = 3, 1, 3, 0 and it ends at its last rejection (EOS in the
-correction): 1 + 4 + 1 = 6 forwards (opening cold start, rounds, the cold start after L = 1),
-1 + (4 + 2 + 4 + 1) + 1 = 13 tokens; complete cycles: two full rounds (4 tokens, 1 forward
+M = 3. Forwards count the prefill, which commits the first output token. Request 1: blocks
+L = 3, 1, 3, 0 and it ends at its last rejection (EOS in the correction): 1 + 1 + 4 + 1 = 7
+forwards (prefill, opening cold start, rounds, the cold start after L = 1),
+1 + 1 + (4 + 2 + 4 + 1) + 1 = 14 tokens; complete cycles: two full rounds (4 tokens, 1 forward
 each) and L = 1 closed (3 tokens, 2 forwards) → 11 / 4. Request 2: one block L = 2, closed by the
-cold start that ends it: 3 forwards, 5 tokens; cycle 4 / 2. Request 3 ends at its opening cold
-start: no block, 1 forward, 1 token. Whole run 19 / 10, complete cycles 15 / 6.
+cold start that ends it: 4 forwards, 6 tokens; cycle 4 / 2. Request 3 ends at its prefill: no
+block, 1 forward, 1 token. Request 4 ends at its opening cold start: no block, 2 forwards,
+2 tokens. Whole run 23 / 14, complete cycles 15 / 6.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from brisk.cli import main
@@ -34,12 +37,12 @@ def block(request: int, index: int, L: int) -> dict[str, Any]:
 
 BLOCKS = [block(1, 0, 3), block(1, 1, 1), block(1, 2, 3), block(1, 3, 0), block(2, 0, 2)]
 REQUESTS: dict[str, Any] = {
-    "request_id": [1, 2, 3],
-    "prompt_tokens": [9, 4, 7],
-    "output_tokens": [13, 5, 1],
-    "forwards": [6, 3, 1],
-    "verify_rounds": [4, 1, 0],
-    "finished": ["eos", "eos", "eos"],
+    "request_id": [1, 2, 3, 4],
+    "prompt_tokens": [8, 8, 7, 5],  # first blocks at token_offset 10 = prompt + 2
+    "output_tokens": [14, 6, 1, 2],
+    "forwards": [7, 4, 1, 2],
+    "verify_rounds": [4, 1, 0, 0],
+    "finished": ["eos", "eos", "eos", "length"],
 }
 
 
@@ -56,9 +59,9 @@ def test_run_tpfs_by_hand(tmp_path: Path) -> None:
     s = analyze(write(tmp_path / "log"), draws=20)
     assert s.run is not None
     run = s.run
-    assert (run.requests, run.output_tokens, run.forwards) == (3, 19, 10)
+    assert (run.requests, run.output_tokens, run.forwards) == (4, 23, 14)
     assert (run.cycle_tokens, run.cycle_forwards) == (15, 6)
-    assert run.whole_run == 1.9
+    assert run.whole_run == 23 / 14
     assert run.complete_cycles == 2.5
     # the renewal interval is over the complete cycles only: L = 3, 1, 3, 2 (not the open 0)
     assert run.cycle_profile.reached.tolist() == [4, 4, 3]
@@ -72,14 +75,14 @@ def test_the_report_names_each_tpf_once(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "report"
     assert main(["mechanism", "report", str(write(tmp_path / "log")), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    for name, value in ((WHOLE_RUN, "1.900"), (COMPLETE_CYCLES, "2.500")):
+    for name, value in ((WHOLE_RUN, "1.643"), (COMPLETE_CYCLES, "2.500")):
         line = next(x for x in printed.splitlines() if name in x)
         assert value in line
     assert RENEWAL in printed
     assert "TPF (ISD)" not in printed
     assert "ISD at N" not in printed
     md = (out / "summary.md").read_text()
-    assert f"| {WHOLE_RUN} | 19 tokens ÷ 10 forwards | 1.900 |" in md
+    assert f"| {WHOLE_RUN} | 23 tokens ÷ 14 forwards | 1.643 |" in md
 
 
 def test_a_log_without_request_table_says_why_no_run_tpf(tmp_path: Path) -> None:
@@ -89,28 +92,34 @@ def test_a_log_without_request_table_says_why_no_run_tpf(tmp_path: Path) -> None
 
 
 def test_requests_without_a_row_are_counted_and_left_out(tmp_path: Path) -> None:
-    """Request 2's row missing (unfinished when the log closed): TPFs over requests 1 and 3."""
-    rows = {k: [v[0], v[2]] for k, v in REQUESTS.items()}
+    """Request 2's row missing (unfinished when the log closed): TPFs over requests 1, 3, 4."""
+    rows = {k: [v[0], v[2], v[3]] for k, v in REQUESTS.items()}
     s = analyze(write(tmp_path / "log", rows), draws=20)
     assert s.unlisted_requests == 1
     assert s.run is not None
-    assert (s.run.output_tokens, s.run.forwards) == (14, 7)
+    assert (s.run.output_tokens, s.run.forwards) == (17, 10)
     assert any("no row in the request table" in n for n in notes(s))
 
 
 @pytest.mark.parametrize(
     ("change", "column", "row", "words"),
     [
-        pytest.param({"verify_rounds": [4, 2, 0]}, "verify_rounds", 1, "holds 1 blocks",
+        pytest.param({"verify_rounds": [4, 2, 0, 0]}, "verify_rounds", 1, "holds 1 blocks",
                      id="rounds-vs-blocks"),
-        pytest.param({"forwards": [5, 3, 1]}, "forwards", 0, "imply 0 cold starts",
+        pytest.param({"forwards": [6, 4, 1, 2]}, "forwards", 0, "imply 0 cold starts",
                      id="too-few-forwards"),
-        pytest.param({"forwards": [6, 3, 4]}, "forwards", 2, "outside", id="forwards-range"),
-        pytest.param({"output_tokens": [13, 5, 0]}, "output_tokens", 2, "more than",
+        pytest.param({"forwards": [7, 4, 4, 2]}, "forwards", 2, "outside", id="forwards-range"),
+        pytest.param({"forwards": [7, 5, 1, 2]}, "forwards", 1, "outside",
+                     id="round-without-cold-start"),  # F = R + 1: no cold start before it
+        pytest.param({"output_tokens": [14, 6, 0, 2]}, "output_tokens", 2, "more than",
                      id="no-output"),
-        pytest.param({"finished": ["eos", "stop", "eos"]}, "finished", 1, "not one of",
+        pytest.param({"forwards": [7, 4, 2, 2]}, "output_tokens", 2, "fewer than its forwards",
+                     id="cold-start-after-the-last-token"),  # n = 1 ends at the prefill
+        pytest.param({"forwards": [7, 4, 1, 1]}, "output_tokens", 3, "more than",
+                     id="prefill-commits-one-token"),  # n = 2 needs the cold start
+        pytest.param({"finished": ["eos", "stop", "eos", "eos"]}, "finished", 1, "not one of",
                      id="finished"),
-        pytest.param({"request_id": [1, 1, 3]}, "request_id", 1, "already has a row",
+        pytest.param({"request_id": [1, 1, 3, 4]}, "request_id", 1, "already has a row",
                      id="duplicate-id"),
     ],
 )  # fmt: skip
@@ -126,11 +135,12 @@ def test_bad_request_rows_name_file_column_and_row(
 
 
 def test_a_rejection_must_be_closed_before_a_later_round(tmp_path: Path) -> None:
-    """Request 4: L = 1 then L = 3 needs a cold start between them; 3 forwards leave none."""
+    """Request 5: L = 1 then L = 3 needs a cold start between them; 4 forwards (the prefill,
+    the opening cold start and the two rounds) leave none."""
     with BlockLogWriter(tmp_path / "log", M=3, K=3) as writer:
-        for b in (block(4, 0, 1), block(4, 1, 3)):
+        for b in (block(5, 0, 1), block(5, 1, 3)):
             writer.write_block(**b)
-        row = {"request_id": [4], "prompt_tokens": [9], "output_tokens": [7], "forwards": [3],
+        row = {"request_id": [5], "prompt_tokens": [8], "output_tokens": [8], "forwards": [4],
                "verify_rounds": [2], "finished": ["eos"]}  # fmt: skip
         writer.write_requests(row)
     with pytest.raises(BlockLogError, match="1 rejections in the log") as err:
@@ -179,10 +189,25 @@ def test_a_directory_without_parts_names_what_it_holds(tmp_path: Path) -> None:
 def test_validate_checks_the_request_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    good, bad = write(tmp_path / "good"), write(tmp_path / "bad", verify_rounds=[4, 2, 0])
+    good, bad = write(tmp_path / "good"), write(tmp_path / "bad", verify_rounds=[4, 2, 0, 0])
     assert main(["mechanism", "validate", str(good)]) == 0
-    assert "5 blocks, 3 requests" in capsys.readouterr().out
+    assert "5 blocks, 4 requests" in capsys.readouterr().out
     assert main(["mechanism", "validate", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "requests-000000.parquet: column 'verify_rounds', row 1" in err[0]
+
+
+def test_a_request_table_from_before_the_prefill_counted_is_refused(tmp_path: Path) -> None:
+    """Rows written when forwards excluded the prefill (no ``brisk.requests_version``) mean
+    other counts: read against the blocks they would give wrong TPFs, so they are refused with
+    the file named and what to do."""
+    log = write(tmp_path / "log")
+    file = log / "requests-000000.parquet"
+    table = pq.read_table(file)
+    meta = {k: v for k, v in table.schema.metadata.items() if k != b"brisk.requests_version"}
+    pq.write_table(table.replace_schema_metadata(meta), file)
+    with pytest.raises(BlockLogError, match="requests_version absent") as err:
+        analyze(log, draws=5)
+    assert err.value.file == str(file)
+    assert "before forwards counted the prefill" in str(err.value)

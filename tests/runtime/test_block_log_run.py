@@ -151,7 +151,7 @@ def test_block_scores_match_an_independent_scoring(
     options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=30, eos_token_id=EOS,
                          top_k=4, shadow=shadow, score_blocks=True)  # fmt: skip
     head = random_corrector(3, K=4)
-    n = 12
+    n = 16
     out = run_logged(backbone, tmp_path / "log", options, head, n=n, batch_size=3)
     plain = decode(backbone, prompts(n, 0), dataclasses.replace(options, score_blocks=False),
                    corrector=head, batch_size=3, seeds=range(100, 100 + n))  # fmt: skip

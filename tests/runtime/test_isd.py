@@ -318,16 +318,17 @@ def test_block_log_validates_and_reports(
 
 
 def test_output_profile_leaves_out_slots_past_the_response_end() -> None:
-    """n = 3, M = 3: a cold start commits token 1, then a verify round with L = 2 commits
-    tokens 2..4, of which only 2..3 are output. Slot 3's rejection lies past the end: the
-    all-round profile counts it, the output profile does not."""
-    out = RequestOutput(tokens=[5, 6, 0], forwards=2, committed=4, accept_lengths=[2])
+    """n = 4, M = 3: the prefill commits token 1, a cold start token 2, then a verify round
+    with L = 2 commits tokens 3..5, of which only 3..4 are output. Slot 3's rejection lies past
+    the end: the all-round profile counts it, the output profile does not."""
+    out = RequestOutput(tokens=[5, 6, 7, 0], forwards=3, committed=5, accept_lengths=[2])
     assert out.profile(3).reached.tolist() == [1, 1, 1]
     assert out.profile(3).accepted.tolist() == [1, 1, 0]
     assert out.output_profile(3).reached.tolist() == [1, 1, 0]
     assert out.output_profile(3).accepted.tolist() == [1, 1, 0]
-    # a rejection inside the output counts: n = 5, rounds L = 1 (reject slot 2), then cold
-    # start, then L = 3 with one output token left (slots 2 and 3 are past the end)
-    out = RequestOutput(tokens=[1, 2, 3, 4, 0], forwards=4, accept_lengths=[1, 3])
+    # a rejection inside the output counts: n = 6, prefill and cold start (tokens 1, 2),
+    # rounds L = 1 (reject slot 2), then cold start, then L = 3 with one output token left
+    # (slots 2 and 3 are past the end)
+    out = RequestOutput(tokens=[1, 2, 3, 4, 5, 0], forwards=5, accept_lengths=[1, 3])
     assert out.output_profile(3).reached.tolist() == [2, 1, 0]
     assert out.output_profile(3).accepted.tolist() == [2, 0, 0]

@@ -76,6 +76,25 @@ def train_micro_idlm(out: Path, steps: int = 150) -> Path:
     return Path(train_base(cfg, show_progress=False).checkpoint)
 
 
+def micro_corrector(model_dir: Path, out: Path, stride: int, K: int = 4) -> Path:
+    """A random corrector for ``model_dir`` at ``stride`` (weights N(0, 0.3²): it re-ranks
+    candidates, so head-on drafts differ from the base's), saved under ``out``."""
+    import torch
+
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.corrector import Corrector, CorrectorConfig
+
+    backbone = HFBackbone.from_pretrained(model_dir)
+    config = CorrectorConfig.small(backbone.hidden_size, backbone.vocab_size, M=stride - 1, K=K)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        head = Corrector(config)
+        for p in head.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    head.save_pretrained(out)
+    return out
+
+
 def task_prompts(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
     """``n`` prompts of the trivial task's test split, tokenized as brisk decodes them."""
     import itertools

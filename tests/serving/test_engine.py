@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.real_server import task_prompts, train_micro_idlm
+from tests.serving.real_server import micro_corrector, task_prompts, train_micro_idlm
 
 STRIDE = 4
 MAX_NEW_TOKENS = 32
@@ -40,10 +40,14 @@ def test_engine_kwargs_are_the_flags_the_server_gets() -> None:
     assert "host" not in kwargs
 
 
-def test_greedy_engine_generation_equals_brisk_decode(
-    micro_idlm: Path, monkeypatch: pytest.MonkeyPatch
+def test_greedy_engine_generation_with_the_head_equals_brisk_decode(
+    micro_idlm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Head on (a random corrector that re-ranks the candidates): the engine's tokens, accept
+    lengths (its verify and accepted-draft counters) and TPF are ``brisk decode``'s with the
+    same head. The HTTP server's tests cover the head-off path."""
     from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.corrector import Corrector
     from brisk.runtime.isd.loop import decode
     from brisk.runtime.isd.options import ISDOptions
     from brisk.runtime.serving.engine import isd_engine
@@ -55,20 +59,31 @@ def test_greedy_engine_generation_equals_brisk_decode(
     for name in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", "BRISK_ISD_CONFIG"):
         monkeypatch.setenv(name, os.environ.get(name, ""))
     monkeypatch.setattr(sys, "path", list(sys.path))
+    head_dir = micro_corrector(micro_idlm, tmp_path / "head", STRIDE)
+    head = Corrector.from_pretrained(head_dir)
     batch = task_prompts(micro_idlm, 4)
-    reference = decode(HFBackbone.from_pretrained(micro_idlm), batch,
-                       ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    backbone = HFBackbone.from_pretrained(micro_idlm)
+    options = ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS, top_k=head.config.K)
+    reference = decode(backbone, batch, options, corrector=head)
     accepted = [L for r in reference.requests for L in r.accept_lengths]
     assert max(accepted) == STRIDE - 1, "the test needs rounds that accept the whole block"
+    plain = decode(backbone, batch, options)
+    assert [r.accept_lengths for r in plain.requests] != [
+        r.accept_lengths for r in reference.requests
+    ], "the head drafts as the base does: the test would not see it"
 
-    engine = isd_engine(micro_idlm, stride=STRIDE, dtype="float32", max_running_requests=8,
+    engine = isd_engine(micro_idlm, stride=STRIDE, options={"corrector": str(head_dir)},
+                        dtype="float32", max_running_requests=8,
                         skip_server_warmup=True)  # fmt: skip
     try:
         params = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
         answers = engine.generate(input_ids=batch, sampling_params=params)
     finally:
         engine.shutdown()
-    served = [a["output_ids"] for a in answers]
-    for i, (want, got) in enumerate(zip(reference.tokens, served, strict=True)):
-        assert got == want, f"prompt {i}: {want} != {got}"
-    assert sum(a["meta_info"]["spec_verify_ct"] for a in answers) > 0, "ISD did not run"
+    for i, (want, got) in enumerate(zip(reference.requests, answers, strict=True)):
+        assert got["output_ids"] == want.tokens, f"prompt {i}: {want.tokens} != {got['output_ids']}"
+        meta = got["meta_info"]
+        # the server's forwards (its prefill and every decode forward, cold starts included)
+        # and accepted drafts (Σ L over verify rounds) are brisk decode's: the same TPF
+        assert meta["spec_verify_ct"] + 1 == want.forwards, f"prompt {i}: forwards"
+        assert meta["spec_num_correct_drafts"] == sum(want.accept_lengths), f"prompt {i}"

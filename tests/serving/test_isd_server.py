@@ -10,6 +10,7 @@ holds for any weights; greedy equality needs only a clear top-1 margin, which is
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -86,9 +87,18 @@ def test_greedy_completions_equal_brisk_decode(isd_server: RealServer) -> None:
     accepted = [L for r in reference.requests for L in r.accept_lengths]
     assert max(accepted) == STRIDE - 1, "the test needs rounds that accept the whole block"
     assert min(accepted) == 0, "the test needs rounds that reject the first draft"
-    served = generate(isd_server.url, batch, MAX_NEW_TOKENS)
-    for i, (want, got) in enumerate(zip(reference.tokens, served, strict=True)):
-        assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
+    body = {"input_ids": batch, "sampling_params": {"temperature": 0, "ignore_eos": True,
+                                                    "max_new_tokens": MAX_NEW_TOKENS}}  # fmt: skip
+    served = post_generate(isd_server.url, body)
+    for i, (want, got) in enumerate(zip(reference.requests, served, strict=True)):
+        tokens, meta = got["output_ids"], got["meta_info"]
+        assert tokens == want.tokens, (
+            f"prompt {i}: first difference at {first_difference(want.tokens, tokens)}"
+        )
+        # the same forwards (prefill + every decode forward) and accepted drafts: the same TPF
+        assert meta["spec_verify_ct"] + 1 == want.forwards, f"prompt {i}: forwards"
+        assert meta["spec_num_correct_drafts"] == sum(want.accept_lengths), f"prompt {i}"
+        assert meta["completion_tokens"] / (meta["spec_verify_ct"] + 1) == want.tpf
 
 
 def test_the_server_verifies_drafts_and_counts_its_forwards(isd_server: RealServer) -> None:
@@ -104,6 +114,17 @@ def test_the_server_verifies_drafts_and_counts_its_forwards(isd_server: RealServ
     assert meta["completion_tokens"] <= 1 + forwards + accepted
     assert meta["completion_tokens"] > 1 + forwards + accepted - STRIDE
     assert meta["completion_tokens"] / (forwards + 1) > 1.5
+    # idle again, the worker logs the server's TPF: committed tokens ÷ request-forwards
+    pattern = re.compile(r"BRISK_ISD TPF ([0-9.]+): (\d+) committed tokens in (\d+) request-fo")
+    deadline = time.monotonic() + 30
+    while not (lines := pattern.findall(isd_server.log.read_text())) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert lines, "the worker logged no TPF"
+    tpf, tokens, request_forwards = lines[-1]
+    assert float(tpf) == pytest.approx(int(tokens) / int(request_forwards), abs=5e-4)
+    assert int(tokens) >= meta["completion_tokens"]
 
 
 def test_eight_concurrent_requests_equal_one_at_a_time(isd_server: RealServer) -> None:
@@ -148,6 +169,17 @@ def test_sampling_with_request_seeds_does_not_depend_on_the_batch(
         assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
     greedy, _ = greedy_reference(micro_idlm, batch, MAX_NEW_TOKENS)
     assert together != greedy, "T = 1 sampled exactly the greedy tokens: sampling is not on"
+    # brisk decode with the same seeds and request keys draws the same uniforms
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd.loop import decode
+    from brisk.runtime.isd.options import ISDOptions
+    from brisk.runtime.serving.common import request_key
+
+    reference = decode(HFBackbone.from_pretrained(micro_idlm), batch,
+                       ISDOptions(stride=STRIDE, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
+                       seeds=seeds, request_ids=[request_key(r) for r in rids])  # fmt: skip
+    for i, (want, got) in enumerate(zip(reference.tokens, together, strict=True)):
+        assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
 
 
 def test_a_verify_width_that_disagrees_with_the_stride_refuses_to_start(
@@ -183,16 +215,14 @@ def test_brisk_serve_stride_launches_brisk_isd(micro_idlm: Path) -> None:
 def test_the_server_block_log_is_valid_and_counts_its_rounds(
     isd_server: RealServer, tmp_path: Path
 ) -> None:
-    """One mechanism-format row per verify round that verified drafts, with SGLang's own
-    counters: the rows' accepted drafts are the server's ``spec_num_correct_drafts``, and the
-    other forwards are cold starts (one token each). The accept lengths are not compared with
-    ``brisk decode``'s: the server's first token comes from the prefill and brisk's from a cold
-    start at the prompt's last token, so their blocks start one token apart and the lengths
-    differ (same tokens; e.g. [3, 3, 3, 2, 0, …] served, [1, 3, 3, 3, 0, …] decoded)."""
-    import numpy as np
-
+    """One mechanism-format row per verify round, with SGLang's own counters (the rows'
+    accepted drafts are the server's ``spec_num_correct_drafts``), and per request the accept
+    lengths ``brisk decode`` logs for the same prompts, in order."""
     from brisk.mechanism.io import read_blocks
-    from brisk.runtime.serving.algorithm import request_key
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd.loop import decode
+    from brisk.runtime.isd.options import ISDOptions
+    from brisk.runtime.serving.common import request_key
 
     # under torch.distributed (always, in SGLang) TP rank 0 writes its own rank folder
     logs = sorted((isd_server.log.parent / "blocks").glob("rank*"))
@@ -221,18 +251,20 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
     while not all(rows().values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     found = rows()
-    for key, meta in keys.items():
+    reference = decode(HFBackbone.from_pretrained(isd_server.model), batch,
+                       ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    for (key, meta), want in zip(keys.items(), reference.requests, strict=True):
         rounds = sorted(found[key])
         assert rounds, "no block-log rows for a served request"
-        assert len({b for b, _ in rounds}) == len(rounds), "a verify round logged twice"
+        assert [b for b, _ in rounds] == list(range(len(rounds))), "block indices 0, 1, …"
+        assert [L for _, L in rounds] == want.accept_lengths
         assert len(rounds) <= meta["spec_verify_ct"]
         assert sum(L for _, L in rounds) == meta["spec_num_correct_drafts"]
-        assert np.all(np.asarray([L for _, L in rounds]) <= STRIDE - 1)
     cli = [sys.executable, "-m", "brisk.cli", "mechanism"]
-    validated = subprocess.run([*cli, "validate", str(log)], capture_output=True, text=True,
+    validated = subprocess.run([*cli, "validate", str(log.parent)], capture_output=True, text=True,
                                timeout=120, check=False)  # fmt: skip
     assert validated.returncode == 0, validated.stdout + validated.stderr
-    report = subprocess.run([*cli, "report", str(log), "--out", str(tmp_path / "report"),
+    report = subprocess.run([*cli, "report", str(log.parent), "--out", str(tmp_path / "report"),
                              "--bootstrap", "0"], capture_output=True, text=True, timeout=300,
                             check=False)  # fmt: skip
     assert report.returncode == 0, report.stdout + report.stderr

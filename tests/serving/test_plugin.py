@@ -1,16 +1,27 @@
 """The plugin inside SGLang 0.5.23 (light install, CPU): SGLang's own plugin loading finds it,
-its algorithm and hooks are in place, server arguments resolve on a config-only checkpoint, and
-bad options stop the server with one line naming them."""
+``BRISK_ISD`` and the hooks are in place, and what the server cannot serve stops it at launch
+with one line naming the option.
+
+The launch checks run through SGLang's own ``handle_speculative_decoding``, the hook its launch
+pipeline runs while it resolves the server's arguments (``arg_groups/pipeline.py``), before any
+model loads; it calls ``BriskISDSpec.handle_server_args`` through the recorder it hands foreign
+algorithms. The arguments are the ones ``brisk serve`` gives the server
+(:func:`~brisk.runtime.serving.launch.server_arguments`), the model a config-only checkpoint.
+The full launch refusing with that line is ``tests/serving/test_isd_server.py``'s
+``test_a_verify_width_that_disagrees_with_the_stride_refuses_to_start``.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-import yaml
 
-from brisk.runtime.serving.plugin import ALGORITHM, HOOKS, installed
+from brisk.runtime.serving.plugin import HOOKS, installed
+from brisk.runtime.serving.worker import ALGORITHM, CONFIG_ENV
 
 pytestmark = pytest.mark.usefixtures("plugins")
 
@@ -25,34 +36,49 @@ TINY_CONFIG = {
 def checkpoint(tmp_path: Path, **overrides: object) -> Path:
     """A config-only checkpoint: what server-args resolution reads."""
     path = tmp_path / "model"
-    path.mkdir(exist_ok=True)
+    path.mkdir(parents=True)  # a new path: SGLang caches a model's config by its path
     config = {**TINY_CONFIG, **overrides}
     config = {k: v for k, v in config.items() if v is not None}
     (path / "config.json").write_text(json.dumps(config))
     return path
 
 
-def algorithm_config(tmp_path: Path, **options: object) -> Path:
-    path = tmp_path / "brisk.yaml"
-    path.write_text(yaml.safe_dump(options))
-    return path
-
-
-def server_args(model: Path, config: Path | None) -> object:
+def launch(
+    monkeypatch: pytest.MonkeyPatch,
+    model: Path,
+    options: dict[str, object],
+    extra_args: Sequence[str] = (),
+) -> object:
+    """Resolve ``brisk serve``'s arguments for ``model`` with ``options`` in
+    ``$BRISK_ISD_CONFIG``, as SGLang's launcher does for the speculative algorithm; the
+    resolved ``ServerArgs``."""
+    from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
     from sglang.srt.server_args import ServerArgs
 
-    return ServerArgs(model_path=str(model), dllm_algorithm=ALGORITHM, device="cpu",
-                      dllm_algorithm_config=None if config is None else str(config))  # fmt: skip
+    from brisk.runtime.serving.engine import engine_kwargs
+    from brisk.runtime.serving.launch import server_arguments
+
+    stride = options.get("stride", 4)
+    width = stride if isinstance(stride, int) and stride >= 2 else 4  # the flags need a stride
+    flags, _ = server_arguments(model, isd={"stride": width}, extra_args=extra_args, env={})
+    monkeypatch.setenv(CONFIG_ENV, json.dumps(options))
+    server_args = ServerArgs(**engine_kwargs(flags))
+    handle_speculative_decoding(server_args)
+    return server_args
 
 
-def test_load_plugins_registers_the_algorithm() -> None:
-    from sglang.srt.dllm.algorithm import algo_name_to_cls, get_algorithm_cls
+def test_load_plugins_registers_the_speculative_algorithm() -> None:
+    from sglang.srt.dllm.algorithm import algo_name_to_cls
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from brisk.runtime.serving.algorithm import BriskISD
+    from brisk.runtime.serving.worker import BriskISDSpec
 
-    assert algo_name_to_cls[ALGORITHM] is BriskISD
-    assert get_algorithm_cls(ALGORITHM) is BriskISD
-    assert "LowConfidence" in algo_name_to_cls  # SGLang's own algorithms are still there
+    spec = SpeculativeAlgorithm.from_string(ALGORITHM)
+    assert isinstance(spec, BriskISDSpec)
+    assert spec.is_ngram()  # the scheduler's paths for a speculator without a draft model
+    assert not spec.has_draft_kv()
+    assert SpeculativeAlgorithm.from_string("NGRAM") is SpeculativeAlgorithm.NGRAM  # SGLang's own
+    assert "BriskISD" not in algo_name_to_cls  # the retired dLLM route registers nothing
 
 
 def test_every_hook_is_applied() -> None:
@@ -60,27 +86,12 @@ def test_every_hook_is_applied() -> None:
     assert installed() == dict.fromkeys(HOOKS, True)
 
 
-def test_server_args_resolve_on_a_config_only_checkpoint(tmp_path: Path) -> None:
-    from sglang.srt.dllm.config import DllmConfig
-
-    cfg = algorithm_config(tmp_path, stride=4, temperature=0)
-    config = DllmConfig.from_server_args(server_args(checkpoint(tmp_path), cfg))
-    assert config.algorithm == ALGORITHM
-    assert config.block_size == 7  # 2N − 1
-    assert config.mask_id == 11
-    assert config.algorithm_config == {"stride": 4, "temperature": 0}
-    assert not config.requires_separate_context_encoding
-
-
-def test_other_algorithms_keep_sglangs_resolution(tmp_path: Path) -> None:
-    """The hook hands other algorithms to SGLang, which still refuses unknown architectures."""
-    from sglang.srt.dllm.config import DllmConfig
-    from sglang.srt.server_args import ServerArgs
-
-    sa = ServerArgs(model_path=str(checkpoint(tmp_path)), dllm_algorithm="LowConfidence",
-                    device="cpu")  # fmt: skip
-    with pytest.raises(RuntimeError, match="Unknown diffusion LLM: Qwen3ForCausalLM"):
-        DllmConfig.from_server_args(sa)
+def test_server_args_resolve_on_a_config_only_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sa = launch(monkeypatch, checkpoint(tmp_path), {"stride": 4, "temperature": 0})
+    assert sa.speculative_algorithm == ALGORITHM  # type: ignore[attr-defined]
+    assert sa.speculative_num_draft_tokens == 7  # type: ignore[attr-defined]  # 2N − 1
 
 
 @pytest.mark.parametrize(
@@ -88,6 +99,7 @@ def test_other_algorithms_keep_sglangs_resolution(tmp_path: Path) -> None:
     [
         ({"stride": 4, "blocksize": 7}, "blocksize: unknown BriskISD option"),
         ({"stride": 1}, "stride: need an integer N ≥ 2"),
+        ({"stride": "4"}, "stride: need an integer N ≥ 2, got '4'"),
         ({"stride": 4, "block_size": 4}, "block_size: BriskISD's block is 2N − 1 = 7"),
         ({"temperature": -1}, "temperature: need a number ≥ 0"),
         ({"impl": "cuda"}, "impl: need auto, naive or triton"),
@@ -95,75 +107,122 @@ def test_other_algorithms_keep_sglangs_resolution(tmp_path: Path) -> None:
         ({"corrector": "/nonexistent"}, "corrector: /nonexistent holds no corrector"),
     ],
 )
-def test_bad_options_name_the_option(tmp_path: Path, options: dict, message: str) -> None:
-    from sglang.srt.dllm.config import DllmConfig
-
+def test_bad_options_name_the_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict, message: str
+) -> None:
     from brisk.runtime.serving.options import OptionError
 
-    sa = server_args(checkpoint(tmp_path), algorithm_config(tmp_path, **options))
     with pytest.raises(OptionError, match=message.replace("(", r"\(")):
-        DllmConfig.from_server_args(sa)
+        launch(monkeypatch, checkpoint(tmp_path), options)
 
 
-def test_a_model_without_a_mask_token_is_refused(tmp_path: Path) -> None:
-    from sglang.srt.dllm.config import DllmConfig
+def test_a_verify_width_other_than_the_strides_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from brisk.runtime.serving.options import OptionError
 
-    sa = server_args(checkpoint(tmp_path, mask_token_id=None), None)
-    with pytest.raises(RuntimeError, match="declares no integer mask_token_id"):
-        DllmConfig.from_server_args(sa)
+    want = "--speculative-num-draft-tokens: BRISK_ISD at stride 4 verifies 2N − 1 = 7 slots"
+    with pytest.raises(OptionError, match=want):
+        launch(monkeypatch, checkpoint(tmp_path), {"stride": 4},
+               ["--speculative-num-draft-tokens", "5"])  # fmt: skip
+
+
+def test_a_model_without_a_mask_token_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused with the way out the message names, which SGLang's model config honours."""
+    from brisk.runtime.serving.options import OptionError
+
+    model = checkpoint(tmp_path, mask_token_id=None)
+    with pytest.raises(OptionError, match=r"--model-path: .* declares no integer mask_token_id"):
+        launch(monkeypatch, model, {"stride": 4})
+    override = ["--json-model-override-args", '{"mask_token_id": 11}']
+    launch(monkeypatch, model, {"stride": 4}, override)
+    with pytest.raises(OptionError, match="mask_token_id 12 is outside its vocabulary of 12"):
+        launch(monkeypatch, checkpoint(tmp_path / "v12", mask_token_id=12), {"stride": 4})
+
+
+def test_a_stride_the_models_positions_cannot_hold_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from brisk.runtime.serving.options import OptionError
+
+    model = checkpoint(tmp_path, max_position_embeddings=8)
+    launch(monkeypatch, model, {"stride": 4})  # 7 verify slots after one token: 8 positions
+    want = r"stride: N = 5 verifies 2N − 1 = 9 slots after a request's tokens; .* has 8 positions"
+    with pytest.raises(OptionError, match=want):
+        launch(monkeypatch, model, {"stride": 5})
 
 
 @pytest.mark.parametrize(
     ("head", "options", "message"),
     [
-        ({"M": 3, "K": 4, "hidden": 32, "vocab": 12}, {"stride": 5}, "built for M = 3, stride 5"),
-        ({"M": 3, "K": 4, "hidden": 64, "vocab": 12}, {"stride": 4}, "trained for hidden 64"),
-        ({"M": 3, "K": 4, "hidden": 32, "vocab": 12}, {"stride": 4, "top_k": 8}, "ranks K = 4"),
+        (
+            {"M": 3, "K": 4, "hidden": 32, "vocab": 12},
+            {"stride": 5},
+            "corrector: built for M = 3, stride 5 gives M = 4",
+        ),
+        (
+            {"M": 3, "K": 4, "hidden": 64, "vocab": 12},
+            {"stride": 4},
+            "corrector: trained for hidden 64 / vocab 12, .* has 32 / 12",
+        ),
+        (
+            {"M": 3, "K": 4, "hidden": 32, "vocab": 16},
+            {"stride": 4},
+            "corrector: trained for hidden 32 / vocab 16, .* has 32 / 12",
+        ),
+        (
+            {"M": 3, "K": 4, "hidden": 32, "vocab": 12},
+            {"stride": 4, "top_k": 8},
+            "top_k: the corrector at .* ranks K = 4 candidates",
+        ),
     ],
 )
 def test_a_corrector_for_another_backbone_is_refused(
-    tmp_path: Path, head: dict, options: dict, message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head: dict, options: dict, message: str
 ) -> None:
-    from sglang.srt.dllm.config import DllmConfig
-
     from brisk.runtime.corrector import Corrector, CorrectorConfig
     from brisk.runtime.serving.options import OptionError
 
     Corrector(CorrectorConfig.small(head["hidden"], head["vocab"], M=head["M"], K=head["K"])
               ).save_pretrained(tmp_path / "head")  # fmt: skip
-    cfg = algorithm_config(tmp_path, corrector=str(tmp_path / "head"), **options)
     with pytest.raises(OptionError, match=message):
-        DllmConfig.from_server_args(server_args(checkpoint(tmp_path), cfg))
+        launch(monkeypatch, checkpoint(tmp_path), {"corrector": str(tmp_path / "head"), **options})
 
 
-def test_launch_is_refused_without_variable_length_commits(tmp_path: Path) -> None:
-    """SGLang 0.5.23's dLLM scheduler commits whole blocks: the call the launch pipeline makes
-    (``arg_groups/dllm_hook.py``: ``get_algorithm_cls(name).configure_server_args(sa)``) stops
-    with what is missing instead of serving wrong tokens. (The pipeline itself needs a GPU
-    platform before it reaches that call.)"""
-    from sglang.srt.dllm.algorithm import get_algorithm_cls
+def test_a_corrector_that_fits_is_admitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from brisk.runtime.corrector import Corrector, CorrectorConfig
 
-    sa = server_args(checkpoint(tmp_path), algorithm_config(tmp_path, stride=4))
-    with pytest.raises(RuntimeError, match="commits whole blocks; ISD commits L \\+ 1 tokens"):
-        get_algorithm_cls(ALGORITHM).configure_server_args(sa)
+    Corrector(CorrectorConfig.small(32, 12, M=3, K=4)).save_pretrained(tmp_path / "head")
+    launch(monkeypatch, checkpoint(tmp_path), {"stride": 4, "corrector": str(tmp_path / "head")})
 
 
 def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
-    from types import SimpleNamespace
+    """What the worker refuses at a request's prefill (the real server answers 400 with it:
+    ``test_isd_server.py``'s ``test_a_request_the_algorithm_cannot_serve_exactly_is_refused``)."""
+    from brisk.runtime.serving.common import validate_sampling
 
-    from brisk.runtime.serving.algorithm import BriskISD
+    def params(**given: object) -> SimpleNamespace:
+        return SimpleNamespace(**{"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0,
+                                  **given})  # fmt: skip
 
-    def req(**params: object) -> SimpleNamespace:
-        sp = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, **params}
-        cfg = SimpleNamespace(algorithm_config={"stride": 4, "temperature": 0})
-        return SimpleNamespace(sampling_params=SimpleNamespace(**sp), dllm_config=cfg)
-
-    assert BriskISD.validate_request(req()) is None
-    assert "asks for temperature 0.7" in BriskISD.validate_request(req(temperature=0.7, top_k=-1))
-    assert "repetition_penalty" in BriskISD.validate_request(req(repetition_penalty=1.2))
-    logprobs = req()
-    logprobs.return_logprob = True
-    assert "logprobs" in BriskISD.validate_request(logprobs)
+    assert validate_sampling(params(), 0.0) is None
+    assert validate_sampling(params(temperature=0.7, top_k=1), 0.0) is None  # top-k 1: greedy
+    assert validate_sampling(params(temperature=1.0, top_k=1 << 30), 1.0) is None  # k: "all"
+    assert "asks for temperature 0.7" in validate_sampling(params(temperature=0.7), 0.0)
+    assert "asks for greedy" in validate_sampling(params(), 1.0)
+    assert "asks for temperature 0.5" in validate_sampling(params(temperature=0.5), 1.0)
+    for name, value in [("top_p", 0.9), ("top_k", 20), ("min_p", 0.1)]:
+        why = validate_sampling(params(temperature=1.0, **{name: value}), 1.0)
+        assert why == f"BRISK_ISD verifies plain sampling from p: {name} is not supported"
+    refused: list[tuple[str, object]] = [
+        ("repetition_penalty", 1.2), ("frequency_penalty", 0.5), ("presence_penalty", 0.5),
+        ("min_new_tokens", 3), ("json_schema", "{}"), ("regex", "a+"), ("logit_bias", {"1": 2.0}),
+    ]  # fmt: skip
+    for name, value in refused:
+        why = validate_sampling(params(**{name: value}), 0.0)
+        assert why == f"BRISK_ISD verifies against the model's p: {name} is not supported"
 
 
 def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:
@@ -175,7 +234,9 @@ def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:
     code = (
         "import sys, brisk, brisk.cli, brisk.runtime.serving.options, "
         "brisk.runtime.serving.bench, brisk.runtime.serving.loopback, "
-        "brisk.runtime.serving.plugin, brisk.runtime.serving.dflash; "
+        "brisk.runtime.serving.plugin, brisk.runtime.serving.dflash, "
+        "brisk.runtime.serving.common, brisk.runtime.serving.launch, "
+        "brisk.runtime.serving.engine; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,7 @@
 """Finite-horizon ISD: the exact DP for E[F(n)] against path enumeration, Monte Carlo of the
-decoder's state machine, the renewal limit eq:idlm_tpf_instantiation and closed forms; and the
-predictive interval of predict_run_tpf against simulated runs."""
+decoder's state machine (the prefill commits the first token and counts as a forward, then a
+cold start), the renewal limit eq:idlm_tpf_instantiation and closed forms; and the predictive
+interval of predict_run_tpf against simulated runs."""
 
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ from brisk.theory import (
     simulate_run,
     tpf,
 )
+from brisk.theory.horizon import _cold_forwards
 from tests.theory.strategies import profiles
 
 
-def enumerate_expected_forwards(a: np.ndarray, n: int) -> Fraction:
+def enumerate_expected_forwards(a: np.ndarray, n: int, *, prefill: bool = True) -> Fraction:
     """E[F(n)] by walking every path of the state machine, in exact arithmetic.
 
-    Cold start: 1 forward, 1 token, then a verify round. Verify round: L = k with Pr(L = k),
-    k + 1 tokens; warm again iff k = M. Stop once ≥ n tokens are committed.
+    Prefill (``prefill``): 1 forward, 1 token, then a cold start; without it the walk starts at
+    a cold start (F_cold). Cold start: 1 forward, 1 token, then a verify round. Verify round:
+    L = k with Pr(L = k), k + 1 tokens; warm again iff k = M. Stop once ≥ n tokens are
+    committed (a response of 0 tokens costs nothing, not even the prefill).
     """
     M = a.size
     A = [Fraction(1)]
@@ -53,7 +57,12 @@ def enumerate_expected_forwards(a: np.ndarray, n: int) -> Fraction:
             if p:
                 walk(tokens + k + 1, k == M, prob * p, forwards + 1)
 
-    walk(0, False, Fraction(1), 0)
+    if n == 0:
+        return Fraction(0)
+    if prefill:
+        walk(1, False, Fraction(1), 1)
+    else:
+        walk(0, False, Fraction(1), 0)
     return total
 
 
@@ -66,18 +75,51 @@ def test_dp_equals_path_enumeration(a: np.ndarray, n_max: int) -> None:
     np.testing.assert_allclose(dp, exact, rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=100)
+@given(a=st.integers(1, 3).flatmap(profiles), n_max=st.integers(1, 10))
+def test_prefill_then_cold_start(a: np.ndarray, n_max: int) -> None:
+    """F(n) = 1 + F_cold(n − 1): the prefill commits token 1, the cold-start machine the rest;
+    both sides exact, F_cold by enumerating the walk that opens with a cold start."""
+    cold = _cold_forwards(a, n_max - 1)
+    exact_cold = [float(enumerate_expected_forwards(a, m, prefill=False)) for m in range(n_max)]
+    np.testing.assert_allclose(cold, exact_cold, rtol=1e-12, atol=1e-12)
+    forwards = expected_forwards(a, n_max)
+    assert forwards[0] == 0
+    assert forwards[1] == 1  # a response of one token is the prefill alone
+    np.testing.assert_allclose(forwards[1:], 1 + cold, rtol=1e-15, atol=0)
+
+
+def test_a_one_token_response_costs_the_prefill_alone() -> None:
+    a = np.array([[0.9, 0.8, 0.7], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert (simulate_run(a, [1] * 50, seed=1).forwards == 1).all()
+    np.testing.assert_array_equal(expected_forwards(a, 1), [[0, 1]] * 3)
+    np.testing.assert_array_equal(run_tpf(a, [1, 1, 1]), [1.0] * 3)
+
+
 RUNS = 4000
+DELTA = 1e-6
+
+
+def empirical_bernstein(x: np.ndarray, width: float) -> float:
+    """Half-width of a two-sided 1 − 2·DELTA bound on |mean(x) − E[x]| for i.i.d. x in an
+    interval of ``width`` (Maurer & Pontil 2009, Thm 4): sqrt(2 V ln(2/δ)/n) + 7 w ln(2/δ) /
+    (3(n − 1)), V the sample variance. Unlike 5σ alone it holds when a rare outcome (an
+    acceptance at a = 1e-8) never shows up in the sample and σ reads 0."""
+    n, log = x.size, math.log(2 / DELTA)
+    return math.sqrt(2 * x.var(ddof=1) * log / n) + 7 * width * log / (3 * (n - 1))
 
 
 @settings(max_examples=200)
 @given(a=profiles(), n=st.integers(1, 60))
-def test_dp_equals_monte_carlo_within_5_sigma(a: np.ndarray, n: int) -> None:
+def test_dp_equals_monte_carlo_within_bernstein_bound(a: np.ndarray, n: int) -> None:
     forwards = simulate_run(a, [n] * RUNS, seed=0).forwards
     assert forwards.shape == (RUNS,)
-    assert forwards.min() >= math.ceil(n / (a.size + 1))  # a forward commits ≤ M + 1 tokens
-    assert forwards.max() <= n  # and ≥ 1
-    sigma = forwards.std(ddof=1) / math.sqrt(RUNS)
-    assert abs(forwards.mean() - expected_forwards(a, n)[n]) <= 5 * sigma + 1e-9
+    # the prefill and a cold start commit 1 token each, a verify round ≤ M + 1
+    fewest = 1 if n == 1 else 2 + math.ceil((n - 2) / (a.size + 1))
+    assert forwards.min() >= fewest
+    assert forwards.max() <= n  # every forward commits ≥ 1
+    bound = empirical_bernstein(forwards.astype(float), n - fewest)
+    assert abs(forwards.mean() - expected_forwards(a, n)[n]) <= bound + 1e-9
 
 
 def test_batched_simulation_is_seeded_and_matches_the_dp() -> None:
@@ -97,42 +139,61 @@ def test_batched_simulation_is_seeded_and_matches_the_dp() -> None:
 @settings(max_examples=200)
 @given(a=profiles())
 def test_wald_bounds_and_the_renewal_limit(a: np.ndarray) -> None:
-    """(n − 1)/TPF ≤ E[F(n)] ≤ 1 + (n + M − 1)/TPF, so run TPF → TPF(a) at rate O(1/n)."""
+    """1 + (n − 2)/TPF ≤ E[F(n)] ≤ 2 + (n + M − 2)/TPF (the prefill, then the cold-start
+    machine's Wald bounds), so run TPF → TPF(a) at rate O(1/n)."""
     M, rate = a.size, float(tpf(a, CostModel.isd(a.size)))
     n = np.arange(501)
     forwards = expected_forwards(a, int(n[-1]))
     slack = 1e-9 * n
-    assert (forwards[1:] >= (n[1:] - 1) / rate - slack[1:]).all()
-    assert (forwards[1:] <= 1 + (n[1:] + M - 1) / rate + slack[1:]).all()
+    assert (forwards[1:] >= 1 + (n[1:] - 2) / rate - slack[1:]).all()
+    assert (forwards[1:] <= 2 + (n[1:] + M - 2) / rate + slack[1:]).all()
+    cold = _cold_forwards(a, int(n[-1]))  # the cold-start machine's own bounds
+    assert (cold[1:] >= (n[1:] - 1) / rate - slack[1:]).all()
+    assert (cold[1:] <= 1 + (n[1:] + M - 1) / rate + slack[1:]).all()
     long = run_tpf(a, [n[-1]])
-    assert abs(long - rate) <= (rate + M - 1) / forwards[-1] + 1e-12
+    assert abs(long - rate) <= (2 * rate + M - 2) / forwards[-1] + 1e-12
 
 
 def test_run_tpf_approaches_the_renewal_tpf() -> None:
     a = np.array([0.9, 0.85, 0.8, 0.8, 0.75, 0.7, 0.7])
-    gaps = [abs(run_tpf(a, [n]) - tpf(a)) for n in (10, 100, 1000, 10_000)]
+    lengths, rate, M = (10, 100, 1000, 10_000), float(tpf(a)), a.size
+    gaps = [abs(run_tpf(a, [n]) - rate) for n in lengths]
     assert all(later < earlier / 5 for earlier, later in itertools.pairwise(gaps))
-    assert gaps[-1] < 1e-3
+    forwards = expected_forwards(a, lengths[-1])
+    for n, gap in zip(lengths, gaps, strict=True):  # the Wald bound of the module docstring
+        assert gap <= (2 * rate + M - 2) / forwards[n]
+    assert gaps[-1] < 1.5e-3  # O(1/n): about 14 / n here (the prefill and a cold start)
 
 
 @pytest.mark.parametrize("M", [1, 2, 7, 15], ids=lambda M: f"M{M}")
 def test_all_accepted_closed_form(M: int) -> None:
-    """a = 1: a cold start, then M + 1 tokens every forward: F(n) = 1 + ⌈(n − 1)/(M + 1)⌉."""
+    """a = 1: the prefill (token 1), a cold start (token 2), then M + 1 tokens every forward:
+    F(n) = 1 + F_cold(n − 1) with F_cold(m) = 1 + ⌈(m − 1)/(M + 1)⌉ (m ≥ 1), F_cold(0) = 0."""
+
+    def closed(n: np.ndarray) -> np.ndarray:
+        m = n - 1
+        return 1 + np.where(m == 0, 0, 1 + np.ceil((m - 1) / (M + 1)))
+
     n = np.arange(1, 301)
-    exact = 1 + np.ceil((n - 1) / (M + 1))
+    exact = closed(n)
+    np.testing.assert_array_equal(exact[:2], [1, 2])
+    np.testing.assert_array_equal(exact[2:], 2 + np.ceil((n[2:] - 2) / (M + 1)))
     forwards = expected_forwards(np.ones(M), 300)
     assert forwards[0] == 0
     np.testing.assert_array_equal(forwards[1:], exact)
     lengths = np.random.default_rng(M).integers(1, 300, size=50)
-    expected = lengths.sum() / (1 + np.ceil((lengths - 1) / (M + 1))).sum()
+    expected = lengths.sum() / closed(lengths).sum()
     assert run_tpf(np.ones(M), lengths) == pytest.approx(expected, rel=1e-15)
     np.testing.assert_array_equal(simulate_run(np.ones(M), n).forwards, exact)
 
 
 @pytest.mark.parametrize("M", [1, 7], ids=lambda M: f"M{M}")
 def test_all_rejected_is_one_token_per_forward(M: int) -> None:
+    """a = 0 decodes like an autoregressive decoder: the prefill and every later forward commit
+    one token each, so F(n) = n and the run TPF is exactly 1."""
     np.testing.assert_array_equal(expected_forwards(np.zeros(M), 50), np.arange(51))
     assert run_tpf(np.zeros(M), [1, 5, 50]) == 1.0
+    np.testing.assert_array_equal(simulate_run(np.zeros(M), [1, 5, 50]).forwards, [1, 5, 50])
 
 
 def test_run_tpf_is_a_ratio_of_sums_and_batches() -> None:
@@ -215,7 +276,7 @@ def test_prediction_point_seed_and_edges() -> None:
     assert math.isnan(nothing.plugin)  # no data: no MLE, the prior's median and interval
     assert 1.0 <= nothing.low <= nothing.point <= nothing.high <= 4.0
     perfect = predict_run_tpf(AcceptanceProfile.from_accept_lengths([3] * 50, 3), [9], draws=50)
-    assert perfect.plugin == 9 / 3  # 1 cold start + 2 full rounds of 4 tokens
+    assert perfect.plugin == 9 / 4  # prefill + cold start + 2 full rounds (4 and 3 tokens)
     assert perfect.low <= perfect.point <= perfect.high <= perfect.plugin
 
 

@@ -1,6 +1,7 @@
 """The state machine of brisk.theory.horizon is the decoder's: replaying each request's accept
-lengths through it reproduces the request's forwards and committed counters exactly (batched
-decoding, EOS and token-budget stops, greedy and sampled, with and without the corrector)."""
+lengths through it (the prefill commits the first token and counts as a forward) reproduces the
+request's forwards and committed counters exactly (batched decoding, EOS and token-budget stops,
+greedy and sampled, with and without the corrector)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ V, MASK = 12, 11
 
 def replay(accept_lengths: list[int], n: int, M: int) -> tuple[int, int, int]:
     """(forwards, verify rounds, committed) of a response of n tokens under the module's rules:
-    a cold start commits 1 token; a verify round with accept length L commits L + 1 and stays
-    warm iff L = M; the run stops once ≥ n tokens are committed."""
-    committed = forwards = rounds = 0
+    the prefill is a forward and commits the first token, then a cold start; a cold start
+    commits 1 token; a verify round with accept length L commits L + 1 and stays warm iff
+    L = M; the run stops once ≥ n tokens are committed."""
+    committed = forwards = 1  # the prefill
+    rounds = 0
     verify = False
     while committed < n:
         forwards += 1
@@ -78,7 +81,9 @@ def test_replayed_accept_lengths_reproduce_the_decoders_counters(
         stride=stride, temperature=temperature, max_new_tokens=30, eos_token_id=eos
     )
     out = decode(backbone, prompts, options, corrector=corrector, batch_size=8)
-    assert sum(len(r.accept_lengths) for r in out.requests) > 20
+    lengths = [L for r in out.requests for L in r.accept_lengths]
+    assert M in lengths  # both kinds of verify round get replayed: full acceptances
+    assert min(lengths) < M  # and rejections
     for r in out.requests:
         forwards, rounds, committed = replay(r.accept_lengths, len(r.tokens), M)
         assert (forwards, rounds, committed) == (r.forwards, len(r.accept_lengths), r.committed)

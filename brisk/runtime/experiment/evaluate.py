@@ -8,8 +8,8 @@ temperature T) and scored by :func:`evaluate_checkpoint`:
 - **rejection %**: rejected proposals ÷ proposals that verification reached, pooled over every
   verify round (the paper's per-position rate, app:training_details, summed over positions),
 - **mean accepted prefix** E[L] over verify rounds,
-- **TPF, whole run** (output tokens ÷ decoding forwards) and **TPF, complete cycles** (the
-  renewal quantity of eq:idlm_tpf_instantiation),
+- **TPF, whole run** (output tokens ÷ forwards, the prefill's included) and **TPF, complete
+  cycles** (the renewal quantity of eq:idlm_tpf_instantiation),
 - **tokens/s**: output tokens ÷ decoding wall seconds on this machine; with a corrector also
   the same without the head's own time (``tokens_per_s_net``: what a free head would give) and
   that time (``head_s``).

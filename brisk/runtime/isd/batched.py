@@ -14,6 +14,10 @@ caller appends them, stops a request at its EOS or budget and keeps the statisti
   the next forward is a cold start. The committed tokens are distributed exactly as
   autoregressive sampling from p (paper, sec:idlm_background), and these are the gains and
   costs of the ISD cost model (eq:idlm_tpf_instantiation).
+- **prefill** (:func:`first_step`): the forward over the whole prompt; its last logits give the
+  first output token (a draw from p with the uniform at slot ``next`` of the request's counter 0),
+  committed, and the next forward is a cold start from it. This is SGLang's round boundary: its
+  prefill samples the first token too, so the server and brisk's loop run the same forwards.
 - **cold start**: slot 0 gives the next token (a draw from p), committed.
 - **proposal**: the next block comes from the row's M MASK slots (slots 1..M after a cold start,
   M+1..2M after a full acceptance): x_j drawn from q_j restricted to its Top-K candidates C_j
@@ -41,7 +45,7 @@ from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
-__all__ = ["Draft", "ISDState", "StepContext", "StepResult", "init_state", "step"]
+__all__ = ["Draft", "ISDState", "StepContext", "StepResult", "first_step", "init_state", "step"]
 
 
 class _Rows:
@@ -149,9 +153,9 @@ class StepResult:
 
     state: ISDState
     tokens: Tensor  # [B, M + 1] committed tokens x_1..x_L, then the next token (beyond count: junk)
-    count: Tensor  # [B] tokens committed, L + 1 (cold start: 1)
-    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts
-    keep: Tensor  # [B, S] new slots each row keeps (their KV stays valid)
+    count: Tensor  # [B] tokens committed, L + 1 (cold start, prefill: 1)
+    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts (and the prefill)
+    keep: Tensor  # [B, S] new slots each row keeps (their KV stays valid; prefill: [B, 0])
     verified: Tensor  # [B] bool: the row ran a verify round
     verified_draft: Draft  # the draft that was verified (the block log's row)
     u: Tensor  # [B, 2M + 1] this round's uniforms (Slots layout)
@@ -163,10 +167,16 @@ class StepResult:
 
 
 def init_state(
-    last_tokens: Tensor, lengths: Tensor, seeds: Tensor, requests: Tensor, ctx: StepContext
+    last_tokens: Tensor,
+    lengths: Tensor,
+    seeds: Tensor,
+    requests: Tensor,
+    ctx: StepContext,
+    counter: Tensor | None = None,
 ) -> ISDState:
-    """Rows after prefill: each cold-starts from its sequence's last token ``last_tokens [B]``;
-    ``lengths [B]`` are the sequences' lengths (prompt, and anything already generated)."""
+    """Rows that cold-start next from their sequence's last token ``last_tokens [B]``;
+    ``lengths [B]`` are the sequences' lengths (prompt and everything committed, that token
+    included), ``counter [B]`` the forwards each request has run (default 0)."""
     B, M, K = len(last_tokens), ctx.M, ctx.K
     device = last_tokens.device
 
@@ -182,7 +192,7 @@ def init_state(
     return ISDState(
         seed=seeds.to(device=device, dtype=torch.long),
         request=requests.to(device=device, dtype=torch.long),
-        counter=zeros(B),
+        counter=zeros(B) if counter is None else counter.to(device=device, dtype=torch.long),
         pending=last_tokens.to(torch.long),
         verify=zeros(B, dtype=torch.bool),
         length=lengths.to(device=device, dtype=torch.long),
@@ -296,6 +306,39 @@ def propose(
         head_block=head_block, q=q, alt_tokens=alt, head_drafted=head_drafted,
         anchor_hidden=kept[0], mask_hidden=kept[1], cand_logits=kept[2],
     )  # fmt: skip
+
+
+def first_step(
+    logits: Tensor,
+    lengths: Tensor,
+    seeds: Tensor,
+    requests: Tensor,
+    ctx: StepContext,
+    counter: Tensor | None = None,
+    u: Tensor | None = None,
+) -> StepResult:
+    """The prefill's transition: the first token of each row from the logits ``[B, V]`` at its
+    prompt's last position (argmax, or a draw from p with the uniform at slot ``next``), and
+    rows that cold-start from it next. ``lengths [B]``: the prompts' lengths; ``counter [B]``:
+    the forwards the requests have run (default 0; a re-prefilled request resumes past every
+    uniform it used), the prefill's uniforms ``u [B, 2M + 1]`` as in :func:`step`.
+
+    The caller runs the forward and keeps the whole prompt's KV (``keep`` is empty); the result
+    commits one token per row like a cold start, so the prefill counts as a forward.
+    """
+    device = logits.device
+    B, W = logits.shape[0], Slots(ctx.M).width
+    seeds, requests = seeds.to(device), requests.to(device)
+    counter = torch.zeros_like(seeds) if counter is None else counter.to(device)
+    u = counter_uniforms(seeds, requests, counter, W) if u is None else u.to(device)
+    first = draw_next(logits, ctx.options.temperature, u[:, Slots(ctx.M).next])
+    state = init_state(first, lengths.to(device) + 1, seeds, requests, ctx, counter + 1)
+    tokens = torch.zeros(B, ctx.M + 1, dtype=torch.long, device=device)
+    tokens[:, 0] = first
+    none = torch.zeros(B, dtype=torch.bool, device=device)
+    return StepResult(state, tokens, torch.ones_like(first), torch.full_like(first, -1),
+                      torch.zeros(B, 0, dtype=torch.bool, device=device), none, state.draft,
+                      u)  # fmt: skip
 
 
 def step(

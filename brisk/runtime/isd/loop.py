@@ -1,12 +1,15 @@
 """brisk's decoding loop around the batched ISD step: prefill, forward, KV bookkeeping, logs.
 
-:func:`decode` runs batches of requests in lock step. Per round it builds the input slots of
-every row from the state, runs the backbone's forward, hands logits and hidden states to
-:func:`brisk.runtime.isd.batched.step`, and then applies the KV side of the result: rows of one
-batch share one physical cache but not a history (:class:`KVSlots`); each row keeps the slots the
-step marks, rejected proposals and MASK slots are dropped, and the cache is compacted (tail trim,
-and a per-row gather once holes pile up) so attention never runs over much dead space. Finished rows
-leave the batch at once. A single row needs no mask at all: its cache is always dense.
+:func:`decode` runs batches of requests in lock step. The prefill runs the whole prompts and
+commits each request's first token (:func:`~brisk.runtime.isd.batched.first_step`, as SGLang's
+prefill does, so the server and this loop run the same forwards). Per round it builds the input
+slots of every row from the state, runs the backbone's forward, hands logits and hidden states
+to :func:`brisk.runtime.isd.batched.step`, and then applies the KV side of the result: rows of
+one batch share one physical cache but not a history (:class:`KVSlots`); each row keeps the
+slots the step marks, rejected proposals and MASK slots are dropped, and the cache is compacted
+(tail trim, and a per-row gather once holes pile up) so attention never runs over much dead
+space. Finished rows leave the batch at once. A single row needs no mask at all: its cache is
+always dense.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from torch import Tensor
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, init_state, step
+from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, first_step, step
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.outputs import Outputs, commit
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
@@ -169,9 +172,7 @@ class _Batch:
         self.cache = backbone.new_cache()
         self.kv = KVSlots(len(prompts), self.device)
         seed, request = torch.tensor(seeds), torch.tensor(request_ids)
-        last = torch.tensor([p[-1] for p in prompts], device=self.device)
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.state = init_state(last, lengths, seed, request, ctx)
+        self.seed, self.request = seed, request
         self.outputs = Outputs.empty(len(prompts), ctx.options, self.device)
         # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
         # so no request runs more than max_new_tokens of them.
@@ -217,20 +218,24 @@ class _Batch:
         return out.logits, out.hidden
 
     def _prefill(self) -> None:
-        lengths = [len(p) - 1 for p in self.prompts]
-        S = max(lengths)
-        if S == 0:
-            return
+        """The forward over the whole prompts (right-padded); each row's last prompt logits
+        give its first token (:func:`first_step`, the request's forward 0), committed."""
+        lengths = torch.tensor([len(p) for p in self.prompts], device=self.device)
+        S = int(lengths.max())
         ids = torch.full((len(self.prompts), S), self.bb.mask_token_id, device=self.device)
         for b, p in enumerate(self.prompts):
-            ids[b, : len(p) - 1] = torch.tensor(p[:-1])
-        valid = (
-            torch.arange(S, device=self.device)[None]
-            < torch.tensor(lengths, device=self.device)[:, None]
-        )
-        self._forward((ids, valid))
+            ids[b, : len(p)] = torch.tensor(p)
+        valid = torch.arange(S, device=self.device)[None] < lengths[:, None]
+        logits, _ = self._forward((ids, valid))
         self.kv.append(valid)
         self._compact()
+        rows = torch.arange(len(self.prompts), device=self.device)
+        result = first_step(logits[rows, lengths - 1], lengths, self.seed, self.request,
+                            self.ctx, u=self.uniforms[:, 0])  # fmt: skip
+        self.state = result.state
+        self.outputs = commit(self.outputs, result, self.ctx.options)
+        if bool(self.outputs.done.any()):
+            self._retire()
 
     def _inputs(self, S: int) -> tuple[Tensor, Tensor]:
         """``[pending, x_1..x_M, MASK×M]`` for verifying rows, ``[pending, MASK×M, pad]`` for

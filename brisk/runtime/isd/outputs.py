@@ -34,7 +34,7 @@ RUNNING, FINISHED_EOS, FINISHED_LENGTH = 0, 1, 2
 class RoundStats(_Rows):
     """Per-request counters, as tensors, turned into :class:`RequestOutput` at the end."""
 
-    forwards: Tensor  # [B] decoding forwards (prefill excluded)
+    forwards: Tensor  # [B] forwards: the prefill (it commits the first token) and the rounds
     committed: Tensor  # [B] tokens committed by them (before any cut at EOS / budget)
     rounds: Tensor  # [B] verify rounds
     accept_log: Tensor  # [B, R] L of verify round r (−1 beyond ``rounds``)

@@ -8,7 +8,10 @@ position, from the paper (sec:idlm_background, eq:head_residual_logits), sharing
 slot layout ``[next, accept × M, draft × M]``), so a bug cannot sit on both sides of the parity
 test. For any request its tokens, accept lengths and forward count equal the batched loop's.
 
-A round feeds ``[pending, x_1..x_M, MASK×M]`` (verify) or ``[pending, MASK×M]`` (cold start).
+The prefill runs the whole prompt and commits the first token (a draw from p at the prompt's
+last position with the uniforms of forward 0); then a round feeds ``[pending, x_1..x_M,
+MASK×M]`` (verify) or ``[pending, MASK×M]`` (cold start, the first round and every round after a
+rejection). Every forward, the prefill included, counts in ``forwards``.
 
 - **verify**: p_i is the verifier's law at slot i − 1 (temperature T; greedy: its argmax).
   x_i is accepted iff u_i · π_i(x_i) < p_i(x_i), in order, until the first rejection (greedy:
@@ -123,17 +126,34 @@ def reference_decode(
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     out = RequestOutput()
     cache = backbone.new_cache()
-    if len(prompt) > 1:
-        backbone.forward(torch.tensor([list(prompt[:-1])]), cache)
-    pending, block = prompt[-1], None  # block: the drafts to verify (None → cold start)
-    while not out.finished:
+
+    def uniforms() -> Tensor:  # this forward's [next, accept × M, draft × M]
         keys = (torch.tensor([x]) for x in (seed, request_id, out.forwards))
-        u = counter_uniforms(*keys, 1 + 2 * M)[0]  # [next, accept × M, draft × M]
+        return counter_uniforms(*keys, 1 + 2 * M)[0]
+
+    def emit(committed: list[int]) -> None:  # cut at EOS (kept) or at the token budget
+        out.forwards += 1
+        out.committed += len(committed)
+        for t in committed:
+            out.tokens.append(t)
+            if t == options.eos_token_id:
+                out.finished = "eos"
+            elif len(out.tokens) >= options.max_new_tokens:
+                out.finished = "length"
+            if out.finished:
+                return
+
+    # prefill: the whole prompt; its last logits give the first token
+    u = uniforms()
+    emit([_choose(_law(backbone.forward(torch.tensor([list(prompt)]), cache).logits[0, -1], T),
+                  T, u[0])])  # fmt: skip
+    pending, block = out.tokens[-1], None  # block: the drafts to verify (None → cold start)
+    while not out.finished:
+        u = uniforms()
         length = backbone.cache_length(cache)
         drafts = [] if block is None else block.tokens
         fwd = backbone.forward(torch.tensor([[pending, *drafts, *[mask] * M]]), cache)
         logits, hidden = fwd.logits[0], fwd.hidden[0]
-        out.forwards += 1
         if block is None:  # cold start: slot 0 gives the next token, slots 1..M the proposals
             committed = [_choose(_law(logits[0], T), T, u[0])]
             first, full = 1, True
@@ -143,15 +163,7 @@ def reference_decode(
             committed = [*drafts[:L], nxt]
             first, full = M + 1, L == M
         backbone.trim(cache, length + len(committed))  # keep pending and the accepted drafts
-        out.committed += len(committed)
-        for t in committed:  # cut at EOS (kept) or at the token budget
-            out.tokens.append(t)
-            if t == options.eos_token_id:
-                out.finished = "eos"
-            elif len(out.tokens) >= options.max_new_tokens:
-                out.finished = "length"
-            if out.finished:
-                break
+        emit(committed)
         pending = committed[-1]
         block = None
         if full and not out.finished:  # the MASK slots propose the next block

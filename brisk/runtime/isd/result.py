@@ -17,7 +17,7 @@ class RequestOutput:
     """What one request produced and what it cost."""
 
     tokens: list[int] = field(default_factory=list)  # output, cut at EOS / the token budget
-    forwards: int = 0  # decoding forwards (prefill excluded)
+    forwards: int = 0  # forwards: the prefill (it commits the first token) and the rounds
     committed: int = 0  # tokens committed by those forwards (before the cut at EOS / budget)
     accept_lengths: list[int] = field(default_factory=list)  # L of every verify round
     cycle_tokens: int = 0  # over complete renewal cycles: verify round (+ cold start)
@@ -27,7 +27,7 @@ class RequestOutput:
 
     @property
     def tpf(self) -> float:
-        """Whole-run tokens per forward: output tokens ÷ decoding forwards."""
+        """Whole-run tokens per forward: output tokens ÷ forwards (the prefill's included)."""
         return len(self.tokens) / self.forwards if self.forwards else float("nan")
 
     def profile(self, M: int) -> AcceptanceProfile:
@@ -36,15 +36,16 @@ class RequestOutput:
     def output_profile(self, M: int) -> AcceptanceProfile:
         """Acceptance counts over the positions that fall inside the output.
 
-        Replays the decoder's rounds (a cold start commits one token; a verify round with
-        accept length L commits L + 1): with c tokens committed before a verify round and a
-        response of n tokens, proposal slot i lands on output token c + i, so only slots
-        i ≤ r = n − c can matter; a rejection past the response's end (a round that drafts
-        beyond EOS or the budget) costs nothing and is not counted. This is the profile the
+        Replays the decoder's forwards (the prefill and a cold start commit one token each; a
+        verify round with accept length L commits L + 1): with c tokens committed before a
+        verify round and a response of n tokens, proposal slot i lands on output token c + i,
+        so only slots i ≤ r = n − c can matter; a rejection past the response's end (a round
+        that drafts beyond EOS or the budget) costs nothing and is not counted. This is the
+        profile the
         finite-horizon prediction needs: the all-round :meth:`profile` counts those free
         rejections and understates whole-run TPF.
         """
-        n, committed, warm, reached, accepted = len(self.tokens), 0, False, [], []
+        n, committed, warm, reached, accepted = len(self.tokens), 1, False, [], []  # prefill
         rounds = iter(self.accept_lengths)
         while committed < n:
             if not warm:
@@ -95,9 +96,10 @@ class DecodeResult:
 
     @property
     def tpf(self) -> float:
-        """Whole-run tokens per forward: Σ_r n_r ÷ Σ_r F_r, output tokens over decoding
-        forwards (prefill excluded). Each request's cold start and its unfinished last cycle
-        are in it, and drafts committed past EOS or the budget are not."""
+        """Whole-run tokens per forward: Σ_r n_r ÷ Σ_r F_r, output tokens over forwards, the
+        prefill's included (it commits the first token: autoregressive decoding has TPF 1).
+        Each request's cold start and its unfinished last cycle are in it, and drafts
+        committed past EOS or the budget are not."""
         return self.generated / self.forwards if self.forwards else float("nan")
 
     @property

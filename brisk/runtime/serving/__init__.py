@@ -1,12 +1,13 @@
 """Serving brisk on SGLang: the plugin, its algorithm options and the serving benchmark.
 
-- :mod:`~brisk.runtime.serving.options` — :class:`BriskISDOptions`, the ``--dllm-algorithm-config``
-  YAML of the ``BriskISD`` algorithm (no SGLang needed);
+- :mod:`~brisk.runtime.serving.options` — :class:`BriskISDOptions`, the options of ``BRISK_ISD``
+  (``$BRISK_ISD_CONFIG``: a YAML/JSON file or a JSON object; no SGLang needed);
 - :mod:`~brisk.runtime.serving.plugin` — ``register()``, the ``sglang.srt.plugins`` entry point:
-  adds ``BriskISD`` to SGLang's dLLM algorithms, admits Qwen3-layout models with a mask token,
-  and installs the DFlash reranking hook;
-- :mod:`~brisk.runtime.serving.algorithm` — ``BriskISD``, a ``DllmAlgorithm`` around brisk's
-  batched ISD step;
+  registers the speculative algorithm ``BRISK_ISD`` and installs the DFlash reranking and
+  torch-native verify-attention hooks;
+- :mod:`~brisk.runtime.serving.common` — what the worker and the DFlash hook share (the served
+  model's heads for the corrector, request validation and keys, the block logger) and the
+  launch-time checks of the model and the corrector against the options (no SGLang needed);
 - :mod:`~brisk.runtime.serving.dflash` — the corrector over DFlash's Top-K draft candidates;
 - :mod:`~brisk.runtime.serving.bench` — ``brisk bench serve``: the paper's serving sweep over
   ``sglang.benchmark.serving``, with paired ratios;
@@ -21,6 +22,8 @@
 - :mod:`~brisk.runtime.serving.cpu` — the CPU stand-ins for SGLang's CUDA-only imports
   (``sgl_kernel``, ``torchvision``), loaded only for ``--device cpu``.
 
-SGLang is an optional extra (``brisk[serving]``): only the plugin, algorithm and DFlash modules
-import it, and importing :mod:`brisk` or this package imports nothing of it.
+SGLang is an optional extra (``brisk[serving]``): only the worker imports it at import time (the
+plugin and the DFlash hooks when SGLang calls them), and importing :mod:`brisk` or this package
+imports nothing of it. (The dLLM algorithm ``BriskISD`` of ``--dllm-algorithm``, which SGLang
+0.5.23's whole-block dLLM scheduler could not run, is retired in favour of ``BRISK_ISD``.)
 """

@@ -18,7 +18,8 @@ Per (server, C), over the runs:
   an average over the server's lifetime (warm-up and earlier C included), and has none for dLLM
   algorithms, where the column stays empty.
 
-Comparison: per C the paired ratios B ÷ A of aggregate TPS, their geometric mean over runs with a
+Comparison (every later server against every earlier one, :func:`comparisons`): per C the
+paired ratios B ÷ A of aggregate TPS, their geometric mean over runs with a
 t-interval on the log scale; across C the geometric mean of the per-C ratios (the paper's
 summary), its interval from the runs' own geometric means across C.
 """
@@ -182,8 +183,8 @@ def sweep(
     on_run: Callable[[Run], None] | None = None,
 ) -> list[Run]:
     """Every (C, run) for every server, servers interleaved within each (C, run)."""
-    if not 1 <= len(servers) <= 2:
-        raise ValueError(f"url: need one or two servers, got {len(servers)}")
+    if not servers:
+        raise ValueError("url: need at least one server")
     workdir.mkdir(parents=True, exist_ok=True)
     runs = []
     with (workdir / "bench_serving.log").open("a") as log:
@@ -280,19 +281,36 @@ def markdown(rows: Sequence[SweepRow], ratios: Sequence[RatioRow] = (), names: s
             f"| {r.server} | {r.concurrency} | {r.aggregate_tps.format(digits=1)} | "
             f"{r.median_request_tps:.1f} | {r.p95_latency_s:.3f} | {tpf} | {r.runs} |"
         )
-    if ratios:
-        lines += ["", f"| C | TPS ratio {names} | pairs |", "|---:|---|---:|"]
-        for q in ratios:
-            c = "geomean over C" if q.concurrency is None else str(q.concurrency)
-            lines.append(f"| {c} | {q.ratio.format(digits=3)} | {q.pairs} |")
+    text = "\n".join(lines) + "\n"
+    return text + ("\n" + ratio_table(ratios, names) if ratios else "")
+
+
+def ratio_table(ratios: Sequence[RatioRow], names: str) -> str:
+    """The paired ratios of one comparison (``names``: "B ÷ A") as a markdown table."""
+    lines = [f"| C | TPS ratio {names} | pairs |", "|---:|---|---:|"]
+    for q in ratios:
+        c = "geomean over C" if q.concurrency is None else str(q.concurrency)
+        lines.append(f"| {c} | {q.ratio.format(digits=3)} | {q.pairs} |")
     return "\n".join(lines) + "\n"
 
 
+def comparisons(runs: Sequence[Run], labels: Sequence[str]) -> dict[str, list[RatioRow]]:
+    """Every later server against every earlier one, ``"B ÷ A" → compare(runs, A, B)``, in
+    the order of ``labels`` (A ÷ nothing for one server: empty)."""
+    return {
+        f"{b} ÷ {a}": compare(runs, a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]
+    }
+
+
 def to_json(runs: Sequence[Run], rows: Sequence[SweepRow], ratios: Sequence[RatioRow],
-            options: ServeBenchOptions, servers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+            options: ServeBenchOptions, servers: dict[str, str],
+            more: dict[str, list[RatioRow]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The document: ``ratios`` are the first comparison's (second ÷ first server), ``more``
+    every comparison by name (:func:`comparisons`)."""
     return {
         "options": asdict(options), "servers": servers,
         "summary": [asdict(r) for r in rows], "ratios": [asdict(q) for q in ratios],
+        "comparisons": {k: [asdict(q) for q in v] for k, v in (more or {}).items()},
         "runs": [asdict(r) for r in runs],
     }  # fmt: skip
 
@@ -313,15 +331,22 @@ def dumps(document: dict[str, Any]) -> str:
     return json.dumps(_null_nan(document), indent=1, allow_nan=False)
 
 
-def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names: str) -> Path:
-    """Aggregate TPS against C per server (95 % intervals), and the ratio per C; written
+def plot(
+    rows: Sequence[SweepRow],
+    ratios: Sequence[RatioRow] | dict[str, list[RatioRow]],
+    path: Path,
+    names: str = "",
+) -> Path:
+    """Aggregate TPS against C per server (95 % intervals), and the ratio per C of one
+    comparison (``ratios`` named ``names``) or several (``{names: ratios}``); written
     atomically to ``path`` (PNG)."""
+    pairs = dict(ratios) if isinstance(ratios, dict) else ({names: list(ratios)} if ratios else {})
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = 2 if ratios else 1
+    panels = 2 if pairs else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     ax = axes[0][0]
     for server in dict.fromkeys(r.server for r in rows):
@@ -337,17 +362,23 @@ def plot(rows: Sequence[SweepRow], ratios: Sequence[RatioRow], path: Path, names
            title="serving sweep")  # fmt: skip
     ax.set_xticks([r.concurrency for r in rows], [str(r.concurrency) for r in rows])
     ax.legend()
-    if ratios:
+    if pairs:
         ax = axes[0][1]
-        per_c = [q for q in ratios if q.concurrency is not None]
-        below = [0.0 if math.isnan(q.ratio.low) else q.ratio.mean - q.ratio.low for q in per_c]
-        above = [0.0 if math.isnan(q.ratio.high) else q.ratio.high - q.ratio.mean for q in per_c]
-        ax.errorbar([q.concurrency for q in per_c], [q.ratio.mean for q in per_c],
-                    yerr=[below, above], marker="o", capsize=3)  # fmt: skip
-        overall = ratios[-1].ratio.mean
-        ax.axhline(overall, ls="--", color="gray", label=f"geomean {overall:.3f}")
+        for (name, ratio), color in zip(pairs.items(), plt.rcParams["axes.prop_cycle"],
+                                        strict=False):  # fmt: skip
+            per_c = [q for q in ratio if q.concurrency is not None]
+            below = [0.0 if math.isnan(q.ratio.low) else q.ratio.mean - q.ratio.low
+                     for q in per_c]  # fmt: skip
+            above = [0.0 if math.isnan(q.ratio.high) else q.ratio.high - q.ratio.mean
+                     for q in per_c]  # fmt: skip
+            overall = ratio[-1].ratio.mean
+            ax.errorbar([q.concurrency for q in per_c], [q.ratio.mean for q in per_c],
+                        yerr=[below, above], marker="o", capsize=3, color=color["color"],
+                        label=f"{name} (geomean {overall:.3f})")  # fmt: skip
+            ax.axhline(overall, ls="--", color=color["color"], lw=0.8)
         ax.axhline(1.0, color="black", lw=0.5)
-        ax.set(xscale="log", xlabel="concurrency C", ylabel=f"TPS ratio {names}",
+        ylabel = f"TPS ratio {next(iter(pairs))}" if len(pairs) == 1 else "paired TPS ratio"
+        ax.set(xscale="log", xlabel="concurrency C", ylabel=ylabel,
                title="paired ratio")  # fmt: skip
         ax.set_xticks([q.concurrency for q in per_c], [str(q.concurrency) for q in per_c])
         ax.legend()

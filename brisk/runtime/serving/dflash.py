@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.corrector import Corrector
+from brisk.runtime.serving.common import ModelHeads
 
 __all__ = ["ENV", "eager_when_reranking", "rerank", "reranker"]
 
@@ -94,11 +95,9 @@ def rerank(
     return sel.tokens.reshape(-1).to(torch.long)
 
 
-def _heads(worker: Any, head: Corrector, device: torch.device) -> Any:
+def _heads(worker: Any, head: Corrector, device: torch.device) -> ModelHeads:
     """The target's E / E_out for the head, built once per worker (the head's folded tables are
     cached against it), with the head moved to the device once."""
-    from brisk.runtime.serving.algorithm import ModelHeads
-
     cached = getattr(worker, "_brisk_heads", None)
     if cached is not None and cached[0] is head:
         return cached[1]

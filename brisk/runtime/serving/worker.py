@@ -17,9 +17,10 @@ Per forward and request, brisk's exact step (:func:`brisk.runtime.isd.batched.st
 - the next state, carried here keyed by the request id (``rid``) between forwards, so a batch
   that changes (requests join, finish, are aborted or retracted) costs nothing but a row lookup.
 
-The prefill forward runs SGLang's plain extend; its next token is brisk's cold-start draw from
-the prompt's last logits (argmax at T = 0; at T > 0 the request's uniform at counter 0), and the
-request starts the decode with a cold start from it. Uniforms are keyed by (seed, a hash of the
+The prefill forward runs SGLang's plain extend; its next token is brisk's prefill draw
+(:func:`~brisk.runtime.isd.batched.first_step`: argmax at T = 0; at T > 0 the request's uniform
+at counter 0) from the prompt's last logits, and the request starts the decode with a cold start
+from it: the forwards of ``brisk decode``, one for one. Uniforms are keyed by (seed, a hash of the
 rid, the request's forward counter), so a request's tokens do not depend on its batch.
 
 Options come from the YAML/JSON file named by ``$BRISK_ISD_CONFIG`` (:class:`BriskISDOptions`);
@@ -29,7 +30,10 @@ With ``log_blocks`` TP rank 0 writes one mechanism-format block-log row per veri
 (:func:`brisk.runtime.isd.loop.log_verified`, as brisk's decode does). The prefill's token is
 not a verify round and has no row. SGLang never closes its speculative worker and stops the
 scheduler by a signal, so the rows are flushed whenever the worker falls idle (its last request
-finished), and at exit.
+finished), and at exit. When it falls idle the worker also logs the server's TPF so far:
+committed tokens ÷ request-forwards, prefills included (a last round's tokens past a request's
+budget count; SGLang's own ``accept len`` leaves the prefill out). Per request it is
+``completion_tokens ÷ (spec_verify_ct + 1)`` of the answer's ``meta_info``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -48,22 +53,23 @@ from torch import Tensor
 
 from brisk.runtime.blocklog import verification_for
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.batched import ISDState, StepContext, draw_next, init_state, step
+from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
 from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.sampling import Slots, counter_uniforms
-from brisk.runtime.serving.algorithm import (
+from brisk.runtime.serving.common import (
     ModelHeads,
-    _rank_logger,
+    check_model,
     request_key,
     validate_sampling,
 )
+from brisk.runtime.serving.common import rank_logger as _rank_logger
 from brisk.runtime.serving.launch import ISD_CONFIG_ENV as CONFIG_ENV
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 __all__ = ["ALGORITHM", "CONFIG_ENV", "BriskISDSpec", "BriskISDWorker", "load_options"]
 
 ALGORITHM = "BRISK_ISD"
+_LOG = logging.getLogger("sglang.srt.speculative.brisk_isd")  # SGLang's handlers print it
 
 
 def load_options() -> BriskISDOptions:
@@ -118,7 +124,16 @@ class BriskISDSpec(CustomSpecAlgo):
                          needs_confidence_relay)  # fmt: skip
 
     def handle_server_args(self, server_args: Any) -> None:
-        """Check the verify width against the stride: n = 2M + 1 slots, a chain (top-k 1)."""
+        """Refuse to start, with one line naming the option, what ``BRISK_ISD`` cannot serve.
+
+        SGLang calls this while it resolves the server's arguments, before any model loads
+        (with a recorder that reads through to ``server_args``): the options of
+        ``$BRISK_ISD_CONFIG`` (:meth:`BriskISDOptions.from_mapping`: unknown or ill-typed keys,
+        a corrector's K against ``top_k``), the verify width against the stride (n = 2N − 1
+        slots, a chain), and the model's config and the corrector against the options
+        (:func:`~brisk.runtime.serving.common.check_model`), the config read as SGLang reads it
+        (``model_config_of``: its overrides and ``--json-model-override-args`` apply)."""
+        from sglang.srt.arg_groups.model_override_base import model_config_of
         from sglang.srt.arg_groups.overrides import resolving_view
 
         cfg = resolving_view(server_args)
@@ -129,6 +144,7 @@ class BriskISDSpec(CustomSpecAlgo):
                 f"--speculative-num-draft-tokens: BRISK_ISD at stride {options.stride} verifies "
                 f"2N − 1 = {options.block_size} slots per request, got {n}"
             )
+        check_model(options, model_config_of(server_args))
 
 
 class BriskISDWorker(BaseSpecWorker):
@@ -203,8 +219,13 @@ class BriskISDWorker(BaseSpecWorker):
         prefill, aborted and retracted ones when the next decode batch lacks them)."""
         self.states.pop(rid, None)
         self._decoding.discard(rid)
-        if self.logger is not None and not self._decoding:  # idle: the rows reach disk now
+        if self._decoding:
+            return
+        if self.logger is not None:  # idle: the rows reach disk now
             self.logger.flush()
+        _LOG.info("BRISK_ISD TPF %.3f: %d committed tokens in %d request-forwards since start "
+                  "(each request's prefill included)", self.tpf, self.tokens,
+                  self.forwards)  # fmt: skip
 
     # -- prefill: plain extend, the first token by brisk's cold-start draw
     def _seed(self, req: Any) -> int:
@@ -225,8 +246,10 @@ class BriskISDWorker(BaseSpecWorker):
                 why = "BRISK_ISD does not return logprobs"
             if why is not None and not req.finished():
                 req.set_finish_with_abort(why)
+        # is_verify: no SGLang sampling, whose temperature scaling and softmax run in place on
+        # these logits (brisk draws the token itself, below)
         result = self.target_worker.forward_batch_generation(
-            batch, pp_proxy_tensors=pp_proxy_tensors
+            batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True
         )
         bs = len(batch.reqs)
         logits = result.logits_output.next_token_logits  # [bs, V]
@@ -238,21 +261,18 @@ class BriskISDWorker(BaseSpecWorker):
         counters = torch.tensor(
             [int(self.states[r.rid].counter[0]) if r.rid in self.states else len(r.output_ids)
              for r in batch.reqs], dtype=torch.long)  # fmt: skip
-        u = counter_uniforms(seeds, keys, counters, Slots(self.options.M).width).to(device)
         logits = logits[:, : self.model_runner.model_config.vocab_size]
-        first = draw_next(logits, self.options.temperature, u[:, Slots(self.options.M).next])
-        first = torch.where(torch.tensor(argmax_rows, device=device), logits.argmax(-1), first)
-        lengths = torch.tensor(
-            [len(r.origin_input_ids) + len(r.output_ids) + 1 for r in batch.reqs],
-            dtype=torch.long,
-        )  # fmt: skip
-        rows = init_state(first, lengths.to(device), seeds, keys, self.ctx)
-        rows = dataclasses.replace(rows, counter=(counters + 1).to(device))
+        lengths = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs],
+                               dtype=torch.long)  # fmt: skip
+        rows = first_step(logits, lengths, seeds, keys, self.ctx, counters).state
+        argmax = torch.tensor(argmax_rows, device=device)
+        first = torch.where(argmax, logits.argmax(-1), rows.pending)
+        rows = dataclasses.replace(rows, pending=first)
         for i, req in enumerate(batch.reqs):
             self.states[req.rid] = rows.select(torch.tensor([i], device=device))
         self.forwards += bs
         self.tokens += bs
-        next_ids = first.to(result.next_token_ids.dtype)
+        next_ids = first.to(torch.long)
         accept_tokens = torch.zeros(bs, self.draft_token_num, dtype=torch.int32, device=device)
         accept_tokens[:, 0] = next_ids
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)

@@ -1,0 +1,93 @@
+"""The CPU serving table (issue 20, point 5): plain SGLang AR vs ISD head off vs ISD head on.
+
+Starts three real SGLang servers on this machine's CPU (brisk's CPU flags, the plugin, one
+thread each, loopback ports), all serving the paper-regime checkpoint (``make paper``); the
+head-on server adds the distilled corrector of ``make reproduce-corrector``. Then one
+``brisk bench serve`` sweep over the three, runs interleaved per (C, run), so every ratio is
+paired under the same machine load: aggregate and median-request tokens/s, the server's TPF,
+the paired ratios isd-off ÷ ar, isd-on ÷ ar, isd-on ÷ isd-off per C and their geometric means
+across C. The servers are always stopped (by their process groups).
+
+The paper-regime model has 256 positions; a fixed output of ≥ 256 tokens after a prompt needs
+more, so the servers run with ``--context-length`` raised (RoPE positions past the trained range:
+the model's acceptance there is what it is, and every server sees the same prompts).
+
+    .venv-serving/bin/python benchmarks/serve_cpu_bench.py --out runs/serve_cpu
+
+Flags: ``--model``, ``--corrector``, ``--stride`` (8), ``--concurrency`` (1 2 4 8), ``--runs``
+(3), ``--input-len`` (32), ``--output-len`` (256), ``--prompts-per-c`` (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from brisk.runtime.serving.launch import ServerProcess, free_port, server_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, default=ROOT / "runs/paper/base/final")
+    p.add_argument("--corrector", type=Path,
+                   default=ROOT / "runs/paper/corrector_dl/arms/distilled/seed0/final")  # fmt: skip
+    p.add_argument("--stride", type=int, default=8)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--prompts-per-c", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    for what, path in (("--model", args.model), ("--corrector", args.corrector)):
+        if not (path / "config.json").is_file():
+            p.error(f"{what}: {path} holds no checkpoint (make paper / make reproduce-corrector)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    context = args.input_len + args.output_len + 2 * args.stride
+    common = ["--dtype", "float32", "--context-length", str(max(context, 512)),
+              "--max-running-requests", str(max(args.concurrency))]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}  # fmt: skip
+    isd = {"stride": args.stride}
+    servers = {
+        "ar": None,
+        "isd-off": isd,
+        "isd-on": {**isd, "corrector": str(args.corrector)},
+    }
+    started: list[tuple[str, ServerProcess, str]] = []
+    try:
+        for name, options in servers.items():
+            launch = server_launch(args.model, free_port(), device="cpu", extra_args=common,
+                                   env=env, isd=options)  # fmt: skip
+            print(f"{name}: {launch.shell()}", flush=True)
+            server = ServerProcess(launch, args.out / f"{name}.server.log").start()
+            started.append((name, server, launch.url))
+            seconds = server.wait_ready(timeout=300)
+            print(f"{name}: ready in {seconds:.0f} s at {launch.url}", flush=True)
+        bench = [sys.executable, "-m", "brisk.cli", "bench", "serve",
+                 "--tokenizer", str(args.model), "--out", str(args.out),
+                 "--runs", str(args.runs), "--input-len", str(args.input_len),
+                 "--output-len", str(args.output_len),
+                 "--prompts-per-c", str(args.prompts_per_c),
+                 "--concurrency", ",".join(map(str, args.concurrency))]  # fmt: skip
+        for name, _, url in started:
+            bench += ["--url", url, "--label", name]
+        t0 = time.monotonic()
+        code = subprocess.run(bench, check=False).returncode
+        print(f"sweep: {time.monotonic() - t0:.0f} s, exit {code}", flush=True)
+        return code
+    finally:
+        for _, server, _ in started:
+            with contextlib.suppress(Exception):
+                server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
