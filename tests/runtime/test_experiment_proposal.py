@@ -79,3 +79,113 @@ def test_budgets_are_epochs_of_the_correct_responses(micro_base: Path, tmp_path:
     assert "| Base (no continued training) | – | – |" in table
     with pytest.raises(ValueError, match="budgets: need distinct epochs > 0"):
         ExperimentConfig(budgets=(1.0, 1.0))
+
+
+HEAD_TOML = """
+[head.collect]
+problems = 30
+samples = 3
+max_new_tokens = 24
+[head.train]
+epochs = 10
+batch_size = 32
+lr = 1e-2
+head = "small"
+"""
+
+
+@pytest.mark.slow
+def test_head_on_row_is_the_best_arms_backbone_with_a_head(
+    micro_base: Path, tmp_path: Path
+) -> None:
+    """[head]: per seed, the chosen arm's checkpoint collects events, a head is trained on them
+    and the backbone is decoded head on with the arms' evaluation: the row ``<arm>+head``."""
+    arms = ["base", "selfgen-correct-dynamic"]
+    text = micro_experiment_toml(tmp_path / "exp", micro_base, [0, 1], arms, workers=2)
+    (tmp_path / "exp.toml").write_text("budgets = [1]\ntheory_samples = 0\n" + text + HEAD_TOML)
+    cfg = ExperimentConfig.load(tmp_path / "exp.toml")
+    assert cfg.head.enabled
+    assert cfg.head.train.head == "small"
+    summary = run_experiment(cfg, show_progress=False)
+    out = tmp_path / "exp"
+    arm = "selfgen-correct-dynamic@1ep"  # the only trained arm: chosen whatever its accuracy
+    row = f"{arm}+head"
+    assert summary["head"]["arm"] == arm
+    assert summary["head"]["row"] == row
+    assert [a["arm"] for a in summary["arms"]] == ["base", arm, row]
+    evals = {(e["arm"], e["seed"]): e for e in summary["evals"]}
+    for seed in (0, 1):
+        run = out / "head" / arm / f"seed{seed}"
+        saved = json.loads((run / "eval.json").read_text())
+        # the frozen backbone is the arm's own seed-s checkpoint, and the head decoded
+        assert saved["backbone"] == str(out / "arms" / arm / f"seed{seed}" / "final")
+        assert (run / "final" / "config.json").is_file()
+        assert (run / "events" / "_events.json").is_file()
+        assert saved["train"]["steps"] > 0
+        head_ev, own = evals[(row, seed)], evals[(arm, seed)]
+        assert head_ev["head_s"] > 0
+        assert own["head_s"] == 0
+        # the arms' evaluation: same problems and decode seeds, other drafts
+        assert head_ev["problems"] == own["problems"]
+        assert (head_ev["accepted"], head_ev["forwards"]) != (own["accepted"], own["forwards"])
+        assert (run / "blocks").is_dir()
+    table = (out / "summary.md").read_text()
+    assert "| Self-gen. (corr.) + corrector head | D | 1 ep |" in table
+    assert f"Head-on row {row}" in table
+    assert f"| {row} |" in table
+    # A rerun resumes: the head-on jobs are read back, nothing collected or trained again.
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "head").rglob("*") if p.is_file()}
+    again = run_experiment(cfg, show_progress=False)
+    assert again["evals"] == summary["evals"]
+    assert again["head"] == summary["head"]
+    assert {p: p.stat().st_mtime_ns for p in (out / "head").rglob("*") if p.is_file()} == stamps
+
+
+def test_head_section_is_off_unless_given_and_its_keys_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text('arms = ["base", "selfgen-correct-dynamic"]\n')
+    assert not ExperimentConfig.load(tmp_path / "a.toml").head.enabled
+    (tmp_path / "b.toml").write_text('arms = ["base", "selfgen-correct-dynamic"]\n[head]\n')
+    cfg = ExperimentConfig.load(tmp_path / "b.toml")
+    assert cfg.head.enabled
+    assert cfg.head.collect.problems == 2000
+    for body, key in (("[head]\ncolect = 1\n", "head.colect"),
+                      ("[head.train]\nepoch = 3\n", "head.train.epoch"),
+                      ("[head.collect]\nsample = 3\n", "head.collect.sample")):  # fmt: skip
+        (tmp_path / "c.toml").write_text(body)
+        with pytest.raises(ValueError, match=rf"{key}: unknown setting") as err:
+            ExperimentConfig.load(tmp_path / "c.toml")
+        assert "\n" not in str(err.value)
+    (tmp_path / "d.toml").write_text('arms = ["base"]\n[head]\n')
+    with pytest.raises(ValueError, match="head: the head-on row needs a trained arm"):
+        ExperimentConfig.load(tmp_path / "d.toml")
+    (tmp_path / "e.toml").write_text("[head.collect]\ntop_k = 8\n")
+    with pytest.raises(ValueError, match=r"head\.collect\.top_k: 8 < train\.K = 16"):
+        ExperimentConfig.load(tmp_path / "e.toml")
+
+
+def test_best_arm_keeps_the_base_accuracy_then_maximizes_tpf() -> None:
+    from brisk.runtime.experiment.evaluate import ArmSummary, Interval
+    from brisk.runtime.experiment.headon import choose_arm
+
+    def arm(name: str, acc: list[float], tpf: float) -> ArmSummary:
+        return ArmSummary(name, (0, 1, 2), {"accuracy": Interval.of(acc),
+                                            "tpf_run": Interval.of([tpf] * 3)})  # fmt: skip
+
+    rows = {
+        "base": arm("base", [0.80, 0.80, 0.80], 2.0),
+        "fast@5ep": arm("fast@5ep", [0.60, 0.61, 0.59], 4.0),  # faster, far less accurate
+        "good@5ep": arm("good@5ep", [0.79, 0.785, 0.79], 3.0),  # within 2 points
+        "ok@5ep": arm("ok@5ep", [0.80, 0.80, 0.80], 2.5),
+        "good@1ep": arm("good@1ep", [0.80, 0.80, 0.80], 9.0),  # not the largest budget
+    }
+    names = list(rows)
+    assert choose_arm(names, rows, [5, 1])[0] == "good@5ep"
+    # noisy seeds widen the tolerance: a 5-point drop inside the interval qualifies
+    rows["fast@5ep"] = arm("fast@5ep", [0.65, 0.85, 0.75], 4.0)
+    assert choose_arm(names, rows, [5, 1])[0] == "fast@5ep"
+    # none within the tolerance: the most accurate; no base arm: the fastest
+    worse = {n: arm(n, [0.5, 0.5, 0.5], t) for n, t in (("a", 3.0), ("b", 4.0))}
+    worse["a"] = arm("a", [0.6, 0.6, 0.6], 3.0)
+    assert choose_arm(["base", "a", "b"], {**worse, "base": rows["base"]}, [])[0] == "a"
+    assert choose_arm(["a", "b"], worse, [])[0] == "b"
+    assert choose_arm(["base"], {"base": rows["base"]}, [])[0] is None

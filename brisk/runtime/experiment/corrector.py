@@ -51,7 +51,14 @@ from brisk.runtime.experiment.proposal import EvalSection
 from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 from brisk.runtime.train.corrector_events import CollectOptions
 
-__all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
+__all__ = [
+    "ARMS",
+    "CorrectorArm",
+    "CorrectorExperimentConfig",
+    "collect_once",
+    "run_corrector_experiment",
+    "train_head",
+]
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,39 @@ def _mechanism(blocks: Path, K: int) -> dict[str, float]:
     }
 
 
+def collect_once(
+    backbone: str | Path, events: str | Path, options: CollectOptions, show_progress: bool = False
+) -> Any:
+    """The event store of ``backbone`` at ``events`` (``brisk train corrector collect``), unless
+    it is complete already (then None); a collection cut short continues from its last whole
+    batch. Returns the :class:`~brisk.runtime.train.corrector_events.EventStore` it wrote."""
+    from brisk.runtime.train.corrector_events import collect_from_checkpoint
+
+    if (Path(events) / "_events.json").exists():
+        return None
+    return collect_from_checkpoint(backbone, events, options, show_progress=show_progress)
+
+
+def train_head(tcfg: CorrectorTrainConfig) -> tuple[Any, dict[str, Any]]:
+    """Train the head of ``tcfg`` into ``tcfg.out_dir`` unless its ``final/`` exists (a run cut
+    short continues from its newest checkpoint); returns the loaded
+    :class:`~brisk.runtime.corrector.Corrector` and what the training reported
+    (``train.json``, kept for a rerun that finds the head trained: ``{}`` if it was lost)."""
+    from brisk.runtime.corrector import Corrector
+    from brisk.runtime.train.corrector import train_corrector
+
+    run = Path(tcfg.out_dir)
+    trained = run / "train.json"
+    if not (run / "final" / "config.json").exists():
+        r = train_corrector(tcfg, show_progress=False)
+        atomic_write_text(trained, json.dumps({
+            "val_loss": r.val_loss, "val_loss_init": r.val_loss_init, "steps": r.steps,
+            "train_events": r.train_events, "train_s": r.wall_s,
+        }))  # fmt: skip
+    info = dict(json.loads(trained.read_text())) if trained.exists() else {}
+    return Corrector.from_pretrained(run / "final"), info
+
+
 def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) -> dict[str, Any]:
     """Train (unless head off), evaluate head-on and in shadow mode; returns both. A signal
     stops the training at its next step (with a checkpoint) and the evaluations at once."""
@@ -141,9 +181,7 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.runtime.corrector import Corrector
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
-    from brisk.runtime.train.corrector import train_corrector
 
     torch.set_num_threads(1)
     arm = _arm(arm_name)
@@ -153,16 +191,8 @@ def _train_and_evaluate(
     tcfg = cfg.train.replace(events=events, out_dir=str(run), seed=seed).replace(**arm.train)
     head = None
     train_info: dict[str, Any] = {}
-    trained = run / "train.json"  # kept for a rerun that finds the head trained
     if arm.trained:
-        if not (run / "final" / "config.json").exists():
-            r = train_corrector(tcfg, show_progress=False)
-            atomic_write_text(trained, json.dumps({
-                "val_loss": r.val_loss, "val_loss_init": r.val_loss_init, "steps": r.steps,
-                "train_events": r.train_events, "train_s": r.wall_s,
-            }))  # fmt: skip
-        train_info = json.loads(trained.read_text()) if trained.exists() else {}
-        head = Corrector.from_pretrained(run / "final")
+        head, train_info = train_head(tcfg)
     problems, grader = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed,
                                          cfg.eval.task)  # fmt: skip
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
@@ -201,8 +231,6 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
     import torch
     from rich.console import Console
 
-    from brisk.runtime.train.corrector_events import collect_from_checkpoint
-
     console = Console(stderr=True, quiet=not show_progress)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,11 +249,12 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
         t = time.monotonic()
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
         with experiment_step("collecting events"):
-            store = collect_from_checkpoint(cfg.backbone, events,
-                                            cfg.collect.replace(stride=cfg.stride),
-                                            show_progress=show_progress)  # fmt: skip
+            store = collect_once(cfg.backbone, events, cfg.collect.replace(stride=cfg.stride),
+                                 show_progress=show_progress)  # fmt: skip
         timings["collect_s"] = time.monotonic() - t
-        console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
+        if store is not None:
+            console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct "
+                          "responses")  # fmt: skip
 
     # 3. Arms × seeds in worker processes.
     jobs = [(a, seed) for a in cfg.arms for seed in cfg.seeds]

@@ -8,7 +8,20 @@ Steps, each skipped when its output already exists (so a rerun resumes):
    budget and schedule (:data:`ARMS`), then an evaluation on held-out problems at stride N and
    temperature T (accuracy, rejection %, E[L], whole-run and complete-cycle TPF, tokens/s, with
    every verify round logged); the base arm is evaluated with the same decode seeds;
-4. the table across seeds (markdown shaped like tab:ablation_breakdown, JSON, a plot), the
+4. with a ``[head]`` section (:class:`HeadSection`), the head-on row, the paper's full method
+   (proposal training + the prefix-conditioned corrector): the best arm is chosen from the
+   arms' results, by this rule (:func:`~brisk.runtime.experiment.headon.choose_arm`): among
+   the trained arms at the largest budget (every trained arm without budgets), those whose mean
+   accuracy over seeds is at most δ below the base arm's, δ = the largest of 2 accuracy points
+   and the two arms' 95 % t-interval half-widths; of those, the highest mean whole-run TPF
+   (without a base arm, the highest TPF; when none qualifies, the most accurate arm). Then, per
+   seed s, a job in the same worker pool takes that arm's seed-s checkpoint as a frozen
+   backbone, collects its policy-reached events (``[head.collect]``), trains the distilled
+   head with seed s (``[head.train]``) and evaluates head on with the arms' evaluation (same
+   held-out problems, decode seeds, stride, temperature): the row ``<arm>+head`` of the table
+   and of ``summary.json`` (``arms``, ``evals``; the choice and why under ``head``), done when
+   its ``eval.json`` exists (:mod:`brisk.runtime.experiment.headon`);
+5. the table across seeds (markdown shaped like tab:ablation_breakdown, JSON, a plot), the
    weight-evolution figure of the BRISK arm, and ``brisk mechanism report`` on the logs of the
    arm with the highest whole-run TPF.
 
@@ -17,7 +30,9 @@ independent; nothing distributed). SIGINT or SIGTERM stops the step under way at
 point (a training run with a checkpoint, the data after its last whole part, an evaluation at
 once) and ends the command with one line saying what stays; rerunning it continues
 (:mod:`brisk.runtime.experiment.common`). Outputs under ``out_dir``: ``data/``,
-``arms/<arm>/seed<s>/`` (checkpoint, metrics, ``eval.json``, ``blocks/``), ``summary.md``,
+``arms/<arm>/seed<s>/`` (checkpoint, metrics, ``eval.json``, ``blocks/``), with ``[head]``
+``head/<arm>/seed<s>/`` (``events/``, the head's ``final/``, ``train.json``, ``eval.json``,
+``blocks/``), ``summary.md``,
 ``summary.json``, ``arms.png``, ``weights_<arm>.png``, ``mechanism/``.
 """
 
@@ -44,10 +59,11 @@ from brisk.runtime.experiment.common import (
 )
 from brisk.runtime.experiment.theory import ArmTheory, arm_theory, theory_markdown
 from brisk.runtime.tasks.spec import TaskSpec
+from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
-__all__ = ["ARMS", "Arm", "ExperimentConfig", "run_experiment"]
+__all__ = ["ARMS", "Arm", "ExperimentConfig", "HeadSection", "run_experiment"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,23 @@ class EvalSection:
 
 
 @dataclass(frozen=True)
+class HeadSection(Config):
+    """``[head]``: the head-on row (module docstring), with the corrector experiment's own
+    configs: ``[head.collect]`` is ``brisk train corrector collect``'s (its stride is the
+    experiment's), ``[head.train]`` ``brisk train corrector``'s (events, out_dir and seed are
+    set per job). A config without ``[head]`` has no head-on row."""
+
+    enabled: bool = True  # a [head] section asks for the row; false: none, as without [head]
+    collect: CollectOptions = field(default_factory=lambda: CollectOptions(problems=2000))
+    train: CorrectorTrainConfig = field(default_factory=CorrectorTrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.collect.top_k < self.train.K:
+            raise ValueError(f"collect.top_k: {self.collect.top_k} < train.K = {self.train.K} "
+                             "(the events must hold the head's candidates)")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ExperimentConfig(Config):
     out_dir: str = "runs/paper/ablation"
     base: str = "runs/paper/base/final"
@@ -107,9 +140,13 @@ class ExperimentConfig(Config):
     selfgen: SelfGenOptions = field(default_factory=SelfGenOptions)
     train: ProposalTrainConfig = field(default_factory=ProposalTrainConfig)
     eval: EvalSection = field(default_factory=EvalSection)
+    # the head-on row: off unless the file has a [head] section (HeadSection)
+    head: HeadSection = field(default_factory=lambda: HeadSection(enabled=False))
 
     def __post_init__(self) -> None:
         check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
+        if self.head.enabled and all(a == "base" for a in self.arms):
+            raise ValueError("head: the head-on row needs a trained arm (arms has only 'base')")
         if any(not b > 0 for b in self.budgets) or len(set(self.budgets)) != len(self.budgets):
             raise ValueError(f"budgets: need distinct epochs > 0, got {self.budgets!r}")
         if self.theory_samples < 0:
@@ -267,32 +304,98 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
         run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir), tokens_per_epoch), done)
     timings["arms_s"] = time.monotonic() - t
 
-    # 4. The table, the plots and the mechanism report of the best arm (abortable: a rerun
+    # 4. The head-on row: the best arm's backbones, a distilled head each, decoded head on.
+    head: dict[str, Any] | None = None
+    if cfg.head.enabled:
+        t = time.monotonic()
+        head = _head_on(cfg, evals, console, t0)
+        timings["head_s"] = time.monotonic() - t
+
+    # 5. The table, the plots and the mechanism report of the best arm (abortable: a rerun
     # writes them again from the jobs' results).
     with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
-        return _summarize(cfg, evals, timings, t0, console, data_dir, tokens_per_epoch)
+        return _summarize(cfg, evals, timings, t0, console, data_dir, tokens_per_epoch, head)
+
+
+def _as_eval(d: dict[str, Any]) -> Any:
+    from brisk.runtime.experiment.evaluate import CheckpointEval
+
+    return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _head_on(
+    cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], console: Any, t0: float
+) -> dict[str, Any]:
+    """Choose the best arm (:func:`~brisk.runtime.experiment.headon.choose_arm`) and run its
+    head-on job of every seed in the worker pool; returns the choice and the jobs' results."""
+    from brisk.runtime.experiment.evaluate import summarize
+    from brisk.runtime.experiment.headon import choose_arm, head_job, row_name
+
+    names = cfg.job_names()
+    summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names
+                                                 for s in cfg.seeds])}  # fmt: skip
+    arm, why = choose_arm(names, summaries, cfg.budgets)
+    console.print(f"head-on row: {arm if arm is not None else 'none'} ({why})")
+    if arm is None:
+        return {"arm": None, "why": why, "results": {}}
+    jobs = [(arm, seed) for seed in cfg.seeds]
+
+    def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
+        ev = res["eval"]
+        console.print(
+            f"[{count}/{len(jobs)}] {row_name(a)} seed {seed}: acc {ev['accuracy']:.3f}, "
+            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+            f"({(time.monotonic() - t0) / 60:.1f} min)"
+        )
+
+    out = Path(cfg.out_dir) / "head" / arm
+    with experiment_step(f"running the head-on jobs in {out}"):
+        results = run_jobs(cfg.workers, head_job, jobs, (cfg,), done)
+    return {"arm": arm, "why": why, "results": results}
 
 
 def _summarize(
     cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], timings: dict[str, float],
     t0: float, console: Any, data_dir: Path, tokens_per_epoch: int,
+    head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     from brisk.runtime.experiment.evaluate import summarize
+    from brisk.runtime.experiment.headon import row_name
     from brisk.runtime.experiment.table import markdown_table, plot_summaries
 
     out = Path(cfg.out_dir)
     names = cfg.job_names()
     ordered = [evals[(a, seed)] for a in names for seed in cfg.seeds]
-    summaries = summarize(ordered)
     headers: tuple[str, ...] = ("Training data", "W.")
-    labels = {a.name: a.labels for a in ARMS}
+    labels: dict[str, tuple[str, ...]] = {a.name: a.labels for a in ARMS}
     if cfg.budgets:
         headers += ("Budget",)
         labels = {n: (*_arm(_split(n)[0]).labels, _budget_label(n)) for n in names}
+    head_arm = head["arm"] if head is not None else None
+    head_rows = []  # the head-on row's evaluations, one per seed
+    head_note = ""
+    if head is not None and head_arm is not None:
+        results = head["results"]
+        head_rows = [_as_eval(results[(head_arm, seed)]["eval"]) for seed in cfg.seeds]
+        data, weights, *rest = labels[head_arm]
+        labels[row_name(head_arm)] = (f"{data} + corrector head", weights, *rest)
+        preset = cfg.head.train.head
+        head_note = (
+            f" Head-on row {row_name(head_arm)}: the paper's full method, {head_arm}'s seed-s "
+            f"checkpoint frozen, a verifier-distilled prefix-conditioned head ({preset}, "
+            f"K = {cfg.head.train.K}) trained with seed s on its own policy-reached events "
+            f"({cfg.head.collect.problems} training problems × {cfg.head.collect.samples}), "
+            f"decoded head on with the same problems and decode seeds; {head_arm} chosen as "
+            f"{head['why']}."
+        )
+    elif head is not None:
+        head_note = f" No head-on row: {head['why']}."
+    head_names = [row_name(head_arm)] if head_rows and head_arm is not None else []
+    summaries = summarize(ordered + head_rows)
     table = markdown_table(summaries, labels, headers,
                            baseline="base" if "base" in cfg.arms else None)  # fmt: skip
     plot_summaries(summaries, out / "arms.png")
-    trained = [sm for sm in summaries if sm.arm != "base"]
+    trained = [sm for sm in summaries if sm.arm != "base" and sm.arm in names]
     best = max(trained, key=lambda sm: sm.metrics["tpf_run"].mean).arm if trained else "base"
     from brisk.runtime.train.plots import plot_weight_evolution
 
@@ -310,18 +413,28 @@ def _summarize(
         "config": cfg.to_dict(),
         "tokens_per_epoch": tokens_per_epoch,
         "arms": [sm.to_dict() for sm in summaries],
-        "evals": [e.to_dict() for e in ordered],
+        "evals": [e.to_dict() for e in ordered + head_rows],
         "theory": [r.to_dict() for r in theory],
         "best_arm": best,
         "timings": timings,
     }
+    if head is not None:
+        summary["head"] = {
+            "arm": head_arm,
+            "row": row_name(head_arm) if head_arm is not None else None,
+            "why": head["why"],
+            "runs": [{"seed": s, **{k: v for k, v in head["results"][(head_arm, s)].items()
+                                    if k != "eval"}}
+                     for s in cfg.seeds] if head_arm is not None else [],
+        }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(
         f"# Proposal-training ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems)\n\n{table}\n"
         f"Cells: mean over seeds [95 % Student-t interval]. tok/s on one CPU thread with block "
         f"logging on. W.: D = BRISK dynamic, S = BRISK static, U = uniform. Best arm by "
-        f"whole-run TPF: {best}.\n\n{_profile_table(cfg, names, ordered)}\n"
+        f"whole-run TPF: {best}.{head_note}\n\n"
+        f"{_profile_table(cfg, names + head_names, ordered + head_rows)}\n"
         + theory_markdown(theory, "base" if "base" in cfg.arms else None, cfg.theory_samples)
     )
     console.print(table)
