@@ -24,6 +24,7 @@ taken in fp32 (the training loops cast logits before the cross-entropy).
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -75,6 +76,9 @@ class Dist:
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            # torch asks for an explicit destroy: a gloo group torn down with the interpreter
+            # can abort the process at exit ("terminate called without an active exception")
+            atexit.register(_destroy_process_group)
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property
@@ -114,6 +118,13 @@ class Dist:
                 f"size {self.world}"
             )
         return slice(self.rank, None, self.world)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def micro_batches(rows: Sequence[T], micro_batch_size: int) -> list[Sequence[T]]:
