@@ -131,10 +131,13 @@ def _start_worker() -> None:
     quiet_transformers()
 
 
-def job_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | None]:
-    """An arm × seed's run directory (created) and its saved evaluation, if the job finished
-    before (``eval.json``, written atomically last): what makes the experiments resume."""
-    run = Path(out_dir) / "arms" / arm / f"seed{seed}"
+def job_dir(
+    out_dir: str, arm: str, seed: int, kind: str = "arms"
+) -> tuple[Path, dict[str, Any] | None]:
+    """An arm × seed's run directory ``<out_dir>/<kind>/<arm>/seed<seed>`` (created) and its
+    saved evaluation, if the job finished before (``eval.json``, written atomically last):
+    what makes the experiments resume."""
+    run = Path(out_dir) / kind / arm / f"seed{seed}"
     result_file = run / "eval.json"
     if result_file.exists():
         return run, dict(json.loads(result_file.read_text()))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from brisk.runtime.experiment.evaluate import ArmSummary
     from brisk.runtime.experiment.proposal import ExperimentConfig
 
-__all__ = ["ACCURACY_SLACK", "choose_arm", "head_dir", "head_job", "row_name"]
+__all__ = ["ACCURACY_SLACK", "choose_arm", "head_job", "row_name"]
 
 ACCURACY_SLACK = 0.02  # the least accuracy drop (a fraction) the best arm may show
 
@@ -82,17 +81,6 @@ def choose_arm(
                   f"base's ({len(ok)} of {len(candidates)} qualify)")  # fmt: skip
 
 
-def head_dir(out_dir: str, arm: str, seed: int) -> tuple[Path, dict[str, Any] | None]:
-    """A head-on job's directory (created) and its saved result if it finished before
-    (``eval.json``, written atomically last)."""
-    run = Path(out_dir) / "head" / arm / f"seed{seed}"
-    result_file = run / "eval.json"
-    if result_file.exists():
-        return run, dict(json.loads(result_file.read_text()))
-    run.mkdir(parents=True, exist_ok=True)
-    return run, None
-
-
 def backbone_of(cfg: ExperimentConfig, arm: str, seed: int) -> Path:
     """The checkpoint of ``arm``'s seed-``seed`` job (the base itself for the base arm)."""
     if arm == "base":
@@ -114,12 +102,12 @@ def _collect_train_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.runtime.experiment.common import held_out_problems
+    from brisk.runtime.experiment.common import job_dir
     from brisk.runtime.experiment.corrector import collect_once, train_head
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.runtime.experiment.proposal import evaluate_held_out
 
     torch.set_num_threads(1)
-    run, done = head_dir(cfg.out_dir, arm, seed)
+    run, done = job_dir(cfg.out_dir, arm, seed, kind="head")
     if done is not None:
         return done
     backbone = backbone_of(cfg, arm, seed)
@@ -128,18 +116,8 @@ def _collect_train_evaluate(
     tcfg = cfg.head.train.replace(events=str(events), out_dir=str(run), seed=seed)
     head, train_info = train_head(tcfg)
     events_meta = json.loads((events / "_events.json").read_text())
-    # the arms' evaluation exactly (_train_and_evaluate of proposal), with the head on
-    problems, grader = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed,
-                                         cfg.eval.task)  # fmt: skip
-    blocks = run / "blocks"
-    shutil.rmtree(blocks, ignore_errors=True)
-    with stop.abortable():  # rerun whole: only eval.json marks the job done
-        ev = evaluate_checkpoint(
-            backbone, [p.prompt for p in problems], [p.answer for p in problems],
-            arm=row_name(arm), seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
-            max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-            log_blocks=blocks, grader=grader, corrector=head,
-        )  # fmt: skip
+    # the arms' evaluation exactly, with the head on
+    ev = evaluate_held_out(cfg, backbone, run, row_name(arm), seed, stop, corrector=head)
     result = {
         "eval": ev.to_dict(),
         "train": train_info,

@@ -210,7 +210,6 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:  # fmt: skip
     import torch
 
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
     from brisk.runtime.train.proposal import train_proposal
 
     torch.set_num_threads(1)
@@ -230,19 +229,32 @@ def _train_and_evaluate(
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
             train_proposal(pcfg, resume=True, show_progress=False)
+    ev = evaluate_held_out(cfg, checkpoint, run, name, seed, stop)
+    atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
+    return ev.to_dict()
+
+
+def evaluate_held_out(
+    cfg: ExperimentConfig, checkpoint: Path, run: Path, name: str, seed: int,
+    stop: StopSignals, corrector: Any = None,
+) -> Any:  # fmt: skip
+    """The evaluation every row of the table gets: ``cfg.eval``'s held-out problems decoded
+    from ``checkpoint`` at the experiment's stride with decode seed ``seed`` (head on with
+    ``corrector``), every verify round logged to ``run/blocks``; a signal stops it at once
+    (rerun whole: only ``eval.json`` marks a job done)."""
+    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+
     problems, grader = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed,
                                          cfg.eval.task)  # fmt: skip
     blocks = run / "blocks"
     shutil.rmtree(blocks, ignore_errors=True)
-    with stop.abortable():  # rerun whole: only eval.json marks the job done
-        ev = evaluate_checkpoint(
+    with stop.abortable():
+        return evaluate_checkpoint(
             checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=name,
             seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
             max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-            log_blocks=blocks, grader=grader,
+            log_blocks=blocks, grader=grader, corrector=corrector,
         )  # fmt: skip
-    atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
-    return ev.to_dict()
 
 
 def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[str, Any]:
