@@ -12,6 +12,7 @@ workers are told too) and ends the experiment with one line saying what stays
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -129,6 +130,17 @@ def _start_worker() -> None:
     (jobs run quiet: the experiment prints a line per finished job)."""
     worker_stop_signals()
     quiet_transformers()
+
+
+def job_line(count: int, total: int, name: str, seed: int, ev: dict[str, Any],
+             t0: float) -> str:  # fmt: skip
+    """The line an experiment prints as a job finishes: ``[count/total] name seed s: acc …,
+    TPF …, rejection … (minutes since t0)``."""
+    return (
+        f"[{count}/{total}] {name} seed {seed}: acc {ev['accuracy']:.3f}, "
+        f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
+        f"({(time.monotonic() - t0) / 60:.1f} min)"
+    )
 
 
 def job_dir(

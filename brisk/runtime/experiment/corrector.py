@@ -45,6 +45,7 @@ from brisk.runtime.experiment.common import (
     experiment_step,
     held_out_problems,
     job_dir,
+    job_line,
     run_jobs,
 )
 from brisk.runtime.experiment.proposal import EvalSection
@@ -262,11 +263,7 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
 
     def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
         ev = res["eval"]
-        console.print(
-            f"[{count}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
-            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-            f"({(time.monotonic() - t0) / 60:.1f} min)"
-        )
+        console.print(job_line(count, len(jobs), a, seed, ev, t0))
 
     with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
         results = run_jobs(cfg.workers, _job, jobs, (cfg, str(events)), done)

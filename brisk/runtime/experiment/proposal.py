@@ -55,6 +55,7 @@ from brisk.runtime.experiment.common import (
     experiment_step,
     held_out_problems,
     job_dir,
+    job_line,
     run_jobs,
 )
 from brisk.runtime.experiment.theory import ArmTheory, arm_theory, theory_markdown
@@ -306,11 +307,7 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
     def done(count: int, a: str, seed: int, ev: dict[str, Any]) -> None:
         evals[(a, seed)] = CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v
                                              for k, v in ev.items()})  # fmt: skip
-        console.print(
-            f"[{count}/{len(jobs)}] {a} seed {seed}: acc {ev['accuracy']:.3f}, "
-            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-            f"({(time.monotonic() - t0) / 60:.1f} min)"
-        )
+        console.print(job_line(count, len(jobs), a, seed, ev, t0))
 
     with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
         run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir), tokens_per_epoch), done)
@@ -354,11 +351,7 @@ def _head_on(
 
     def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
         ev = res["eval"]
-        console.print(
-            f"[{count}/{len(jobs)}] {row_name(a)} seed {seed}: acc {ev['accuracy']:.3f}, "
-            f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-            f"({(time.monotonic() - t0) / 60:.1f} min)"
-        )
+        console.print(job_line(count, len(jobs), row_name(a), seed, ev, t0))
 
     out = Path(cfg.out_dir) / "head" / arm
     with experiment_step(f"running the head-on jobs in {out}"):

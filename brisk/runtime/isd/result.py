@@ -41,9 +41,8 @@ class RequestOutput:
         verify round and a response of n tokens, proposal slot i lands on output token c + i,
         so only slots i ≤ r = n − c can matter; a rejection past the response's end (a round
         that drafts beyond EOS or the budget) costs nothing and is not counted. This is the
-        profile the
-        finite-horizon prediction needs: the all-round :meth:`profile` counts those free
-        rejections and understates whole-run TPF.
+        profile the finite-horizon prediction needs: the all-round :meth:`profile` counts those
+        free rejections and understates whole-run TPF.
         """
         n, committed, warm, reached, accepted = len(self.tokens), 1, False, [], []  # prefill
         rounds = iter(self.accept_lengths)

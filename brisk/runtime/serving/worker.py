@@ -59,10 +59,10 @@ from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.serving.common import (
     ModelHeads,
     check_model,
+    rank_logger,
     request_key,
     validate_sampling,
 )
-from brisk.runtime.serving.common import rank_logger as _rank_logger
 from brisk.runtime.serving.launch import ISD_CONFIG_ENV as CONFIG_ENV
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
@@ -173,17 +173,14 @@ class BriskISDWorker(BaseSpecWorker):
         if self.draft_token_num != opt.block_size:
             raise OptionError(f"--speculative-num-draft-tokens: need {opt.block_size} at stride "
                               f"{opt.stride}, got {self.draft_token_num}")  # fmt: skip
-        hf = self.model_runner.model_config.hf_config
-        mask_id = getattr(hf, "mask_token_id", None)
-        if not isinstance(mask_id, int) or isinstance(mask_id, bool):
-            raise RuntimeError("--model-path: the model declares no integer mask_token_id; "
-                               "BRISK_ISD proposes from MASK slots")  # fmt: skip
-        self.mask_id = mask_id
+        # refused at launch already (handle_server_args); kept for workers built otherwise
+        check_model(opt, self.model_runner.model_config)
+        self.mask_id = int(self.model_runner.model_config.hf_config.mask_token_id)
         self.corrector = Corrector.from_pretrained(opt.corrector) if opt.corrector else None
         K = self.corrector.config.K if self.corrector is not None else opt.top_k
         self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
                               top_k=K)  # fmt: skip
-        self.logger = _rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
+        self.logger = rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
         if self.logger is not None:
             self.logger.declare(verification_for(self.isd, self.corrector))
             atexit.register(self.logger.close)
@@ -227,7 +224,7 @@ class BriskISDWorker(BaseSpecWorker):
                   "(each request's prefill included)", self.tpf, self.tokens,
                   self.forwards)  # fmt: skip
 
-    # -- prefill: plain extend, the first token by brisk's cold-start draw
+    # -- prefill: plain extend, the first token by brisk's prefill draw (first_step)
     def _seed(self, req: Any) -> int:
         seed = getattr(req.sampling_params, "sampling_seed", None)
         return int(seed) if seed is not None else self.options.seed
@@ -272,7 +269,7 @@ class BriskISDWorker(BaseSpecWorker):
             self.states[req.rid] = rows.select(torch.tensor([i], device=device))
         self.forwards += bs
         self.tokens += bs
-        next_ids = first.to(torch.long)
+        next_ids = first
         accept_tokens = torch.zeros(bs, self.draft_token_num, dtype=torch.int32, device=device)
         accept_tokens[:, 0] = next_ids
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
@@ -294,10 +291,9 @@ class BriskISDWorker(BaseSpecWorker):
         device = self.device
         last = (req.output_ids or req.origin_input_ids)[-1]
         length = len(req.origin_input_ids) + len(req.output_ids)
-        row = init_state(torch.tensor([last], device=device), torch.tensor([length]),
-                         torch.tensor([self._seed(req)]), torch.tensor([request_key(req.rid)]),
-                         self.ctx)  # fmt: skip
-        return dataclasses.replace(row, counter=torch.full_like(row.counter, length))
+        return init_state(torch.tensor([last], device=device), torch.tensor([length]),
+                          torch.tensor([self._seed(req)]), torch.tensor([request_key(req.rid)]),
+                          self.ctx, counter=torch.tensor([length]))  # fmt: skip
 
     # -- decode: one ISD round per request
     def _verify_input(self, batch: Any, state: ISDState) -> Tensor:
