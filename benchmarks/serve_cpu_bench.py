@@ -26,9 +26,10 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
-from brisk.runtime.serving.launch import ServerProcess, free_port, server_launch
+from brisk.runtime.serving.launch import ServerProcess, server_launch, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,13 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     started: list[tuple[str, ServerProcess, str]] = []
     try:
         for name, options in servers.items():
-            launch = server_launch(args.model, free_port(), device="cpu", extra_args=common,
-                                   env=env, isd=options)  # fmt: skip
-            print(f"{name}: {launch.shell()}", flush=True)
-            server = ServerProcess(launch, args.out / f"{name}.server.log").start()
-            started.append((name, server, launch.url))
-            seconds = server.wait_ready(timeout=300)
-            print(f"{name}: ready in {seconds:.0f} s at {launch.url}", flush=True)
+            launch_on = partial(server_launch, args.model, device="cpu", extra_args=common,
+                                env=env, isd=options)  # fmt: skip
+            server, seconds = start_server(launch_on, args.out / f"{name}.server.log", 300)
+            print(f"{name}: {server.launch.shell()}", flush=True)
+            started.append((name, server, server.launch.url))
+            print(f"{name}: ready in {seconds:.0f} s at {server.launch.url}", flush=True)
         bench = [sys.executable, "-m", "brisk.cli", "bench", "serve",
                  "--tokenizer", str(args.model), "--out", str(args.out),
                  "--runs", str(args.runs), "--input-len", str(args.input_len),

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brisk.runtime.serving.launch import ServerProcess, free_port, isd_flags, server_launch
+from brisk.runtime.serving.launch import ServerProcess, isd_flags, server_launch, start_server
 
 __all__ = [
     "LOGIT_SCALE",
@@ -171,16 +172,11 @@ def start_real_server(
     """
     if model is None:
         model = build_micro_model(workdir / "model")
-    launch = server_launch(model, free_port(), device="cpu",
-                           extra_args=["--dtype", "float32", *(extra_args or [])],
-                           env={**_one_thread_env(), **(env or {})})  # fmt: skip
-    server = ServerProcess(launch, workdir / "server.log").start()
-    try:
-        startup = server.wait_ready(START_TIMEOUT_S)
-    except BaseException:
-        server.stop()
-        raise
-    return server, RealServer(launch.url, model, server.log, startup)
+    launch_on = partial(server_launch, model, device="cpu",
+                        extra_args=["--dtype", "float32", *(extra_args or [])],
+                        env={**_one_thread_env(), **(env or {})})  # fmt: skip
+    server, startup = start_server(launch_on, workdir / "server.log", START_TIMEOUT_S)
+    return server, RealServer(server.launch.url, model, server.log, startup)
 
 
 def _one_thread_env() -> dict[str, str]:

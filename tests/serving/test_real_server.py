@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from brisk.runtime.serving.cpu import STANDINS
-from brisk.runtime.serving.launch import CPU_FLAGS, ServerLaunch, ServerProcess, free_port
+from brisk.runtime.serving.launch import (
+    CPU_FLAGS,
+    FREE_PORTS,
+    PortTaken,
+    ServerLaunch,
+    ServerProcess,
+    free_port,
+    start_server,
+)
 from tests.serving.real_server import RealServer, generate, greedy_reference
 
 MAX_NEW_TOKENS = 24
@@ -96,3 +104,48 @@ def running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_fresh_one(tmp_path: Path) -> None:
+    """Between :func:`free_port` and the server's bind another process can take the port; the
+    server then logs uvicorn's bind error and hangs. :func:`start_server` sees the error (a
+    timeout would not be retried), stops that server by its group and starts again on a fresh
+    port."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health_generate").write_text("ok")
+    ports: list[int] = []
+
+    def launch_on(port: int) -> ServerLaunch:
+        ports.append(port)
+        if len(ports) == 1:
+            return _bind_fails(port, tmp_path / "first.pid")
+        argv = (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                "--directory", str(www))  # fmt: skip  # a stand-in answering /health_generate
+        return ServerLaunch(argv=argv, env=dict(os.environ), url=f"http://127.0.0.1:{port}")
+
+    server, _ = start_server(launch_on, tmp_path / "log", timeout=60)
+    try:
+        assert len(ports) == 2
+        assert ports[0] != ports[1]
+        assert all(port in FREE_PORTS for port in ports)
+        assert server.launch.url == f"http://127.0.0.1:{ports[1]}"
+        assert not running(int((tmp_path / "first.pid").read_text()))
+    finally:
+        server.stop(grace=5)
+
+    tries: list[int] = []
+    with pytest.raises(PortTaken, match=r"could not bind http://127\.0\.0\.1:\d+:\n.*Errno 98"):
+        start_server(lambda port: tries.append(port) or _bind_fails(port, tmp_path / "pid"),
+                     tmp_path / "log", timeout=60, attempts=2)  # fmt: skip
+    assert len(tries) == 2
+
+
+def _bind_fails(port: int, pid_file: Path) -> ServerLaunch:
+    """A stand-in that logs uvicorn's bind error and hangs, as SGLang's server does."""
+    code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            f"print(\"ERROR: [Errno 98] error while attempting to bind on address "
+            f"('127.0.0.1', {port}): address already in use\", flush=True); "
+            f"time.sleep(600)")  # fmt: skip
+    return ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
+                        url=f"http://127.0.0.1:{port}")  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -33,7 +34,9 @@ from brisk.runtime.serving.cpu import activate
 
 __all__ = [
     "CPU_FLAGS",
+    "FREE_PORTS",
     "ISD_CONFIG_ENV",
+    "PortTaken",
     "ServerLaunch",
     "ServerProcess",
     "free_port",
@@ -41,6 +44,7 @@ __all__ = [
     "port_in_use",
     "server_arguments",
     "server_launch",
+    "start_server",
 ]
 
 Device = Literal["cpu", "cuda"]
@@ -177,11 +181,34 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel reports free on ``host`` now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+FREE_PORTS = range(12000, 22000)
+"""Where :func:`free_port` looks: below the kernel's ephemeral range (32768 up by default, from
+which every ``bind(0)`` and outgoing connection takes its port, so a port picked there can be
+taken by anyone before the server binds it) and below the 22000–29999 from which SGLang picks its
+own internal ports."""
+
+
+def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+    """A port free on ``host`` now, drawn at random from :data:`FREE_PORTS`.
+
+    Another process may still bind it before the server does; :func:`start_server` retries on a
+    fresh port when that happens.
+    """
+    for port in random.sample(FREE_PORTS, attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {attempts} tries of {FREE_PORTS}")
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it after :func:`free_port`."""
+
+
+_BIND_FAILED = b"error while attempting to bind on address"
 
 
 class ServerProcess:
@@ -207,12 +234,16 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float) -> float:
         """Seconds until ``/health_generate`` answers (a real generation); raises
-        ``RuntimeError`` with the log's tail when the server exits or ``timeout`` passes."""
+        ``RuntimeError`` with the log's tail when the server exits or ``timeout`` passes, and
+        :class:`PortTaken` as soon as its log says it could not bind its port."""
         assert self.process is not None, "start() first"
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
+            if self.log.exists() and _BIND_FAILED in self.log.read_bytes():
+                # uvicorn logs the failure and then hangs in its shutdown: say so now
+                raise PortTaken(f"the server could not bind {self.launch.url}:\n{self.tail()}")
             try:
                 with urllib.request.urlopen(f"{self.launch.url}/health_generate", timeout=10) as r:
                     if r.status == 200:
@@ -259,3 +290,29 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def start_server(
+    launch_on: Callable[[int], ServerLaunch],
+    log: str | os.PathLike[str],
+    timeout: float,
+    attempts: int = 3,
+) -> tuple[ServerProcess, float]:
+    """Start ``launch_on(port)`` on a :func:`free_port` and wait until it answers; on
+    :class:`PortTaken` stop it and try again on a fresh port, ``attempts`` times in all.
+
+    Returns the running server (the caller stops it) and its start-up seconds. Whatever else
+    goes wrong stops the server and propagates.
+    """
+    for attempt in range(1, attempts + 1):
+        server = ServerProcess(launch_on(free_port()), log).start()
+        try:
+            return server, server.wait_ready(timeout)
+        except PortTaken:
+            server.stop()
+            if attempt == attempts:
+                raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
