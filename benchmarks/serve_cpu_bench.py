@@ -15,7 +15,14 @@ the model's acceptance there is what it is, and every server sees the same promp
     .venv-serving/bin/python benchmarks/serve_cpu_bench.py --out runs/serve_cpu
 
 Flags: ``--model``, ``--corrector``, ``--stride`` (8), ``--concurrency`` (1 2 4 8), ``--runs``
-(3), ``--input-len`` (32), ``--output-len`` (256), ``--prompts-per-c`` (2).
+(3), ``--input-len`` (32), ``--output-len`` (256), ``--prompts-per-c`` (2), and ``--prompts
+FILE --stop-at-eos`` for the task's own prompts at their natural lengths (passed to ``brisk
+bench serve``):
+
+    .venv/bin/brisk tasks export --checkpoint runs/paper/base/final --n 64 \
+        --out runs/serve_cpu_task/prompts.jsonl
+    .venv-serving/bin/python benchmarks/serve_cpu_bench.py --out runs/serve_cpu_task \
+        --prompts runs/serve_cpu_task/prompts.jsonl --stop-at-eos --output-len 160
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--prompts-per-c", type=int, default=2)
+    p.add_argument("--prompts", type=Path, help="a JSON Lines file of prompts (brisk tasks export)")
+    p.add_argument("--stop-at-eos", action="store_true", help="responses end at their EOS")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     for what, path in (("--model", args.model), ("--corrector", args.corrector)):
@@ -77,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--output-len", str(args.output_len),
                  "--prompts-per-c", str(args.prompts_per_c),
                  "--concurrency", ",".join(map(str, args.concurrency))]  # fmt: skip
+        if args.prompts is not None:
+            bench += ["--prompts", str(args.prompts)]
+        if args.stop_at_eos:
+            bench.append("--stop-at-eos")
         for name, _, url in started:
             bench += ["--url", url, "--label", name]
         t0 = time.monotonic()

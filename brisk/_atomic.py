@@ -10,10 +10,11 @@ __all__ = ["atomic_write", "atomic_write_text"]
 
 
 def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
-    """``write(tmp)`` to a temporary sibling of ``target``, then rename it into place. The
-    temporary name keeps no extension of the target's: writers that infer a format from the
-    name must be told it."""
+    """``write(tmp)`` to a temporary sibling of ``target``, then rename it into place; the
+    folder is made if missing. The temporary name keeps no extension of the target's: writers
+    that infer a format from the name must be told it."""
     target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         write(tmp)

@@ -20,8 +20,9 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="the paper's serving sweep over sglang.benchmark.serving (one server, or several "
         "compared by paired ratios)",
         description="Sweep concurrency C against one or more OpenAI-compatible servers with "
-        "sglang.benchmark.serving: fixed prompt length, exactly --output-len tokens per "
-        "request, --runs runs per C. Prints aggregate and median-request tokens/s, p95 "
+        "sglang.benchmark.serving: random-id prompts of a fixed length or a file's prompts "
+        "(--prompts), exactly --output-len tokens per request or up to EOS (--stop-at-eos), "
+        "--runs runs per C. Prints aggregate and median-request tokens/s, p95 "
         "latency and the server's TPF; with several --url, the paired tokens/s ratios of every "
         "later server to every earlier one (e.g. B ÷ A, C ÷ A, C ÷ B) per C and their geometric "
         "mean across C. Writes serve_bench.{md,json,png}.",
@@ -39,6 +40,15 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         required=True,
         help="a local tokenizer directory (random-ids prompts are built with it)",
     )
+    s.add_argument(
+        "--prompts",
+        type=Path,
+        help='a JSON Lines file of {"prompt": ...} rows (e.g. brisk tasks export) to draw the '
+        "requests from, instead of random ids (--input-len is then unused)",
+    )
+    s.add_argument("--stop-at-eos", action="store_true",
+                   help="let each response end at its EOS (--output-len a cap) instead of "
+                   "generating exactly --output-len tokens")  # fmt: skip
     s.add_argument("--concurrency", type=comma_separated(int, "concurrencies"),
                    default=[1, 2, 4, 8, 16, 32])  # fmt: skip
     s.add_argument("--runs", type=int, default=3)
@@ -74,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         concurrencies=tuple(args.concurrency), runs=args.runs, input_len=args.input_len,
         output_len=args.output_len, prompts_per_c=args.prompts_per_c,
         temperature=args.temperature, seed=args.seed, ready_timeout_s=args.ready_timeout,
+        prompts=None if args.prompts is None else str(args.prompts), stop_at_eos=args.stop_at_eos,
     )  # fmt: skip
     servers = dict(zip(labels, args.url, strict=True))
     console = Console(stderr=True)

@@ -81,3 +81,57 @@ def test_a_server_that_is_down_is_one_line(tokenizer: Path, tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("brisk: error: A: sglang.benchmark.serving exited")
     assert "is http://127.0.0.1:9 serving?" in err
+
+
+def test_a_prompts_file_is_what_the_servers_are_sent_and_stop_at_eos_ends_responses(
+    tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--prompts``: every request's prompt is one of the file's; ``--stop-at-eos``: a response
+    ends at its (simulated) EOS, so fewer than ``--output-len`` tokens; without it, exactly."""
+    from brisk.cli import main
+
+    prompts = [f"Q: {a}+{a + 1}=?\n" for a in range(10)]
+    file = tmp_path / "problems.jsonl"
+    file.write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in prompts))
+    for stop_at_eos, want in ((True, 12), (False, OUTPUT)):
+        server = LoopbackServer(0, Engine(tpf=2, forward_ms=2, per_request_ms=0), "loopback",
+                                eos_after=12).start()  # fmt: skip
+        out = tmp_path / f"eos{stop_at_eos}"
+        try:
+            code = main(["bench", "serve", "--url", server.url, "--tokenizer", str(tokenizer),
+                         "--prompts", str(file), "--concurrency", "1,2", "--runs", "1",
+                         "--output-len", str(OUTPUT), "--out", str(out),
+                         *(["--stop-at-eos"] if stop_at_eos else [])])  # fmt: skip
+        finally:
+            server.close()
+        assert code == 0, capsys.readouterr().err
+        runs = json.loads((out / "serve_bench.json").read_text())["runs"]
+        assert [r["completed"] for r in runs] == [4, 8]  # prompts_per_c · C
+        assert all(r["output_tokens"] == want * r["completed"] for r in runs)
+        assert server.prompts  # warm-up and the runs
+        assert set(server.prompts) <= set(prompts)
+    assert len(set(server.prompts)) > 1  # drawn across the file, not one prompt repeated
+
+
+@pytest.mark.parametrize(
+    ("rows", "error"),
+    [
+        (["{\"prompt\": \"a b\"}"] * 3, " holds 3 prompts; C = 2 with prompts-per-c 4 needs 8"),
+        (["{\"prompt\": \"a b\"}", "not json"], ":2: not JSON (Expecting value)"),
+        (["{\"prompt\": \"a b\"}", "", "{\"question\": \"a b\"}"],
+         ':3: needs a non-empty string "prompt"'),
+    ],
+)  # fmt: skip
+def test_a_bad_prompts_file_is_one_line_naming_it(
+    rows: list[str], error: str, tokenizer: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from brisk.cli import main
+
+    file = tmp_path / "p.jsonl"
+    file.write_text("\n".join(rows) + "\n")
+    code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--tokenizer", str(tokenizer),
+                 "--prompts", str(file), "--concurrency", "1,2",
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.strip() == f"brisk: error: prompts: {file}{error}"

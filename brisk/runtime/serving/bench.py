@@ -1,11 +1,14 @@
 """``brisk bench serve``: the paper's serving protocol over ``sglang.benchmark.serving``.
 
 For every concurrency C (default 1, 2, 4, 8, 16, 32) and run (default 3), one
-``sglang.benchmark.serving`` run against each server: ``--dataset-name random-ids`` prompts of a
-fixed length, exactly ``output_len`` (default 2,048) generated tokens per request
-(``--random-range-ratio 1.0``, EOS ignored), ``--max-concurrency C`` over ``prompts_per_c · C``
-requests. With two servers the runs interleave (A then B for each C and run), so each ratio is
-paired under the same conditions.
+``sglang.benchmark.serving`` run against each server, ``--max-concurrency C`` over
+``prompts_per_c · C`` requests. The prompts are ``--dataset-name random-ids`` prompts of a fixed
+length (``--random-range-ratio 1.0``), or, with ``prompts`` (a JSON Lines file of ``{"prompt":
+...}`` rows, as ``brisk tasks export`` writes them), the file's own prompts drawn by the run's
+seed (SGLang's ``custom`` dataset). Every request generates exactly ``output_len`` (default
+2,048) tokens, EOS ignored; with ``stop_at_eos`` it stops at its EOS, ``output_len`` a cap, so
+responses have their natural lengths. With several servers the runs interleave (A then B for
+each C and run), so each ratio is paired under the same conditions.
 
 Per (server, C), over the runs:
 
@@ -39,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from brisk._atomic import atomic_write
+from brisk._atomic import atomic_write, atomic_write_text
 from brisk.runtime.experiment.evaluate import Interval
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "compare",
     "dumps",
     "markdown",
+    "read_prompts",
     "run_once",
     "summarize",
     "sweep",
@@ -70,6 +74,8 @@ class ServeBenchOptions:
     seed: int = 0
     warmup_requests: int = 1
     ready_timeout_s: int = 60  # how long to wait for a server's /v1/models
+    prompts: str | None = None  # a JSON Lines file of {"prompt": ...}; None: random ids
+    stop_at_eos: bool = False  # False: exactly output_len tokens per request
 
     def __post_init__(self) -> None:
         if not self.concurrencies or any(
@@ -119,26 +125,75 @@ class Run:
         )  # fmt: skip
 
 
+def read_prompts(path: str | Path) -> list[str]:
+    """The ``prompt`` strings of a JSON Lines file, one per row (blank lines skipped); a row
+    that is not a JSON object with a non-empty string ``prompt`` is a ``ValueError`` naming the
+    file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompts: {path} is not a file")
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"prompts: {path}:{number}: not JSON ({err.msg})") from None
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f'prompts: {path}:{number}: needs a non-empty string "prompt"')
+        prompts.append(prompt)
+    return prompts
+
+
+def _custom_dataset(options: ServeBenchOptions, workdir: Path) -> Path | None:
+    """``options.prompts`` in the format of SGLang's ``custom`` dataset (a user turn, and an
+    assistant turn it does not use when the output length is fixed), checked to hold enough
+    prompts for the largest C; ``None`` for random ids."""
+    if options.prompts is None:
+        return None
+    prompts = read_prompts(options.prompts)
+    need = options.prompts_per_c * max(options.concurrencies)
+    if len(prompts) < need:
+        raise ValueError(f"prompts: {options.prompts} holds {len(prompts)} prompts; C = "
+                         f"{max(options.concurrencies)} with prompts-per-c "
+                         f"{options.prompts_per_c} needs {need}")  # fmt: skip
+    path = workdir / "prompts.custom.jsonl"
+    rows = [json.dumps({"conversations": [{"role": "user", "content": p},
+                                          {"role": "assistant", "content": ""}]})
+            for p in prompts]  # fmt: skip
+    atomic_write_text(path, "\n".join(rows) + "\n")
+    return path
+
+
 def _bench_argv(url: str, tokenizer: str, C: int, run: int, o: ServeBenchOptions,
-                out: Path) -> list[str]:  # fmt: skip
+                out: Path, dataset: Path | None = None) -> list[str]:  # fmt: skip
+    if dataset is None:
+        prompts = ["--dataset-name", "random-ids", "--random-input-len", str(o.input_len),
+                   "--random-output-len", str(o.output_len),
+                   "--random-range-ratio", "1.0"]  # fmt: skip
+    else:
+        prompts = ["--dataset-name", "custom", "--dataset-path", str(dataset),
+                   "--sharegpt-output-len", str(o.output_len)]  # fmt: skip
     return [
         "--backend", "sglang-oai", "--base-url", url, "--model", tokenizer,
-        "--tokenizer", tokenizer, "--dataset-name", "random-ids",
-        "--random-input-len", str(o.input_len), "--random-output-len", str(o.output_len),
-        "--random-range-ratio", "1.0", "--num-prompts", str(o.prompts_per_c * C),
+        "--tokenizer", tokenizer, *prompts, "--num-prompts", str(o.prompts_per_c * C),
         "--max-concurrency", str(C), "--seed", str(o.seed + run),
         "--warmup-requests", str(o.warmup_requests), "--output-file", str(out),
         "--ready-check-timeout-sec", str(o.ready_timeout_s),
         "--output-details", "--disable-tqdm",
+        *(["--disable-ignore-eos"] if o.stop_at_eos else []),
         "--extra-request-body", json.dumps({"temperature": o.temperature}),
     ]  # fmt: skip
 
 
 def run_once(
     server: str, url: str, tokenizer: str, C: int, run: int, options: ServeBenchOptions,
-    workdir: Path, log: io.TextIOBase | None = None,
+    workdir: Path, log: io.TextIOBase | None = None, dataset: Path | None = None,
 ) -> Run:  # fmt: skip
-    """One run through ``sglang.benchmark.serving``'s own command line, in this process."""
+    """One run through ``sglang.benchmark.serving``'s own command line, in this process
+    (``dataset``: the prompts file :func:`sweep` wrote, for ``options.prompts``)."""
     from brisk.runtime.serving.cpu import ensure_torchvision
 
     ensure_torchvision()  # SGLang's configs import torchvision; a CPU install has the stand-in
@@ -152,7 +207,7 @@ def run_once(
 
     out = workdir / f"{server}_C{C}_run{run}.jsonl"
     out.unlink(missing_ok=True)
-    argv = ["sglang.benchmark.serving", *_bench_argv(url, tokenizer, C, run, options, out)]
+    argv = ["sglang.benchmark.serving", *_bench_argv(url, tokenizer, C, run, options, out, dataset)]
     sink = log if log is not None else io.StringIO()
     saved = sys.argv
     try:
@@ -186,12 +241,13 @@ def sweep(
     if not servers:
         raise ValueError("url: need at least one server")
     workdir.mkdir(parents=True, exist_ok=True)
+    dataset = _custom_dataset(options, workdir)
     runs = []
     with (workdir / "bench_serving.log").open("a") as log:
         for C in options.concurrencies:
             for r in range(options.runs):
                 for name, url in servers.items():
-                    result = run_once(name, url, tokenizer, C, r, options, workdir, log)
+                    result = run_once(name, url, tokenizer, C, r, options, workdir, log, dataset)
                     runs.append(result)
                     if on_run is not None:
                         on_run(result)

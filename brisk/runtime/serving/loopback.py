@@ -5,7 +5,8 @@ benchmark's flags. A simulated engine runs forwards back to back with continuous
 
 - a forward over n running requests takes ``forward_ms + per_request_ms · n`` milliseconds;
 - it commits to each running request ⌊τ⌋ or ⌈τ⌉ tokens (a seeded draw with mean τ = ``tpf``),
-  streamed at once as one chunk; a request ends after its ``max_tokens``.
+  streamed at once as one chunk; a request ends after its ``max_tokens``, or after ``eos_after``
+  tokens (its simulated EOS) when it does not ask to ignore EOS.
 
 So with C requests always running, aggregate throughput is C · τ / (forward_ms + per_request_ms
 · C) tokens per millisecond, and a server with ``tpf`` τ_B against one with τ_A (same costs) is
@@ -13,6 +14,7 @@ So with C requests always running, aggregate throughput is C · τ / (forward_ms
 tokens per request-forward (what ``sglang.benchmark.serving`` reads as the accept length).
 
 Endpoints: ``GET /v1/models``, ``GET /server_info``, ``POST /v1/completions`` (stream or not).
+The prompts it was sent are kept in ``prompts``.
 Run it with ``python -m brisk.runtime.serving.loopback --port 30000 --tpf 3``.
 """
 
@@ -104,9 +106,11 @@ class Engine:
 class LoopbackServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, engine: Engine, model: str) -> None:
+    def __init__(self, port: int, engine: Engine, model: str,
+                 eos_after: int | None = None) -> None:  # fmt: skip
         super().__init__(("127.0.0.1", port), _Handler)
-        self.engine, self.model = engine, model
+        self.engine, self.model, self.eos_after = engine, model, eos_after
+        self.prompts: list[str] = []
 
     @property
     def url(self) -> str:
@@ -155,6 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(max_tokens, int) or max_tokens < 1:
             self._json({"error": f"max_tokens: need an integer ≥ 1, got {max_tokens!r}"}, 400)
             return
+        self.server.prompts.append(str(body.get("prompt", "")))
+        if self.server.eos_after is not None and not body.get("ignore_eos", False):
+            max_tokens = min(max_tokens, self.server.eos_after)
         chunks = self.server.engine.submit(max_tokens)
         if not body.get("stream", False):
             total = 0
@@ -187,9 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-request-ms", type=float, default=0.5)
     parser.add_argument("--model", default="loopback")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eos-after", type=int, help="tokens before a simulated EOS")
     args = parser.parse_args(argv)
     engine = Engine(args.tpf, args.forward_ms, args.per_request_ms, args.seed)
-    server = LoopbackServer(args.port, engine, args.model)
+    server = LoopbackServer(args.port, engine, args.model, args.eos_after)
     print(f"loopback server on {server.url}: τ = {args.tpf}, {args.forward_ms} ms + "
           f"{args.per_request_ms} ms × running per forward", flush=True)  # fmt: skip
     try:
