@@ -167,6 +167,14 @@ def _custom_dataset(options: ServeBenchOptions, workdir: Path) -> Path | None:
     return path
 
 
+def _request_body(o: ServeBenchOptions) -> dict[str, Any]:
+    """What every request adds: the temperature, and usage in every streamed chunk, without which
+    ``sglang.benchmark.serving`` counts a streamed completion as the ``max_tokens`` it asked for
+    (it reads ``usage.completion_tokens`` only from the chunks; SGLang sends it there only with
+    ``continuous_usage_stats``), wrong as soon as a response stops at its EOS."""
+    return {"temperature": o.temperature, "stream_options": {"continuous_usage_stats": True}}
+
+
 def _bench_argv(url: str, tokenizer: str, C: int, run: int, o: ServeBenchOptions,
                 out: Path, dataset: Path | None = None) -> list[str]:  # fmt: skip
     if dataset is None:
@@ -184,7 +192,7 @@ def _bench_argv(url: str, tokenizer: str, C: int, run: int, o: ServeBenchOptions
         "--ready-check-timeout-sec", str(o.ready_timeout_s),
         "--output-details", "--disable-tqdm",
         *(["--disable-ignore-eos"] if o.stop_at_eos else []),
-        "--extra-request-body", json.dumps({"temperature": o.temperature}),
+        "--extra-request-body", json.dumps(_request_body(o)),
     ]  # fmt: skip
 
 

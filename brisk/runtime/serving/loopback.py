@@ -13,8 +13,9 @@ So with C requests always running, aggregate throughput is C · τ / (forward_ms
 τ_B / τ_A faster. ``/server_info`` reports ``avg_spec_accept_length``, the engine's own committed
 tokens per request-forward (what ``sglang.benchmark.serving`` reads as the accept length).
 
-Endpoints: ``GET /v1/models``, ``GET /server_info``, ``POST /v1/completions`` (stream or not).
-The prompts it was sent are kept in ``prompts``.
+Endpoints: ``GET /v1/models``, ``GET /server_info``, ``POST /v1/completions`` (stream or not;
+streamed chunks carry ``usage`` only with ``stream_options.continuous_usage_stats``, as
+SGLang's). The prompts it was sent are kept in ``prompts``.
 Run it with ``python -m brisk.runtime.serving.loopback --port 30000 --tpf 3``.
 """
 
@@ -174,11 +175,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        usage = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
         total = 0
         while (n := chunks.get()) is not _DONE:
             total += n
-            event = {"choices": [{"text": " a" * n, "index": 0}],
-                     "usage": {"completion_tokens": total}}  # fmt: skip
+            event: dict[str, Any] = {"choices": [{"text": " a" * n, "index": 0}]}
+            if usage:  # as SGLang: usage in every chunk only when asked for
+                event["usage"] = {"completion_tokens": total}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
