@@ -409,6 +409,7 @@ def plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     panels = 2 if pairs else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
@@ -425,6 +426,7 @@ def plot(
     ax.set(xscale="log", xlabel="concurrency C", ylabel="aggregate tokens/s",
            title="serving sweep")  # fmt: skip
     ax.set_xticks([r.concurrency for r in rows], [str(r.concurrency) for r in rows])
+    ax.minorticks_off()  # no "3 × 10⁰" between the concurrencies
     ax.legend()
     if pairs:
         ax = axes[0][1]
@@ -442,9 +444,12 @@ def plot(
             ax.axhline(overall, ls="--", color=color["color"], lw=0.8)
         ax.axhline(1.0, color="black", lw=0.5)
         ylabel = f"TPS ratio {next(iter(pairs))}" if len(pairs) == 1 else "paired TPS ratio"
-        ax.set(xscale="log", xlabel="concurrency C", ylabel=ylabel,
-               title="paired ratio")  # fmt: skip
+        # ratios and their intervals live on the log scale (a wide interval stays readable)
+        ax.set(xscale="log", yscale="log", xlabel="concurrency C", ylabel=ylabel,
+               title="paired ratio (log scale)")  # fmt: skip
         ax.set_xticks([q.concurrency for q in per_c], [str(q.concurrency) for q in per_c])
+        ax.minorticks_off()
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.legend()
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
