@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.backbone import HFBackbone, cache_keyword
 from brisk.runtime.isd import ISDOptions, decode
 from brisk.runtime.tiny.task import make_split
 from brisk.runtime.train.config import BaseTrainConfig
@@ -64,12 +64,13 @@ def ar_greedy(
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
     cache = DynamicCache(config=model.config)
+    kv = cache_keyword(model)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
     out = []
     for _ in range(max_new):
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True).logits  # fmt: skip
+                       use_cache=True, **{kv: cache}).logits  # fmt: skip
         nxt = logits[:, -1].argmax(-1)
         out.append(nxt)
         done |= nxt == eos
@@ -126,18 +127,19 @@ def forward_ceiling(model: Any, stride: int, context: int, repeats: int = 200) -
     """Time of one cached AR step ÷ time of one cached (2N − 1)-slot forward, batch 1."""
     dev = model.device
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.randint(5, 20, (1, context), device=dev), past_key_values=cache,
-          use_cache=True)  # fmt: skip
+    kv = cache_keyword(model)
+    model(input_ids=torch.randint(5, 20, (1, context), device=dev), use_cache=True,
+          **{kv: cache})  # fmt: skip
 
     def step(width: int) -> float:
         ids = torch.randint(5, 20, (1, width), device=dev)
         for _ in range(10):
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, use_cache=True, **{kv: cache})
             cache.crop(context - cache.get_seq_length())
         sync(dev)
         start = time.perf_counter()
         for _ in range(repeats):
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, use_cache=True, **{kv: cache})
             cache.crop(context - cache.get_seq_length())
         sync(dev)
         return time.perf_counter() - start

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedModel
 
-__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone"]
+__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone", "cache_keyword"]
 
 MASK_TOKEN = "<|MASK|>"
 
@@ -94,6 +94,16 @@ class Backbone(Protocol):
         ...
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name ``model.forward`` takes its KV cache by: ``cache`` from transformers 5.24 on
+    (``past_key_values`` is deprecated there, with a warning per call), ``past_key_values``
+    before."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class HFBackbone:
     """:class:`Backbone` over a transformers causal LM with a ``DynamicCache``.
 
@@ -110,6 +120,7 @@ class HFBackbone:
             )
         self.model = model
         self._mask_token_id = int(mask_token_id)
+        self._cache_keyword = cache_keyword(model.base_model)
 
     @classmethod
     def from_pretrained(
@@ -192,8 +203,8 @@ class HFBackbone:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
         )
         hidden = out.last_hidden_state
         return BlockOutput(logits=self.model.get_output_embeddings()(hidden), hidden=hidden)
