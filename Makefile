@@ -96,7 +96,7 @@ reproduce-proposal: $(STAMP)
 	$(BIN)/brisk experiment proposal --config configs/proposal_experiment.toml
 
 # The ablation again on the converted base (issue 23): 8 arms × 2 budgets × 3 seeds with the
-# theory tables, under runs/converted/ablation (≈ 1.4 h of compute on 2 idle cores after make converted).
+# theory tables, under runs/converted/ablation (≈ 2-2.5 h on 2 idle cores after make converted).
 reproduce-converted: converted
 	$(BIN)/brisk experiment proposal --config configs/converted_experiment.toml
 
