@@ -74,17 +74,20 @@ def load_causal_lm(
     path: str | Path,
     trust_remote_code: bool = False,
     dtype: torch.dtype = torch.float32,
+    attention: str | None = None,
 ) -> PreTrainedModel:
-    """The checkpoint's causal LM (module docstring), weights loaded, on the CPU. Its weights
+    """The checkpoint's causal LM (module docstring), weights loaded in ``dtype``, on the CPU,
+    with the attention implementation ``attention`` (None: transformers' choice). Its weights
     files are checked first (:func:`brisk.runtime.checkpoint.check_model_weights`): a damaged
     one is a ``ValueError`` naming it."""
     from brisk.runtime.checkpoint import check_model_weights
 
     config = model_config(path, trust_remote_code)
     check_model_weights(path, config, trust_remote_code)
+    extra = {"attn_implementation": attention} if attention is not None else {}
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         path, config=config, trust_remote_code=trust_remote_code, dtype=dtype,
-        local_files_only=True,
+        local_files_only=True, **extra,
     )  # fmt: skip
     return model
 

@@ -130,8 +130,12 @@ class HFBackbone:
         trust_remote_code: bool = False,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        attention: str | None = None,
     ) -> HFBackbone:
-        """Load a local checkpoint directory (in eval mode). The MASK id comes from the argument,
+        """Load a local checkpoint directory (in eval mode), its weights read in ``dtype`` and
+        moved to ``device``, with the attention implementation ``attention`` (None: the one
+        transformers picks, sdpa where it has it). Commands load through
+        :func:`brisk.runtime.loader.load_model`, which resolves device and dtype. The MASK id comes from the argument,
         else the config's ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's
         ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup; so is a
         weights file that is truncated, not safetensors or of the wrong shapes, named in one
@@ -143,7 +147,7 @@ class HFBackbone:
         if not Path(path).is_dir():
             raise ValueError(f"path: {path} is not a checkpoint directory")
         try:
-            model = load_causal_lm(path, trust_remote_code, dtype).to(device)
+            model = load_causal_lm(path, trust_remote_code, dtype, attention).to(device)
         except (RuntimeError, SafetensorError) as err:  # what the header checks cannot see
             first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
             raise ValueError(f"path: cannot load the model in {path}: {first.strip()}") from None

@@ -6,8 +6,9 @@ embedding) with the native torch attention backend, no CUDA graphs, no overlap s
 radix cache, a 4096-token KV pool (SGLang would otherwise size it from free memory: 15 GB and a
 minute of start-up), a scheduler that sleeps when idle (it otherwise keeps a core busy polling:
 10.2 core-seconds in 10 idle seconds, 0.15 with it), and the CPU stand-ins of
-:mod:`brisk.runtime.serving.cpu` on its path. On CUDA it is SGLang's own defaults. Arguments
-passed through come last, so they override.
+:mod:`brisk.runtime.serving.cpu` on its path. On CUDA it is SGLang's own defaults. Either way
+the server computes in the dtype ``brisk decode`` takes on that device (:data:`SERVER_DTYPES`).
+Arguments passed through come last, so they override.
 
 :class:`ServerProcess` starts the command in its own process group, waits for the server to
 answer a generation, and stops it by that group (the launcher and its scheduler and detokenizer
@@ -38,6 +39,7 @@ __all__ = [
     "CPU_FLAGS",
     "FREE_PORTS",
     "ISD_CONFIG_ENV",
+    "SERVER_DTYPES",
     "PortTaken",
     "ServerLaunch",
     "ServerProcess",
@@ -64,6 +66,12 @@ CPU_FLAGS: tuple[str, ...] = (
     "--sleep-on-idle",
 )  # fmt: skip
 """The flags of SGLang's CPU server, as ``brisk serve --device cpu`` passes them."""
+
+
+SERVER_DTYPES: dict[str, str] = {"cpu": "float32", "cuda": "bfloat16"}
+"""The dtype a server computes in when none is given: the default of ``brisk decode`` on the same
+device (:func:`brisk.runtime.loader.default_placement`). SGLang's own ``--dtype auto`` would
+serve a float32 checkpoint in float16 on the CPU."""
 
 
 ISD_CONFIG_ENV = "BRISK_ISD_CONFIG"
@@ -104,6 +112,7 @@ def server_arguments(
     model: str | os.PathLike[str],
     *,
     device: Device = "cpu",
+    dtype: str | None = None,
     address: tuple[str, int] | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
@@ -113,19 +122,22 @@ def server_arguments(
     the one place both the HTTP server (:func:`server_launch`) and the offline engine
     (:func:`brisk.runtime.serving.engine.isd_engine`) take them from.
 
-    ``address`` (host, port) is for the HTTP server only; ``isd`` (the ``BRISK_ISD`` options,
-    e.g. ``{"stride": 4}``) makes decoding ISD through brisk's plugin; ``extra_args`` come last,
-    so they override.
+    ``dtype`` (None: :data:`SERVER_DTYPES` of the device, what ``brisk decode`` computes in
+    there) is SGLang's ``--dtype``; ``address`` (host, port) is for the HTTP server only; ``isd``
+    (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) makes decoding ISD through brisk's
+    plugin; ``extra_args`` come last, so they override.
 
     >>> flags, env = server_arguments("m", isd={"stride": 2}, env={})
-    >>> flags[:4], flags[-9:-7]
-    (('--model-path', 'm', '--device', 'cpu'), ('--speculative-algorithm', 'BRISK_ISD'))
+    >>> flags[:6]
+    ('--model-path', 'm', '--dtype', 'float32', '--device', 'cpu')
+    >>> flags[-9:-7]
+    ('--speculative-algorithm', 'BRISK_ISD')
     >>> env["BRISK_ISD_CONFIG"]
     '{"stride":2}'
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device: {device!r} is not one of cpu, cuda")
-    flags = ["--model-path", str(model)]
+    flags = ["--model-path", str(model), "--dtype", dtype or SERVER_DTYPES[device]]
     if address is not None:
         flags += ["--host", address[0], "--port", str(address[1])]
     run_env = dict(os.environ if env is None else env)
@@ -145,6 +157,7 @@ def server_launch(
     port: int,
     *,
     device: Device = "cpu",
+    dtype: str | None = None,
     host: str = "127.0.0.1",
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
@@ -161,7 +174,7 @@ def server_launch(
     >>> "SGLANG_USE_CPU_ENGINE" in server_launch("m", 30000, device="cuda", env={}).env
     False
     """
-    flags, run_env = server_arguments(model, device=device, address=(host, port),
+    flags, run_env = server_arguments(model, device=device, dtype=dtype, address=(host, port),
                                       extra_args=extra_args, env=env, isd=isd)  # fmt: skip
     argv = (python, "-m", "sglang.launch_server", *flags)
     return ServerLaunch(argv=argv, env=run_env, url=f"http://{host}:{port}")

@@ -1,0 +1,284 @@
+"""One loader for every command and library entry point that runs a model.
+
+A checkpoint directory becomes a tokenizer, a :class:`~brisk.runtime.backbone.HFBackbone`
+(weights on the device, in the dtype, with the attention implementation asked for) and a MASK
+id, by the same rules wherever it is loaded: ``brisk decode``, self-generation, event
+collection, corrector training, evaluation, both experiments, the memory benchmark. A second
+copy with other defaults is how a GPU run ends up on the CPU in fp32.
+
+**Where and in what.** :func:`placement` resolves ``--device`` / ``--dtype``. The default is
+the GPU in bfloat16 where CUDA exists and the CPU in float32 otherwise, said once per process
+on stderr; ``brisk serve`` passes the same default to SGLang. A device that is not there, and a
+dtype the device cannot run, are a ``ValueError`` naming the flag.
+
+**The MASK id** comes from the argument, else the tokenizer's mask token, else the config's
+``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's ``<|MASK|>``
+(:meth:`HFBackbone.from_pretrained`).
+
+**The fit check** (:func:`fit_budget`): the stride and the token budget against the model's
+positions, before anything decodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd.options import ISDOptions
+
+__all__ = [
+    "DTYPES",
+    "LoadedModel",
+    "Placement",
+    "default_placement",
+    "fit_budget",
+    "load_model",
+    "placement",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""The dtypes a model runs in, by the names the flags take (``fp32``, ``bf16``, ``fp16`` too)."""
+
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "auto": ""}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model runs and in what dtype."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as the flags and SGLang's ``--dtype`` spell it (``bfloat16``)."""
+        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
+
+    @property
+    def precision(self) -> str:
+        """The training precision this placement computes in: ``bf16`` or ``fp32``."""
+        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
+
+    def __str__(self) -> str:
+        return f"{self.device} in {self.dtype_name}"
+
+
+def default_placement() -> Placement:
+    """CUDA (the current device) in bfloat16 where a GPU exists, else the CPU in float32."""
+    if torch.cuda.is_available():
+        return Placement(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
+    return Placement(torch.device("cpu"), torch.float32)
+
+
+_announced = False
+
+
+def placement(
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    *,
+    announce: bool = True,
+) -> Placement:
+    """``--device`` and ``--dtype`` resolved and checked (None, ``""`` or ``"auto"``: the default
+    of :func:`default_placement`; a dtype given alone keeps the default device, a device given
+    alone runs in float32 on the CPU and bfloat16 on a GPU). When a default was taken it is said
+    once per process on stderr (``announce``).
+
+    >>> placement("cpu", "bf16", announce=False)
+    Placement(device=device(type='cpu'), dtype=torch.bfloat16)
+    >>> placement("cpu", "half", announce=False)
+    Traceback (most recent call last):
+    ValueError: --dtype: expected float32, bfloat16 or float16, got 'half'
+    """
+    default = default_placement()
+    chosen_device = default.device if device in (None, "", "auto") else _device(device)
+    if dtype in (None, "", "auto"):
+        chosen_dtype = torch.float32 if chosen_device.type == "cpu" else torch.bfloat16
+    else:
+        chosen_dtype = _dtype(dtype)
+    result = Placement(chosen_device, chosen_dtype)
+    _check_runs(result)
+    defaulted = device in (None, "", "auto") or dtype in (None, "", "auto")
+    global _announced
+    if announce and defaulted and not _announced:
+        _announced = True
+        print(f"brisk: running on {result} (--device and --dtype choose)", file=sys.stderr)
+    return result
+
+
+def _device(name: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"--device: {name!r} is not a torch device (cpu, cuda, cuda:1, mps)"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device: {name} requested, but CUDA is not available here")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device: {name} requested, but there are {count} CUDA devices")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device: {name} requested, but MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device: {name} is not one brisk runs on (cpu, cuda, mps)")
+    return device
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"--dtype: expected float32, bfloat16 or float16, got {name}")
+        return name
+    key = _ALIASES.get(str(name), str(name))
+    if key not in DTYPES:
+        raise ValueError(f"--dtype: expected float32, bfloat16 or float16, got {name!r}")
+    return DTYPES[key]
+
+
+def _check_runs(where: Placement) -> None:
+    """Refuse a dtype the device cannot compute in (bfloat16 on a GPU before Ampere, any dtype
+    a matrix product refuses), naming the flag."""
+    name = where.dtype_name
+    cuda_bf16 = where.device.type == "cuda" and where.dtype == torch.bfloat16
+    if cuda_bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+        gpu = torch.cuda.get_device_name(where.device)
+        raise ValueError(f"--dtype: {gpu} ({where.device}) has no bfloat16 arithmetic; "
+                         "use float16 or float32")  # fmt: skip
+    try:
+        a = torch.ones(2, 2, device=where.device, dtype=where.dtype)
+        torch.nn.functional.softmax(a @ a, dim=-1)
+    except RuntimeError as err:
+        first = str(err).splitlines()[0]
+        raise ValueError(f"--dtype: {name} does not run on {where.device} ({first})") from None
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint as decoding and evaluation use it."""
+
+    path: Path
+    tokenizer: Any  # PreTrainedTokenizerBase
+    backbone: HFBackbone
+    placement: Placement
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.backbone.mask_token_id
+
+    @property
+    def model(self) -> Any:
+        """The transformers model under the backbone."""
+        return self.backbone.model
+
+
+def load_model(
+    path: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    mask_token_id: int | None = None,
+    trust_remote_code: bool = False,
+    attention: str | None = None,
+    where: str = "--model",
+    announce: bool = True,
+) -> LoadedModel:
+    """Tokenizer and backbone of the checkpoint at ``path`` on ``device`` in ``dtype``
+    (:func:`placement`; the weights are read straight into that dtype), in eval mode, with
+    the attention implementation ``attention`` (None: sdpa where transformers has it).
+
+    Errors are one ``ValueError`` naming the flag ``where`` (``--model``, ``--checkpoint``), or
+    ``--mask-token-id`` when the checkpoint defines no MASK token, or ``--device`` / ``--dtype``.
+    """
+    from transformers import AutoTokenizer
+
+    from brisk._hf import quiet_transformers
+    from brisk.runtime.backbone import HFBackbone
+
+    on = placement(device, dtype, announce=announce)
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
+    quiet_transformers()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            directory, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: no tokenizer in {directory}: {_one_line(err)}") from None
+    # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
+    mask_id = mask_token_id if mask_token_id is not None else tokenizer.mask_token_id
+    try:
+        backbone = HFBackbone.from_pretrained(
+            directory, mask_token_id=mask_id, trust_remote_code=trust_remote_code,
+            dtype=on.dtype, device=on.device, attention=attention,
+        )  # fmt: skip
+    except ValueError as err:
+        if not str(err).startswith("mask_token_id:"):
+            raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
+        if mask_token_id is not None:  # outside the vocabulary
+            raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
+        raise ValueError(
+            f"--mask-token-id: {directory} defines no MASK token (none in its tokenizer, "
+            "no mask_token_id in its config); pass --mask-token-id"
+        ) from None
+    except OSError as err:
+        raise ValueError(f"{where}: {_one_line(err)}") from None
+    return LoadedModel(directory, tokenizer, backbone, on)
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def fit_budget(
+    options: ISDOptions,
+    max_positions: int | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    budget_given: bool = True,
+    stride_flag: str = "--stride",
+    budget_flag: str = "--max-new-tokens",
+) -> ISDOptions:
+    """The stride and the token budget against the model's ``max_positions``: ``options`` as
+    they are when the longest prompt, its budget and the 2M slots of a verify round fit; the
+    budget lowered to what fits (said on stderr) when it was not given (``budget_given``);
+    else a ``ValueError`` naming the flag."""
+    M, limit = options.M, max_positions
+    longest = max(len(p) for p in prompts)
+    if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
+        return options
+    if longest + 1 + 2 * M > limit:
+        raise ValueError(
+            f"{stride_flag}: N = {options.stride} needs 2M = {2 * M} positions after the longest "
+            f"prompt ({longest} tokens); the model has {limit} positions"
+        )
+    fits = limit - longest - 2 * M
+    if not budget_given:
+        print(
+            f"brisk: decoding at most {fits} new tokens per request, what fits the model's "
+            f"{limit} positions after the longest prompt ({longest} tokens) and 2M = {2 * M} "
+            f"({budget_flag} sets the budget)",
+            file=sys.stderr,
+        )
+        return dataclasses.replace(options, max_new_tokens=fits)
+    raise ValueError(
+        f"{budget_flag}: the longest prompt ({longest} tokens) + {options.max_new_tokens} "
+        f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
+        f"positions; at most {fits} new tokens fit"
+    )
