@@ -228,11 +228,11 @@ def verify_block(
     B, M1, _V = logits.shape
     M = M1 - 1
     rows = torch.arange(B, device=logits.device)
-    p = probs_at(logits, temperature)  # [B, M+1, V]
-    if temperature == 0:
-        top = p.argmax(-1)
+    if temperature == 0:  # argmax p is the argmax of the logits: no softmax over the vocabulary
+        top = logits.argmax(-1)
         L = (draft.tokens == top[:, :M]).long().cumprod(-1).sum(-1)
         return L, top[rows, L]
+    p = probs_at(logits, temperature)  # [B, M+1, V]
     p_x = p[:, :M].gather(-1, draft.tokens[..., None])[..., 0]  # p_i(x_i)
     pi_x = draft.law.to(p.dtype).gather(-1, draft.ranks[..., None])[..., 0]  # π_i(x_i)
     accepted = u_accept.to(p.dtype) * pi_x < p_x  # P(accept) = min(1, p/π)
