@@ -29,7 +29,8 @@ MASK_TOKEN = "<|MASK|>"
 
 @dataclass(frozen=True)
 class BlockOutput:
-    logits: Tensor  # [B, T, V]  logits[:, t] predicts the token after new token t
+    logits: Tensor  # [B, T, V]  logits[:, t] predicts the token after new token t ([B, T', V]
+    # when the forward was asked for the slots ``logits_at`` only)
     hidden: Tensor  # [B, T, H]  last-layer hidden states (after the final norm)
 
 
@@ -67,12 +68,16 @@ class Backbone(Protocol):
         *,
         position_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        logits_at: Tensor | None = None,
     ) -> BlockOutput:
         """``input_ids [B, T]`` → logits ``[B, T, V]`` and hidden ``[B, T, H]``; appends T slots.
 
         By default the new tokens sit at the next positions and attend causally to the whole
         cache. Batched decoding whose rows own different cache slots passes ``position_ids
         [B, T]`` and a boolean ``attention_mask [B, 1, T, cache + T]`` (True = may attend).
+        ``logits_at [B, T']`` (indices into the T new slots) asks for the logits of those slots
+        only, ``[B, T', V]``: a prefill reads one row of logits per request, and at V = 151,936
+        the whole ``[B, T, V]`` would dwarf the model.
         """
         ...
 
@@ -135,11 +140,12 @@ class HFBackbone:
         """Load a local checkpoint directory (in eval mode), its weights read in ``dtype`` and
         moved to ``device``, with the attention implementation ``attention`` (None: the one
         transformers picks, sdpa where it has it). Commands load through
-        :func:`brisk.runtime.loader.load_model`, which resolves device and dtype. The MASK id comes from the argument,
-        else the config's ``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's
-        ``<|MASK|>``. A path that is not a directory is an error, never a hub lookup; so is a
-        weights file that is truncated, not safetensors or of the wrong shapes, named in one
-        line (:func:`brisk.runtime.architectures.load_causal_lm`)."""
+        :func:`brisk.runtime.loader.load_model`, which resolves device and dtype. The MASK id
+        comes from the argument, else the config's ``mask_token_id`` (I-DLM checkpoints:
+        151669), else the tokenizer's ``<|MASK|>``. A path that is not a directory is an
+        error, never a hub lookup; so is a weights file that is truncated, not safetensors or
+        of the wrong shapes, named in one line
+        (:func:`brisk.runtime.architectures.load_causal_lm`)."""
         from safetensors import SafetensorError
 
         from brisk.runtime.architectures import load_causal_lm
@@ -197,6 +203,7 @@ class HFBackbone:
         *,
         position_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        logits_at: Tensor | None = None,
     ) -> BlockOutput:
         if position_ids is None:
             start = self.cache_length(cache)
@@ -211,7 +218,8 @@ class HFBackbone:
             **{self._cache_keyword: cache},
         )
         hidden = out.last_hidden_state
-        return BlockOutput(logits=self.model.get_output_embeddings()(hidden), hidden=hidden)
+        read = hidden if logits_at is None else hidden.gather(1, _rows_index(logits_at, hidden))
+        return BlockOutput(logits=self.model.get_output_embeddings()(read), hidden=hidden)
 
     def trim(self, cache: DynamicCache, keep: int) -> None:
         length = self.cache_length(cache)
@@ -238,6 +246,11 @@ class HFBackbone:
     def lm_head_rows(self, ids: Tensor) -> Tensor:
         rows: Tensor = self.model.get_output_embeddings().weight[ids]
         return rows
+
+
+def _rows_index(at: Tensor, hidden: Tensor) -> Tensor:
+    """``at [B, T']`` as a gather index over ``hidden [B, T, H]``'s slots."""
+    return at.to(hidden.device, torch.long)[..., None].expand(-1, -1, hidden.shape[-1])
 
 
 def _tokenizer_mask_id(path: str | Path, trust_remote_code: bool) -> int | None:

@@ -174,3 +174,47 @@ def test_concat_is_the_inverse_of_select_and_pads_missing_optional_fields() -> N
     assert mixed.q.shape == (4, 3, 3)
     assert torch.equal(mixed.q[1:3], torch.zeros(2, 3, 3))
     assert torch.equal(mixed.q[[0, 3]], q[[2, 3]])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T1"])
+@pytest.mark.parametrize("chunk", [1, 7, 20], ids=lambda c: f"chunk{c}")
+def test_a_chunked_prefill_decodes_as_one_forward_does(
+    backbone64: HFBackbone, temperature: float, chunk: int
+) -> None:
+    """Prompts of 1–12 tokens prefilled in chunks of ``chunk`` tokens per forward (all rows
+    together: 1 token means one slot per row per forward) give the tokens, accept lengths and
+    counts of the one-forward prefill (float64 micro model: no rounding can flip a decision)."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, MASK, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 13, (6,), generator=g)]  # fmt: skip
+    options = ISDOptions(stride=4, temperature=temperature, max_new_tokens=16, eos_token_id=3)
+    whole = decode(backbone64, prompts, options, batch_size=6)
+    chunked = decode(backbone64, prompts, options, batch_size=6, prefill_chunk=chunk)
+    for a, b in zip(whole.requests, chunked.requests, strict=True):
+        assert (a.tokens, a.accept_lengths, a.forwards) == (b.tokens, b.accept_lengths, b.forwards)
+
+
+def test_the_prefill_computes_the_last_prompt_logits_only(
+    backbone64: HFBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At V = 151,936 full prefill logits would dwarf the model: every forward of a decode
+    computes logits for at most one round's 2M + 1 slots per row, never ``[B, prompt, V]``."""
+    shapes: list[tuple[int, ...]] = []
+    forward = backbone64.forward
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = forward(*args, **kwargs)
+        shapes.append(tuple(out.logits.shape))
+        return out
+
+    monkeypatch.setattr(backbone64, "forward", recording)
+    prompts = [[1, 2, 4, 5, 6, 7, 8, 9, 10, 1, 2, 4, 5, 6, 7, 8, 9, 10, 1, 2] for _ in range(3)]
+    options = ISDOptions(stride=4, max_new_tokens=8)
+    decode(backbone64, prompts, options)
+    assert shapes[0][:2] == (3, 1)  # the prefill: one row of logits per request
+    assert all(s[1] <= 2 * options.M + 1 for s in shapes)
+
+
+def test_prefill_chunk_must_be_positive(backbone64: HFBackbone) -> None:
+    with pytest.raises(ValueError, match="prefill_chunk: must be an integer ≥ 1"):
+        decode(backbone64, [[1, 2]], ISDOptions(stride=4, max_new_tokens=4), prefill_chunk=0)

@@ -88,6 +88,7 @@ def decode(
     request_ids: Sequence[int] | None = None,
     logger: BlockLogger | None = None,
     batch_size: int = 64,
+    prefill_chunk: int = 8192,
     on_finish: Callable[[int, RequestOutput], None] | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` (token ids, BOS included if the model wants one) with ISD.
@@ -99,12 +100,18 @@ def decode(
     row of the request table (the log records how it was verified); ``on_finish(r, output)`` is
     called as soon as request r finishes. Runs under ``torch.inference_mode``; the model's
     train/eval mode is the caller's.
+
+    Memory: the prefill runs the prompts in chunks of at most ``prefill_chunk`` tokens per
+    forward (all rows of the batch together) and computes the logits of each row's last prompt
+    position only; a verify round computes logits for its 2N − 1 slots, all of which it reads.
+    No ``[B, prompt, V]`` tensor exists.
     """
     options = options or ISDOptions()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: need at least one prompt, each with at least one token")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: must be an integer ≥ 1, got {batch_size!r}")
+    for name, value in (("batch_size", batch_size), ("prefill_chunk", prefill_chunk)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
     if corrector is not None and corrector.config.M != options.M:
         raise ValueError(f"corrector: built for M = {corrector.config.M}, stride gives {options.M}")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
@@ -146,7 +153,7 @@ def decode(
             index = list(range(start, min(start + batch_size, len(prompts))))
             _Batch(backbone, ctx, logger, [list(prompts[r]) for r in index],
                    [seeds[r] for r in index], [request_ids[r] for r in index], index,
-                   finish).run()  # fmt: skip
+                   finish, prefill_chunk).run()  # fmt: skip
     assert all(o is not None for o in outputs)
     return DecodeResult([o for o in outputs if o is not None], options.M)
 
@@ -164,8 +171,10 @@ class _Batch:
         request_ids: list[int],
         index: list[int],
         finish: Callable[[int, RequestOutput], None],
+        prefill_chunk: int,
     ) -> None:
         self.bb, self.ctx, self.logger, self.finish = backbone, ctx, logger, finish
+        self.prefill_chunk = prefill_chunk
         self.device = torch.device(backbone.device)
         self.prompts = prompts
         self.index = torch.tensor(index)  # row → request position in the decode call
@@ -208,30 +217,43 @@ class _Batch:
         return opt.score_blocks and self.logger is not None and bool(self.state.verify.any())
 
     # -- the forward and the cache
-    def _forward(self, new_valid_ids: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def _forward(
+        self, new_valid_ids: tuple[Tensor, Tensor], logits_at: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         ids, new_valid = new_valid_ids
         if len(ids) == 1:  # a lone row's cache is dense: plain causal attention
-            out = self.bb.forward(ids, self.cache)
+            out = self.bb.forward(ids, self.cache, logits_at=logits_at)
         else:
             mask, positions = self.kv.attention(new_valid)
-            out = self.bb.forward(ids, self.cache, position_ids=positions, attention_mask=mask)
+            out = self.bb.forward(ids, self.cache, position_ids=positions, attention_mask=mask,
+                                  logits_at=logits_at)  # fmt: skip
         return out.logits, out.hidden
 
     def _prefill(self) -> None:
-        """The forward over the whole prompts (right-padded); each row's last prompt logits
-        give its first token (:func:`first_step`, the request's forward 0), committed."""
+        """The forward over the whole prompts (right-padded), in chunks of at most
+        ``prefill_chunk`` tokens, one forward of the request in all; each row's last prompt
+        logits (the only ones computed) give its first token (:func:`first_step`, the request's
+        forward 0), committed."""
+        B = len(self.prompts)
         lengths = torch.tensor([len(p) for p in self.prompts], device=self.device)
         S = int(lengths.max())
-        ids = torch.full((len(self.prompts), S), self.bb.mask_token_id, device=self.device)
+        ids = torch.full((B, S), self.bb.mask_token_id, device=self.device)
         for b, p in enumerate(self.prompts):
             ids[b, : len(p)] = torch.tensor(p)
         valid = torch.arange(S, device=self.device)[None] < lengths[:, None]
-        logits, _ = self._forward((ids, valid))
-        self.kv.append(valid)
+        width = max(1, self.prefill_chunk // B)
+        last: Tensor | None = None  # [B, V] logits at each row's last prompt position
+        for start in range(0, S, width):
+            end = min(start + width, S)
+            at = (lengths - 1 - start).clamp(0, end - start - 1)
+            logits, _ = self._forward((ids[:, start:end], valid[:, start:end]), at[:, None])
+            here = (lengths - 1 >= start) & (lengths - 1 < end)
+            last = logits[:, 0] if last is None else torch.where(here[:, None], logits[:, 0], last)
+            self.kv.append(valid[:, start:end])
         self._compact()
-        rows = torch.arange(len(self.prompts), device=self.device)
-        result = first_step(logits[rows, lengths - 1], lengths, self.seed, self.request,
-                            self.ctx, u=self.uniforms[:, 0])  # fmt: skip
+        assert last is not None
+        result = first_step(last, lengths, self.seed, self.request, self.ctx,
+                            u=self.uniforms[:, 0])  # fmt: skip
         self.state = result.state
         self.outputs = commit(self.outputs, result, self.ctx.options)
         if bool(self.outputs.done.any()):
@@ -298,9 +320,10 @@ class _Batch:
         new_valid = differs[:, None].expand_as(ids).clone()
         new_valid[:, 0] = True
         before = self.bb.cache_length(self.cache)  # a lone row keeps no slot bookkeeping
-        logits, _ = self._forward((ids, new_valid))
+        at = torch.arange(M, device=self.device).expand(len(ids), M)
+        logits, _ = self._forward((ids, new_valid), at)
         self.bb.trim(self.cache, before)
-        logp = token_logp(logits[:, :M], alt)
+        logp = token_logp(logits, alt)
         return torch.where(differs[:, None], logp, float("nan"))
 
     def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:

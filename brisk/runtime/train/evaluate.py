@@ -81,7 +81,8 @@ def greedy_decode(
     backbone: HFBackbone, prompts: Sequence[Sequence[int]], max_new: int, eos_id: int
 ) -> list[list[int]]:
     """Greedy continuation of each prompt (up to and excluding eos). Prompts of equal length are
-    decoded together, so no padding ever enters the cache."""
+    decoded together, so no padding ever enters the cache; each forward computes the logits of
+    its last position only."""
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
         by_length[len(p)].append(i)
@@ -93,7 +94,8 @@ def greedy_decode(
         done = torch.zeros(len(rows), dtype=torch.bool, device=device)
         generated = []
         for _ in range(max_new):
-            nxt = backbone.forward(ids, cache).logits[:, -1].argmax(-1)
+            last = torch.full((len(rows), 1), ids.shape[1] - 1, device=device)
+            nxt = backbone.forward(ids, cache, logits_at=last).logits[:, 0].argmax(-1)
             generated.append(nxt)
             done |= nxt == eos_id
             if bool(done.all()):
