@@ -4,11 +4,18 @@ Built with the ``tokenizers`` library (word-level model over single characters, 
 that isolates every character, a fusing decoder so decoding concatenates) and wrapped as a
 transformers ``PreTrainedTokenizerFast`` so it saves and loads with ``save_pretrained`` /
 ``AutoTokenizer.from_pretrained`` like any checkpoint's tokenizer.
+
+Its models are trained on ``[bos, prompt, response, eos]``, so encoding with special tokens
+(``tokenizer(text)``, ``encode(text)``) puts BOS first, as Llama's tokenizers do: a post-processor
+in ``tokenizer.json`` (``<|bos|> $A``) that every consumer of the saved tokenizer applies, SGLang's
+tokenizer manager among them, so a text prompt sent to a server gets the ids
+:func:`brisk.runtime.prompts.encode_prompt` gives ``brisk decode``. ``add_special_tokens=False``
+encodes the text alone.
 """
 
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 __all__ = ["BOS", "EOS", "MASK", "PAD", "UNK", "char_tokenizer"]
@@ -22,14 +29,23 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     """The tokenizer; ids 0..4 are pad, bos, eos, ``<|MASK|>``, unk, then one per character.
 
     >>> tok = char_tokenizer()
-    >>> ids = tok.encode("7+5=12\\n")
-    >>> tok.decode(ids) == "7+5=12\\n", len(ids)
-    (True, 7)
+    >>> ids = tok.encode("7+5=12\\n")  # BOS (id 1) first
+    >>> ids[0], tok.decode(ids, skip_special_tokens=True) == "7+5=12\\n", len(ids)
+    (1, True, 8)
+    >>> len(tok.encode("7+5=12\\n", add_special_tokens=False))
+    7
     """
     vocab = {tok: i for i, tok in enumerate((*SPECIALS, *CHARS))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    # saved in tokenizer.json, so loaders that never read add_bos_token (older transformers,
+    # SGLang's tokenizer manager, tokenizers alone) add BOS too
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS}:0 $A:0",
+        pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1",
+        special_tokens=[(BOS, vocab[BOS])],
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
@@ -37,6 +53,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=EOS,
         unk_token=UNK,
         mask_token=MASK,
-        add_bos_token=False,
+        # transformers rebuilds the post-processor from these flags: the same template
+        add_bos_token=True,
         add_eos_token=False,
     )
