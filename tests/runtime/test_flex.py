@@ -23,16 +23,28 @@ forward and backward are checked by the ``cuda`` cases, which skip without a GPU
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, create_mask
+from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from brisk.runtime.train import flex as flex_module
 from brisk.runtime.train.acceptance import slot_table
-from brisk.runtime.train.flex import flex_idlm_forward, idlm_block_mask, idlm_mask_mod
+from brisk.runtime.train.flex import (
+    COMPILED_FLEX,
+    bucket,
+    flex_idlm_forward,
+    idlm_block_mask,
+    idlm_mask_mod,
+    pad_streams,
+    padded_length,
+    training_forward,
+    use_flex,
+)
 from brisk.runtime.train.idlm import (
     IGNORE,
     IDLMBatch,
@@ -47,7 +59,9 @@ from brisk.runtime.train.packing import (
     packed_block_mask,
     packed_dense_mask,
     packed_forward,
+    packed_logits,
     packed_loss,
+    pad_rows,
     slot_weights,
 )
 from brisk.runtime.train.proposal import weighted_loss
@@ -286,3 +300,151 @@ def test_packed_flex_matches_dense_logits_and_gradients(device: str) -> None:
     assert ref.keys() == out.keys()
     for name in ref:
         assert_close(name, ref[name], out[name])
+
+
+# --- (4) compiled flex: one graph per padded shape, padding invisible ----------------------------
+
+
+def test_bucket_is_the_smallest_rung_and_wastes_under_a_third() -> None:
+    rungs = sorted({1 << k for k in range(16)} | {3 << k for k in range(15)})
+    for n in range(1, 5000):
+        b = bucket(n)
+        assert b == next(r for r in rungs if r >= n), n
+        assert 3 * (b - n) < b, n  # the padding is under a third of the padded size
+    assert [padded_length(L) for L in (1, 128, 129, 385, 1000)] == [128, 128, 256, 512, 1024]
+
+
+PADDED_CASES = [
+    pytest.param(40, 3, 1, id="L40-M3-o1"),
+    pytest.param(129, 4, 0, id="L129-M4"),
+    pytest.param(7, 1, 0, id="L7-M1"),
+]
+
+
+@pytest.mark.parametrize(("L", "M", "offset"), PADDED_CASES)
+def test_padding_keys_are_invisible_to_real_queries(L: int, M: int, offset: int) -> None:
+    """The rule table at the padded length, on the real queries: exactly the unpadded mask
+    over the real keys, and no padding key (stream layout ``[x_t, pad | x_0, pad]``)."""
+    Lp = padded_length(L)
+    padded = block_diffusion_mask(Lp, M, offset)
+    real = torch.cat([torch.arange(L), Lp + torch.arange(L)])
+    pad = torch.cat([torch.arange(L, Lp), Lp + torch.arange(L, Lp)])
+    unpadded = block_diffusion_mask(L, M, offset)
+    torch.testing.assert_close(padded[real[:, None], real[None]], unpadded, rtol=0, atol=0)
+    assert not bool(padded[real[:, None], pad[None]].any())
+    assert bool(padded[pad, pad].all())  # a padding query sees itself: no empty row
+    ids = torch.arange(2 * L)[None]
+    p_ids, p_pos = pad_streams(ids, torch.cat([torch.arange(L), torch.arange(L)])[None], Lp)
+    torch.testing.assert_close(p_ids[0, real], ids[0], rtol=0, atol=0)
+    torch.testing.assert_close(p_pos[0, pad], torch.cat([torch.arange(L, Lp)] * 2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("M", "offset"), [(3, 1), (4, 0)], ids=["M3-o1", "M4-o0"])
+def test_padded_flex_equals_unpadded(M: int, offset: int) -> None:
+    """The padded forward (what compiled flex runs), here through eager flex: logits and
+    gradients of the real positions are the unpadded dense ones."""
+    model = tiny_qwen3().train()
+    batch = unpacked(M, offset, "cpu")
+    assert padded_length(batch.L) > batch.L
+
+    def dense() -> torch.Tensor:
+        return idlm_loss(*idlm_forward(model, batch), batch).loss
+
+    def padded() -> torch.Tensor:
+        return idlm_loss(*flex_idlm_forward(model, batch, pad=True), batch).loss
+
+    with torch.no_grad():
+        ref, out = idlm_forward(model, batch), flex_idlm_forward(model, batch, pad=True)
+    for name, r, o in zip(("noisy", "clean"), ref, out, strict=True):
+        assert r.shape == o.shape
+        assert_close(name, r, o)
+    grads, padded_grads = grads_of(model, dense), grads_of(model, padded)
+    assert grads.keys() == padded_grads.keys()
+    for name in grads:
+        assert_close(name, grads[name], padded_grads[name])
+
+
+def test_padded_packed_rows_equal_unpadded() -> None:
+    """Packed rows whose count is not a rung, padded with rows of padding: same logits."""
+    model = tiny_qwen3().eval()
+    packed, _, _ = packed_and_unpacked("cpu")
+    rows = next(n for n in itertools.count(packed.docs.shape[0]) if bucket(n) > n)
+    batch = pad_rows(packed, rows)  # rows that are not a rung (some of them padding)
+    with torch.no_grad(), use_flex(model):
+        ref = packed_logits(model, batch)
+        out = packed_logits(model, batch, pad=True)
+    for name, r, o in zip(("noisy", "clean"), ref, out, strict=True):
+        assert r.shape == o.shape == (rows, packed.L, V)
+        assert_close(name, r, o)
+
+
+def batch_of_length(L: int, M: int, offset: int, device: str = "cpu") -> IDLMBatch:
+    """Two rows of random tokens, the longer exactly ``L`` long."""
+    g = torch.Generator().manual_seed(L)
+    seqs = [[1, *torch.randint(4, V, (n - 1,), generator=g).tolist()] for n in (L, L // 2 + 1)]
+    prompts = [max(1, L // 4), 1]
+    return build_batch(seqs, prompts, M, MASK_ID, PAD_ID, offset=offset, device=device)
+
+
+# (L, M, offset) of six batches over two rungs (128, 256) of the compiled length
+VARYING = [(40, 3, 0), (100, 4, 2), (128, 3, 1), (200, 3, 2), (250, 4, 3), (129, 2, 1)]
+
+
+def test_compiled_flex_traces_once_per_rung(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six (L, M, offset) batches over two rungs through ``training_forward``'s flex-compiled
+    path make dynamo trace flex twice (counted by a compile-counting backend; with ``L``, ``M``
+    or the offset as Python constants it traces once per batch); packed batches trace once
+    per rung of their row count."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(flex_attention, dynamic=False, backend=counter)
+    monkeypatch.setattr(flex_module, "_compiled_flex", lambda: compiled)
+    model = tiny_qwen3().eval()
+    model.set_attn_implementation(COMPILED_FLEX)
+    with torch.no_grad():
+        for L, M, offset in VARYING:
+            noisy, clean = training_forward(model, batch_of_length(L, M, offset), "flex-compiled")
+            assert noisy.shape == clean.shape == (2, L, V)
+        assert counter.frame_count == len({padded_length(L) for L, _, _ in VARYING}) == 2
+
+        seqs, prompts = random_examples(20, 4, 20, seed=5)
+        packed = [
+            pack_batch(seqs[:n], prompts[:n], 3, MASK_ID, PAD_ID, budget=32, offset=n % 3)
+            for n in (9, 12, 14, 16, 20)
+        ]
+        rows = [b.docs.shape[0] for b in packed]
+        assert rows == [5, 7, 8, 9, 11]  # on the rungs 6, 8, 8, 12, 12
+        for batch in packed:
+            noisy, _ = training_forward(model, batch, "flex-compiled")
+            assert noisy.shape == (batch.docs.shape[0], 32, V)
+    assert counter.frame_count == 2 + 3
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_flex_compiles_once_per_rung(device: str) -> None:
+    """The real compiled flex (inductor: the fused Triton kernels on CUDA, with backward; the
+    C++ template on CPU, forward only): six (L, M, offset) batches over two rungs compile two
+    graphs, and every batch's logits are the dense ones. ≈ 2 × 45 s of compilation on 2 CPU
+    cores."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = tiny_qwen3(device).train(device == "cuda")
+    batches = [batch_of_length(L, M, offset, device) for L, M, offset in VARYING]
+    with torch.no_grad():
+        refs = [idlm_forward(model, batch) for batch in batches]
+    before = counters["stats"]["unique_graphs"]
+    model.set_attn_implementation(COMPILED_FLEX)
+    with torch.set_grad_enabled(device == "cuda"):
+        for batch, ref in zip(batches, refs, strict=True):
+            out = training_forward(model, batch, "flex-compiled")
+            if device == "cuda":
+                idlm_loss(*out, batch).loss.backward()
+            for name, r, o in zip(("noisy", "clean"), ref, out, strict=True):
+                assert_close(f"{name} L{batch.L}", r, o.detach())
+    assert counters["stats"]["unique_graphs"] - before == 2
+    torch._dynamo.reset()

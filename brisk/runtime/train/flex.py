@@ -26,8 +26,23 @@ transformers' attention interface:
   dynamic=False)`` (the fused Triton kernels on CUDA; inductor's C++ template on CPU, forward
   only). Not transformers' own ``"flex_attention"``: it compiles with automatic dynamic
   shapes, and on torch 2.11 + CUDA the packed mask, compiled after other lengths had been,
-  failed to lower (``NoValidChoicesError``). Static shapes recompile once per (length, M,
-  offset) instead; packing to a fixed budget keeps that to a few compilations;
+  failed to lower (``NoValidChoicesError``). Static shapes compile once per shape, so what
+  varies from batch to batch must not be a shape or a Python constant:
+
+  * ``M`` and the offset are 0-d tensors the ``mask_mod`` captures (dynamo passes captured
+    tensors to the graph as inputs; a captured ``int`` would be a guard, one graph per value);
+  * ``L`` is padded up to a rung of :func:`padded_length`'s ladder, so a run compiles once per
+    rung it visits (and per grad mode: the no-grad probes and evaluation are graphs of their
+    own), not once per batch. Each stream is padded at its end, ``[x_t, pad | x_0, pad]``,
+    with positions ``L..Lp−1``: the rule table of the padded length then holds unchanged, and
+    as every rule needs ``p(k) ≤ p(q)`` (or an earlier block) no real query (``p < L``) sees a
+    padding key, so the real positions' logits are those of the unpadded batch; only they are
+    projected onto the vocabulary (``logits_to_keep``). Packed rows have a fixed length (the
+    budget); their count is padded to a rung of :func:`bucket` with rows of padding, a
+    document (−1) of their own;
+  * the calls run under a recompile limit above dynamo's default 8, which the rungs × grad
+    modes of one run can exceed: past the limit dynamo silently runs flex uncompiled, which
+    materializes the ``[B, H, 2L, 2L]`` scores;
 - ``compile=False``: ``"brisk_flex_eager"``, ``flex_attention`` without compilation (torch's
   unfused reference, which materializes the ``[B, H, 2L, 2L]`` scores: for parity, not speed).
 
@@ -57,10 +72,13 @@ __all__ = [
     "EAGER_FLEX",
     "MaskMod",
     "batch_offset",
+    "bucket",
     "flex_forward",
     "flex_idlm_forward",
     "idlm_block_mask",
     "idlm_mask_mod",
+    "pad_streams",
+    "padded_length",
     "set_attention",
     "training_forward",
     "use_flex",
@@ -71,26 +89,62 @@ EAGER_FLEX = "brisk_flex_eager"
 COMPILED_FLEX = "brisk_flex_compiled"
 BLOCK = 128  # FlexAttention's default sparse block size
 _STRIPE_ELEMENTS = 1 << 24  # bools evaluated per stripe while building a BlockMask
+# graphs the compiled flex may hold: rungs visited × 2 grad modes × packed or not, with room
+_RECOMPILE_LIMIT = 64
+
+
+def bucket(n: int) -> int:
+    """The smallest rung ``≥ n`` of the ladder ``1, 2, 3, 4, 6, 8, 12, 16, …`` (``2^k`` and
+    ``3·2^(k−1)``): from 2 on a rung is at most 1.5 times the one below, so padding up to it
+    adds under a third of the padded size, and the sizes ``1..2^k`` fall on ``2k`` rungs.
+
+    >>> [bucket(n) for n in (1, 2, 3, 5, 7, 9, 13, 17, 25, 100)]
+    [1, 2, 3, 6, 8, 12, 16, 24, 32, 128]
+    """
+    if n < 1:
+        raise ValueError(f"n: expected ≥ 1, got {n}")
+    power = 1 << (n - 1).bit_length()  # the smallest 2^k ≥ n
+    return 3 * power // 4 if power >= 4 and n <= 3 * power // 4 else power
+
+
+def padded_length(L: int, block: int = BLOCK) -> int:
+    """``Lp = block · bucket(⌈L / block⌉)``: the stream length compiled flex runs at.
+
+    >>> [padded_length(L) for L in (1, 128, 129, 300, 400, 513, 2048)]
+    [128, 128, 256, 384, 512, 768, 2048]
+    """
+    return block * bucket(-(-L // block))
 
 
 def idlm_mask_mod(
-    L: int, M: int, offset: int = 0, positions: Tensor | None = None, docs: Tensor | None = None
+    L: int,
+    M: int,
+    offset: int = 0,
+    positions: Tensor | None = None,
+    docs: Tensor | None = None,
+    device: torch.device | str | None = None,
 ) -> MaskMod:
     """``mask_mod(b, h, q_idx, kv_idx)`` of the module docstring over a sequence of length 2L.
 
     ``positions [B, 2L]`` gives ``p(i)`` per row (default ``i mod L``); ``docs [B, 2L]`` the
     document of every index (default: one document). ``b`` indexes both tables, so a mask
-    built with ``B = None`` (broadcast) needs neither or tables with one row.
+    built with ``B = None`` (broadcast) needs neither or tables with one row. ``M`` and
+    ``offset`` are captured as 0-d tensors on ``device`` (default: the tables', else the CPU),
+    so that compiled flex takes them as inputs instead of compiling once per value; ``L`` is a
+    shape and stays an ``int``.
     """
     if M < 1:
         raise ValueError(f"M: block size must be ≥ 1, got {M}")
+    if device is None:
+        device = next((t.device for t in (positions, docs) if t is not None), "cpu")
+    block_size, start = torch.tensor(M, device=device), torch.tensor(offset, device=device)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if positions is None:
             q_pos, kv_pos = q_idx % L, kv_idx % L
         else:
             q_pos, kv_pos = positions[b, q_idx], positions[b, kv_idx]
-        allowed = may_attend(q_idx < L, q_pos, kv_idx < L, kv_pos, M, offset)
+        allowed = may_attend(q_idx < L, q_pos, kv_idx < L, kv_pos, block_size, start)
         if docs is None:
             return allowed
         return allowed & (docs[b, q_idx] == docs[b, kv_idx])
@@ -154,6 +208,7 @@ def idlm_block_mask(
         offset,
         positions.to(dev) if positions is not None else None,
         docs.to(dev) if docs is not None else None,
+        dev,
     )
     some, full = _tile_verdicts(mask_mod, B, 2 * L, block, dev)
     kv_num, kv_idx = _ordered(some & ~full)
@@ -188,9 +243,10 @@ def _flex_attention(
         raise TypeError(f"attention_mask: flex attention needs a BlockMask, got {attention_mask!r}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if compiled:
-        out = _compiled_flex()(
-            query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=True
-        )
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            out = _compiled_flex()(
+                query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=True
+            )
     elif query.device.type == "cpu" and needs_grad:
         out = _cpu_flex_with_grad(query, key, value, attention_mask, scaling)
     else:
@@ -263,15 +319,46 @@ def batch_offset(batch: IDLMBatch) -> int:
     return int(batch.block_start[0]) % batch.M
 
 
+def pad_streams(input_ids: Tensor, position_ids: Tensor, Lp: int) -> tuple[Tensor, Tensor]:
+    """``[x_t | x_0]`` of streams of length L, each padded at its end to ``Lp``:
+    ``[x_t, pad | x_0, pad]`` (token 0) with positions ``L..Lp−1`` on the padding, both
+    ``[B, 2Lp]`` (module docstring: no real position sees a padding one)."""
+    B, L = input_ids.shape[0], input_ids.shape[1] // 2
+    if Lp < L:
+        raise ValueError(f"Lp: the padded length {Lp} is shorter than the streams' {L}")
+    if Lp == L:
+        return input_ids, position_ids
+    pad = input_ids.new_zeros(B, Lp - L)
+    more = torch.arange(L, Lp, device=position_ids.device).expand(B, -1)
+    ids = torch.cat([input_ids[:, :L], pad, input_ids[:, L:], pad], 1)
+    pos = torch.cat([position_ids[:, :L], more, position_ids[:, L:], more], 1)
+    return ids, pos
+
+
+def _idlm_flex(net: Any, batch: IDLMBatch, pad: bool) -> tuple[Tensor, Tensor]:
+    """Noisy and clean logits ``[B, L, V]`` of ``net`` (its attention already flex) on
+    ``batch``, the streams padded to :func:`padded_length` when ``pad``; only the real
+    positions reach the vocabulary projection."""
+    L = batch.L
+    Lp = padded_length(L) if pad else L
+    ids, pos = pad_streams(batch.input_ids, batch.position_ids, Lp)
+    mask = idlm_block_mask(Lp, batch.M, batch_offset(batch), device=ids.device)
+    extra: dict[str, Any] = {}
+    if Lp > L:
+        real = torch.arange(L, device=ids.device)
+        extra["logits_to_keep"] = torch.cat([real, Lp + real])
+    out = net(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **extra)
+    return out.logits[:, :L], out.logits[:, L:]
+
+
 def flex_idlm_forward(
-    model: PreTrainedModel, batch: IDLMBatch, *, compile: bool = False
+    model: PreTrainedModel, batch: IDLMBatch, *, compile: bool = False, pad: bool | None = None
 ) -> tuple[Tensor, Tensor]:
     """:func:`~brisk.runtime.train.idlm.idlm_forward` with the ``BlockMask`` twin of
-    ``batch.attention_mask`` (which is not read): noisy and clean logits, each ``[B, L, V]``."""
-    L = batch.L
-    mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
-    logits = flex_forward(model, batch.input_ids, batch.position_ids, mask, compile=compile)
-    return logits[:, :L], logits[:, L:]
+    ``batch.attention_mask`` (which is not read): noisy and clean logits, each ``[B, L, V]``.
+    ``pad`` (default: ``compile``) pads the streams to :func:`padded_length`."""
+    with use_flex(model, compile):
+        return _idlm_flex(model, batch, compile if pad is None else pad)
 
 
 # What a training run's `attention` setting may be: the model's own attention with the dense
@@ -299,18 +386,15 @@ def training_forward(net: Any, batch: Any, attention: str) -> tuple[Tensor, Tens
     """Noisy and clean logits ``[B, L, V]`` of ``net`` (a model, or its DDP wrapper, prepared
     with :func:`set_attention`) on an :class:`~brisk.runtime.train.idlm.IDLMBatch` (the dense
     mask, or its ``BlockMask`` twin built here) or a packed batch
-    (:class:`~brisk.runtime.train.packing.PackedBatch`: its ``BlockMask``, flex only)."""
-    from brisk.runtime.train.packing import PackedBatch, packed_block_mask
+    (:class:`~brisk.runtime.train.packing.PackedBatch`: its ``BlockMask``, flex only). Under
+    ``flex-compiled`` the sequence length (the row count of a packed batch) is padded to a
+    rung of the compiled shapes (module docstring) and the padding cut off again."""
+    from brisk.runtime.train.packing import PackedBatch, packed_logits
 
-    L = batch.L
     if isinstance(batch, PackedBatch):
         if attention == "dense":
             raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled")
-        mask = packed_block_mask(batch)
-    elif attention == "dense":
+        return packed_logits(net, batch, pad=attention == "flex-compiled")
+    if attention == "dense":
         return idlm_forward(net, batch)
-    else:
-        mask = idlm_block_mask(L, batch.M, batch_offset(batch), device=batch.input_ids.device)
-    out = net(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
-              use_cache=False)  # fmt: skip
-    return out.logits[:, :L], out.logits[:, L:]
+    return _idlm_flex(net, batch, pad=attention == "flex-compiled")

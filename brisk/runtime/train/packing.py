@@ -27,8 +27,8 @@ row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 from transformers import PreTrainedModel
 
-from brisk.runtime.train.flex import flex_forward, idlm_block_mask
+from brisk.runtime.train.flex import bucket, idlm_block_mask, use_flex
 from brisk.runtime.train.idlm import IGNORE, may_attend
 
 __all__ = [
@@ -47,7 +47,9 @@ __all__ = [
     "packed_block_mask",
     "packed_dense_mask",
     "packed_forward",
+    "packed_logits",
     "packed_loss",
+    "pad_rows",
     "slot_weights",
 ]
 
@@ -169,13 +171,52 @@ def packed_dense_mask(batch: PackedBatch) -> Tensor:
     return rules & (docs[:, :, None] == docs[:, None])
 
 
+def pad_rows(batch: PackedBatch, rows: int) -> PackedBatch:
+    """``batch`` with padding rows appended up to ``rows``: token 0, positions ``0..L−1`` in
+    both streams, document −1, no labels. A padding row attends only within itself, so the
+    real rows' logits are unchanged (compiled flex pads the row count to a rung of
+    :func:`~brisk.runtime.train.flex.bucket` with these, module docstring of
+    :mod:`~brisk.runtime.train.flex`)."""
+    R, L = batch.docs.shape
+    if rows < R:
+        raise ValueError(f"rows: {rows} is fewer than the batch's {R}")
+    if rows == R:
+        return batch
+    n, dev = rows - R, batch.docs.device
+    pos = torch.arange(L, device=dev).repeat(n, 2)
+    full = batch.docs.new_full((n, L), -1)
+    none = batch.noisy_labels.new_full((n, L), IGNORE)
+    return replace(
+        batch,
+        input_ids=torch.cat([batch.input_ids, batch.input_ids.new_zeros(n, 2 * L)]),
+        position_ids=torch.cat([batch.position_ids, pos]),
+        docs=torch.cat([batch.docs, full]),
+        noisy_labels=torch.cat([batch.noisy_labels, none]),
+        clean_labels=torch.cat([batch.clean_labels, none]),
+        slot=torch.cat([batch.slot, (pos[:, :L] - batch.offset).remainder(batch.M)]),
+    )
+
+
+def packed_logits(net: Any, batch: PackedBatch, pad: bool = False) -> tuple[Tensor, Tensor]:
+    """Noisy and clean logits ``[R, L, V]`` of ``net`` (its attention already flex) on the
+    packed rows; ``pad`` runs them with the row count padded to a rung of
+    :func:`~brisk.runtime.train.flex.bucket` (:func:`pad_rows`)."""
+    R, L = batch.docs.shape
+    run = pad_rows(batch, bucket(R)) if pad else batch
+    mask = packed_block_mask(run)
+    out = net(
+        input_ids=run.input_ids, position_ids=run.position_ids, attention_mask=mask, use_cache=False
+    )
+    return out.logits[:R, :L], out.logits[:R, L:]
+
+
 def packed_forward(
     model: PreTrainedModel, batch: PackedBatch, *, compile: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """Noisy and clean logits of the packed rows, each ``[R, L, V]``, through flex attention."""
-    logits = flex_forward(model, batch.input_ids, batch.position_ids, packed_block_mask(batch),
-                          compile=compile)  # fmt: skip
-    return logits[:, : batch.L], logits[:, batch.L :]
+    """Noisy and clean logits of the packed rows, each ``[R, L, V]``, through flex attention
+    (compiled: the row count padded as :func:`packed_logits` does)."""
+    with use_flex(model, compile):
+        return packed_logits(model, batch, pad=compile)
 
 
 def slot_weights(batch: PackedBatch, weights: Tensor) -> Tensor:
