@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +36,8 @@ from tests.serving.real_server import (
 STRIDE = 4  # M = 3: verify rounds of 2M + 1 = 7 slots
 MAX_NEW_TOKENS = 32
 MIN_MARGIN = 1e-3  # ≫ float32 rounding of these logits: no near-tie to flip
+CHUNK = 4  # --chunked-prefill-size of the chunked test: a task prompt prefills in ≥ 3 extends
+TPF_LINE = re.compile(r"BRISK_ISD TPF ([0-9.]+): (\d+) committed tokens in (\d+) request-fo")
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,12 @@ def micro_idlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_micro_idlm(tmp_path_factory.mktemp("micro_idlm"))
 
 
-def _isd_server(workdir: Path, model: Path, temperature: float) -> Iterator[RealServer]:
+def _isd_server(
+    workdir: Path, model: Path, temperature: float, extra_args: Sequence[str] = ()
+) -> Iterator[RealServer]:
     """The options as a YAML file when greedy (with a block log at ``workdir/blocks``), inline
     JSON otherwise (both forms of ``$BRISK_ISD_CONFIG``). SGLang's warm-up asks for 8 greedy
-    tokens, which a T > 0 server refuses: it is skipped there."""
+    tokens, which a T > 0 server refuses: it is skipped there. ``extra_args`` go to SGLang."""
     if temperature == 0:
         config = workdir / "isd.yaml"
         config.write_text(f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n"
@@ -55,6 +59,7 @@ def _isd_server(workdir: Path, model: Path, temperature: float) -> Iterator[Real
     else:
         options = json.dumps({"stride": STRIDE, "temperature": temperature, "seed": 7})
     args = isd_server_args(STRIDE) + (["--skip-server-warmup"] if temperature > 0 else [])
+    args += extra_args
     # SGLang's own KV-leak check after every busy step: kept and freed slots must add up
     env = {ISD_CONFIG_ENV: options, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
     process, server = start_real_server(workdir, args, env, model)
@@ -115,16 +120,21 @@ def test_the_server_verifies_drafts_and_counts_its_forwards(isd_server: RealServ
     assert meta["completion_tokens"] > 1 + forwards + accepted - STRIDE
     assert meta["completion_tokens"] / (forwards + 1) > 1.5
     # idle again, the worker logs the server's TPF: committed tokens ÷ request-forwards
-    pattern = re.compile(r"BRISK_ISD TPF ([0-9.]+): (\d+) committed tokens in (\d+) request-fo")
-    deadline = time.monotonic() + 30
-    while not (lines := pattern.findall(isd_server.log.read_text())) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
+    lines = _tpf_lines(isd_server.log, 1)
     assert lines, "the worker logged no TPF"
     tpf, tokens, request_forwards = lines[-1]
     assert float(tpf) == pytest.approx(int(tokens) / int(request_forwards), abs=5e-4)
     assert int(tokens) >= meta["completion_tokens"]
+
+
+def _tpf_lines(log: Path, at_least: int) -> list[tuple[str, str, str]]:
+    """The worker's idle TPF lines in the server log, once there are ``at_least`` (or 30 s)."""
+    deadline = time.monotonic() + 30
+    while len(lines := TPF_LINE.findall(log.read_text())) < at_least and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    return lines
 
 
 def test_eight_concurrent_requests_equal_one_at_a_time(isd_server: RealServer) -> None:
@@ -268,3 +278,57 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
                              "--bootstrap", "0"], capture_output=True, text=True, timeout=300,
                             check=False)  # fmt: skip
     assert report.returncode == 0, report.stdout + report.stderr
+
+
+def test_a_prompt_prefilled_in_chunks_is_served_as_brisk_decode_serves_it(
+    micro_idlm: Path, tmp_path: Path
+) -> None:
+    """A prompt longer than SGLang's ``--chunked-prefill-size`` runs as several extends, of which
+    only the last is the prefill: it alone draws the first token (the request's uniforms at
+    counter 0) and counts a forward. At T = 1 with seeds the tokens and, per request, the
+    forwards and TPF are ``brisk decode``'s, and the worker counts the same request-forwards."""
+    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.isd.loop import decode
+    from brisk.runtime.isd.options import ISDOptions
+    from brisk.runtime.serving.common import request_key
+
+    batch = task_prompts(micro_idlm, 4, seed=5)
+    assert min(map(len, batch)) > 2 * CHUNK, "the test needs prompts of ≥ 3 chunks"
+    seeds = [21, 22, 23, 24]
+
+    def body(rids: list[str]) -> dict[str, object]:
+        params = [
+            {
+                "temperature": 1.0,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "ignore_eos": True,
+                "sampling_seed": s,
+            }
+            for s in seeds
+        ]
+        return {"input_ids": batch, "sampling_params": params, "rid": rids}
+
+    rounds = [[f"chunked-{r}-{i}" for i in range(len(batch))] for r in range(2)]
+    answers, counts = [], []
+    extra = ["--chunked-prefill-size", str(CHUNK)]
+    for server in _isd_server(tmp_path, micro_idlm, 1.0, extra):
+        for rids in rounds:  # the worker's count since start, before and after the second
+            answers.append(post_generate(server.url, body(rids)))
+            lines = _tpf_lines(server.log, len(counts) + 1)
+            assert lines, "the worker logged no TPF"
+            counts.append(int(lines[-1][2]))
+    options = ISDOptions(stride=STRIDE, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS)
+    backbone = HFBackbone.from_pretrained(micro_idlm)
+    for rids, served in zip(rounds, answers, strict=True):
+        reference = decode(
+            backbone, batch, options, seeds=seeds, request_ids=[request_key(r) for r in rids]
+        )
+        for i, (want, got) in enumerate(zip(reference.requests, served, strict=True)):
+            tokens, meta = got["output_ids"], got["meta_info"]
+            assert tokens == want.tokens, (
+                f"prompt {i}: first difference at {first_difference(want.tokens, tokens)}"
+            )
+            assert meta["spec_verify_ct"] + 1 == want.forwards, f"prompt {i}: forwards"
+            assert meta["completion_tokens"] / (meta["spec_verify_ct"] + 1) == want.tpf
+    # the second round's request-forwards, as the worker counts them: each prefill once
+    assert counts[1] - counts[0] == sum(a["meta_info"]["spec_verify_ct"] + 1 for a in answers[1])

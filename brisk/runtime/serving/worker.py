@@ -14,14 +14,16 @@ Per forward and request, brisk's exact step (:func:`brisk.runtime.isd.batched.st
   appends them and cuts at EOS / budget / stop strings);
 - the slots whose KV stays: 0..L (pending and the accepted drafts), ``accept_index``; the KV of
   MASK slots and rejected drafts is never kept (the next window overwrites it);
-- the next state, carried here keyed by the request id (``rid``) between forwards, so a batch
-  that changes (requests join, finish, are aborted or retracted) costs nothing but a row lookup.
+- the next state, carried between forwards in device tensors indexed by SGLang's request-pool
+  index (:class:`PoolStates`): a forward gathers its batch's rows and writes them back, one
+  indexed op per state field, whatever requests joined, finished or left.
 
 The prefill forward runs SGLang's plain extend; its next token is brisk's prefill draw
 (:func:`~brisk.runtime.isd.batched.first_step`: argmax at T = 0; at T > 0 the request's uniform
 at counter 0) from the prompt's last logits, and the request starts the decode with a cold start
-from it: the forwards of ``brisk decode``, one for one. Uniforms are keyed by (seed, a hash of the
-rid, the request's forward counter), so a request's tokens do not depend on its batch.
+from it: the forwards of ``brisk decode``, one for one. A prompt longer than SGLang's chunked
+prefill runs as several extends; only the last is the prefill. Uniforms are keyed by (seed, a
+hash of the rid, the request's forward counter), so a request's tokens do not depend on its batch.
 
 Options come from the YAML/JSON file named by ``$BRISK_ISD_CONFIG`` (:class:`BriskISDOptions`);
 the server refuses to start when its stride disagrees with ``--speculative-num-draft-tokens``.
@@ -33,7 +35,8 @@ scheduler by a signal, so the rows are flushed whenever the worker falls idle (i
 finished), and at exit. When it falls idle the worker also logs the server's TPF so far:
 committed tokens ÷ request-forwards, prefills included (a last round's tokens past a request's
 budget count; SGLang's own ``accept len`` leaves the prefill out). Per request it is
-``completion_tokens ÷ (spec_verify_ct + 1)`` of the answer's ``meta_info``.
+``completion_tokens ÷ (spec_verify_ct + 1)`` of the answer's ``meta_info``. Beside it, per batch
+size, the decode forwards' time in the model and the worker's own host time around it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +70,15 @@ from brisk.runtime.serving.common import (
 from brisk.runtime.serving.launch import ISD_CONFIG_ENV as CONFIG_ENV
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
-__all__ = ["ALGORITHM", "CONFIG_ENV", "BriskISDSpec", "BriskISDWorker", "load_options"]
+__all__ = [
+    "ALGORITHM",
+    "CONFIG_ENV",
+    "BriskISDSpec",
+    "BriskISDWorker",
+    "PoolStates",
+    "load_options",
+    "verify_mask",
+]
 
 ALGORITHM = "BRISK_ISD"
 _LOG = logging.getLogger("sglang.srt.speculative.brisk_isd")  # SGLang's handlers print it
@@ -147,6 +159,92 @@ class BriskISDSpec(CustomSpecAlgo):
         check_model(options, model_config_of(server_args))
 
 
+class PoolStates:
+    """Every request's ISD state, one row per index of SGLang's request pool.
+
+    Each field of :class:`ISDState` is a ``[rows, …]`` tensor on the model's device, allocated
+    once at the pool's size (``req_to_token``'s rows), so a forward reads its batch's states
+    with one indexed gather per field at ``batch.req_pool_indices`` and writes the next states
+    back with one indexed write: no per-request Python, no host transfer.
+
+    A row belongs to the request that holds its pool row only if it was written during that
+    request's tenure. SGLang bumps a pool row's generation (``req_to_token_pool.req_generation``,
+    a CPU tensor) whenever it hands the row out, and each row here keeps the generation it was
+    written at (:meth:`claim`): the row of a finished, aborted or retracted request is stale the
+    moment its pool row goes to another request, which overwrites it at its prefill or, reaching
+    decode without one here, cold-starts (:meth:`missing`).
+    """
+
+    def __init__(self, rows: int, ctx: StepContext, device: torch.device | str) -> None:
+        # a tensor per field: init_state keeps its arguments as the fields (no copies)
+        zeros = [torch.zeros(rows, dtype=torch.long, device=device) for _ in range(4)]
+        self.table = init_state(*zeros, ctx)
+        self.written = torch.full((rows,), -1, dtype=torch.long)  # generation per row (CPU)
+
+    def read(self, index: Tensor) -> ISDState:
+        """The rows at ``index [B]`` (device), a batch of states."""
+        return self.table.select(index)  # type: ignore[no-any-return]
+
+    def write(self, index: Tensor, rows: ISDState) -> None:
+        """``rows`` (B states) into the rows at ``index [B]`` (device)."""
+        self.table = _put(self.table, index, rows)
+
+    def claim(self, index_cpu: Tensor, generation: Tensor) -> None:
+        """Mark the rows at ``index_cpu`` as written for the requests holding them now."""
+        self.written[index_cpu] = generation[index_cpu]
+
+    def missing(self, index_cpu: Tensor, generation: Tensor) -> Tensor:
+        """``[B]`` bool (CPU): rows at ``index_cpu`` not written for the request holding them."""
+        return self.written[index_cpu] != generation[index_cpu]
+
+    def clear(self) -> None:
+        self.written.fill_(-1)
+
+
+def _put(table: Any, index: Tensor, rows: Any) -> Any:
+    """``table`` with ``rows`` written at ``index``: the inverse of ``table.select(index)``,
+    one indexed write per tensor field (nested dataclasses alike). A field the table lacks and
+    ``rows`` holds (the logs' q, the head's other block: the step fills them, a cold start does
+    not) is allocated at the table's size; one ``rows`` lacks is zeroed at ``index``, as
+    ``ISDState.concat`` fills it; boolean flags are or-ed, as there."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(table):
+        old, new = getattr(table, f.name), getattr(rows, f.name)
+        if dataclasses.is_dataclass(old):
+            old = _put(old, index, new)
+        elif isinstance(new, Tensor):
+            if old is None:
+                old = new.new_zeros((table.rows(), *new.shape[1:]))
+            old[index] = new.to(old.dtype)
+        elif isinstance(old, Tensor):
+            old[index] = 0
+        elif isinstance(new, bool):
+            old = old or new
+        values[f.name] = old
+    return dataclasses.replace(table, **values)
+
+
+def verify_mask(seq_lens: Tensor, seq_lens_cpu: Tensor, n: int) -> Tensor:
+    """The custom attention mask of a chain verify for backends that read one (SGLang's CUDA
+    paths): per request b, n rows of ``seq_len_b + n`` entries, ones over its KV prefix and
+    the lower-triangular chain over its n verify slots, flattened request after request.
+
+    Built by index arithmetic on the device (``seq_lens [B]``); ``seq_lens_cpu`` gives the
+    total length on the host, so nothing is read back from the device.
+
+    >>> verify_mask(torch.tensor([1, 0]), torch.tensor([1, 0]), 2).int().tolist()
+    [1, 1, 0, 1, 1, 1, 1, 0, 1, 1]
+    """
+    bs, device = seq_lens.shape[0], seq_lens.device
+    widths = (seq_lens.long() + n).repeat_interleave(n)  # [bs·n] each mask row's length
+    total = int(seq_lens_cpu.sum()) * n + bs * n * n
+    row = torch.repeat_interleave(torch.arange(bs * n, device=device), widths, output_size=total)
+    col = torch.arange(total, device=device) - (widths.cumsum(0) - widths)[row]
+    prefix = seq_lens.long().repeat_interleave(n)[row]  # the row's KV prefix length
+    slot = (torch.arange(bs * n, device=device) % n)[row]  # which verify slot the row is
+    return (col < prefix) | (col - prefix <= slot)
+
+
 class BriskISDWorker(BaseSpecWorker):
     """The speculative worker: SGLang's target forward, brisk's step (module doc). Like
     ``NGRAMWorker`` it has no draft model; it shares the target's memory pools."""
@@ -176,6 +274,7 @@ class BriskISDWorker(BaseSpecWorker):
         # refused at launch already (handle_server_args); kept for workers built otherwise
         check_model(opt, self.model_runner.model_config)
         self.mask_id = int(self.model_runner.model_config.hf_config.mask_token_id)
+        self.vocab = int(self.model_runner.model_config.vocab_size)
         self.corrector = Corrector.from_pretrained(opt.corrector) if opt.corrector else None
         K = self.corrector.config.K if self.corrector is not None else opt.top_k
         self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
@@ -188,14 +287,19 @@ class BriskISDWorker(BaseSpecWorker):
         self.ctx = StepContext(self.isd, K, log=log)
         if self.corrector is not None:
             self.corrector.impl = opt.impl
-            vocab = self.model_runner.model_config.vocab_size
-            heads = ModelHeads(self.model_runner.model, vocab)
+            heads = ModelHeads(self.model_runner.model, self.vocab)
             self.corrector.to(heads.device)
-            self.ctx = StepContext(self.isd, K, heads, self.corrector, log=log)  # type: ignore[arg-type]
-        self.states: dict[str, ISDState] = {}  # rid → its one-row state
-        self._decoding: set[str] = set()
-        self.forwards = 0  # server-wide TPF = tokens / forwards (request-forwards)
-        self.tokens = 0
+            head = _replayed(self.corrector, heads, opt.impl)
+            self.ctx = StepContext(self.isd, K, heads, head, log=log)  # type: ignore[arg-type]
+        self.rows: PoolStates | None = None  # allocated with the pools (alloc_memory_pool)
+        self._running = 0  # requests of the last decode batch not yet finished
+        # server-wide TPF = tokens / request-forwards; the decode's tokens stay on the device
+        # (a running sum, read when the worker falls idle)
+        self.forwards = 0
+        self._prefill_tokens = 0
+        self._decode_tokens = torch.zeros((), dtype=torch.long, device=self.device)
+        # decode forwards by batch size: [count, seconds in the model's forward, seconds total]
+        self.clock: dict[int, list[float]] = {}
 
     @property
     def draft_worker(self) -> None:
@@ -206,23 +310,51 @@ class BriskISDWorker(BaseSpecWorker):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = (
             self._target_worker.get_memory_pool()
         )
+        rows = int(self.req_to_token_pool.req_to_token.shape[0])
+        self.rows = PoolStates(rows, self.ctx, self.device)
 
     def clear_cache_pool(self) -> None:
-        self.states.clear()
-        self._decoding = set()
+        if self.rows is not None:
+            self.rows.clear()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        """A request that finished decoding drops its state at once (those that finish at the
-        prefill, aborted and retracted ones when the next decode batch lacks them)."""
-        self.states.pop(rid, None)
-        self._decoding.discard(rid)
-        if self._decoding:
+        """When the last request of the decode falls finished (those that finish at the prefill
+        never decode; aborted ones finish here too) the worker is idle: the block log's rows
+        reach disk and the TPF and forward times so far are logged."""
+        self._running -= 1
+        if self._running > 0:
             return
-        if self.logger is not None:  # idle: the rows reach disk now
+        if self.logger is not None:
             self.logger.flush()
         _LOG.info("BRISK_ISD TPF %.3f: %d committed tokens in %d request-forwards since start "
                   "(each request's prefill included)", self.tpf, self.tokens,
                   self.forwards)  # fmt: skip
+        _LOG.info("BRISK_ISD decode forwards since start, by batch size: %s", self.clock_report())
+
+    def clock_report(self) -> str:
+        """Per batch size B: forwards, mean ms in the model's forward, mean ms of the worker's
+        own host time (the rest of the decode: state, verify input, step, KV bookkeeping) and
+        that as a share of the forward. On CPU both are wall time; on CUDA the forward's is its
+        launch time only (nothing here synchronizes)."""
+        parts = []
+        for bs, (count, model_s, total_s) in sorted(self.clock.items()):
+            host_s = total_s - model_s
+            parts.append(
+                f"B={bs}: {int(count)} forwards, model {1e3 * model_s / count:.2f} ms, "
+                f"host {1e3 * host_s / count:.2f} ms "
+                f"({100 * host_s / max(model_s, 1e-12):.1f} %)"
+            )
+        return "; ".join(parts) or "none"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens committed since start (reads the device's running sum)."""
+        return self._prefill_tokens + int(self._decode_tokens)
+
+    @property
+    def tpf(self) -> float:
+        """Tokens per forward over all requests served (request-forwards, prefill included)."""
+        return self.tokens / max(self.forwards, 1)
 
     # -- prefill: plain extend, the first token by brisk's prefill draw (first_step)
     def _seed(self, req: Any) -> int:
@@ -249,26 +381,33 @@ class BriskISDWorker(BaseSpecWorker):
             batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True
         )
         bs = len(batch.reqs)
-        logits = result.logits_output.next_token_logits  # [bs, V]
+        logits = result.logits_output.next_token_logits[:, : self.vocab]  # [bs, V]
         device = logits.device
         seeds = torch.tensor([self._seed(r) for r in batch.reqs], dtype=torch.long)
         keys = torch.tensor([request_key(r.rid) for r in batch.reqs], dtype=torch.long)
-        # a re-prefilled (retracted) request ran at most one forward per output token, so its
-        # counter resumes past every uniform it has used
-        counters = torch.tensor(
-            [int(self.states[r.rid].counter[0]) if r.rid in self.states else len(r.output_ids)
-             for r in batch.reqs], dtype=torch.long)  # fmt: skip
-        logits = logits[:, : self.model_runner.model_config.vocab_size]
+        # the forwards a request has run are at most its output tokens (each commits ≥ 1), so
+        # a re-prefilled (retracted) request's counter resumes past every uniform it has used
+        counters = torch.tensor([len(r.output_ids) for r in batch.reqs], dtype=torch.long)
         lengths = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs],
                                dtype=torch.long)  # fmt: skip
         rows = first_step(logits, lengths, seeds, keys, self.ctx, counters).state
         argmax = torch.tensor(argmax_rows, device=device)
         first = torch.where(argmax, logits.argmax(-1), rows.pending)
         rows = dataclasses.replace(rows, pending=first)
-        for i, req in enumerate(batch.reqs):
-            self.states[req.rid] = rows.select(torch.tensor([i], device=device))
-        self.forwards += bs
-        self.tokens += bs
+        # Only a prompt's last chunk is the prefill (SGLang drops the token of the chunks
+        # before it, and of requests finished or retracted meanwhile): it alone draws the first
+        # token, takes a row and counts a forward.
+        done = [i for i, r in enumerate(batch.reqs) if _commits_prefill(r)]
+        if done:
+            index_cpu = _pool_indices_cpu(batch)
+            at = torch.tensor(done)
+            if len(done) < bs:
+                rows = rows.select(at.to(device))
+            assert self.rows is not None, "alloc_memory_pool runs before any forward"
+            self.rows.write(batch.req_pool_indices[at.to(batch.req_pool_indices.device)], rows)
+            self.rows.claim(index_cpu[at], self.req_to_token_pool.req_generation)
+        self.forwards += len(done)
+        self._prefill_tokens += len(done)
         next_ids = first
         accept_tokens = torch.zeros(bs, self.draft_token_num, dtype=torch.int32, device=device)
         accept_tokens[:, 0] = next_ids
@@ -285,17 +424,34 @@ class BriskISDWorker(BaseSpecWorker):
             speculative_num_draft_tokens=self.draft_token_num,
         )  # fmt: skip
 
-    def _cold_row(self, req: Any) -> ISDState:
-        """A request's row when it reaches a decode forward without a state of this worker:
-        a cold start from its last token, its counter past every forward it can have run."""
-        device = self.device
-        last = (req.output_ids or req.origin_input_ids)[-1]
-        length = len(req.origin_input_ids) + len(req.output_ids)
-        return init_state(torch.tensor([last], device=device), torch.tensor([length]),
-                          torch.tensor([self._seed(req)]), torch.tensor([request_key(req.rid)]),
-                          self.ctx, counter=torch.tensor([length]))  # fmt: skip
-
     # -- decode: one ISD round per request
+    def _states(self, batch: Any) -> ISDState:
+        """The batch's rows, after cold-starting those that have none of their request's:
+        a request that reaches decode without a prefill here starts from its last token, its
+        counter past every forward it can have run (the check reads CPU tensors only)."""
+        assert self.rows is not None, "alloc_memory_pool runs before any forward"
+        index_cpu, generation = _pool_indices_cpu(batch), self.req_to_token_pool.req_generation
+        missing = self.rows.missing(index_cpu, generation)
+        if bool(missing.any()):
+            cold = missing.nonzero()[:, 0].tolist()
+            reqs = [batch.reqs[i] for i in cold]
+            last = [(r.output_ids or r.origin_input_ids)[-1] for r in reqs]
+            length = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) for r in reqs])
+            seeds = torch.tensor([self._seed(r) for r in reqs])
+            keys = torch.tensor([request_key(r.rid) for r in reqs])
+            state = init_state(
+                torch.tensor(last, device=self.device),
+                length,
+                seeds,
+                keys,
+                self.ctx,
+                counter=length,
+            )
+            at = torch.tensor(cold)
+            self.rows.write(batch.req_pool_indices[at.to(batch.req_pool_indices.device)], state)
+            self.rows.claim(index_cpu[at], generation)
+        return self.rows.read(batch.req_pool_indices)
+
     def _verify_input(self, batch: Any, state: ISDState) -> Tensor:
         """Write the verify slots into ``batch`` and return them ``[bs, n]``: ids
         ``[pending, x_1..x_M or MASK×M, MASK×M]`` at positions ``seq_len + j``, a causal chain."""
@@ -310,16 +466,10 @@ class BriskISDWorker(BaseSpecWorker):
         ids[:, 1 : M + 1] = torch.where(state.verify[:, None], state.draft.tokens, self.mask_id)
         j = torch.arange(n, device=device)
         positions = (batch.seq_lens.long()[:, None] + j).flatten()
-        chain = (j[:, None] >= j[None, :]).expand(bs, n, n)  # slot i sees slots ≤ i
-        if not str(self.device).startswith(
-            "cpu"
-        ):  # custom-mask backends read [seq_len prefix ones | chain] rows
-            mask = torch.cat([
-                torch.cat([torch.ones(n, int(s), dtype=torch.bool, device=device), chain[b]], 1)
-                .flatten() for b, s in enumerate(batch.seq_lens.tolist())
-            ])  # fmt: skip
-        else:
-            mask = chain.flatten()
+        if str(self.device).startswith("cpu"):  # torch-native attention: SDPA's causal mask
+            mask = (j[:, None] >= j[None, :]).expand(bs, n, n).flatten()
+        else:  # custom-mask backends read [seq_len prefix ones | chain] rows
+            mask = verify_mask(batch.seq_lens, batch.seq_lens_cpu, n)
         nxt = torch.where(j + 1 < n, j + 1, -1).expand(bs, n).clone()
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = ids.flatten()
@@ -345,23 +495,18 @@ class BriskISDWorker(BaseSpecWorker):
         from sglang.srt.speculative.ngram_info import NgramVerifyInput
         from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
+        started = time.perf_counter()
         bs, n = len(batch.reqs), self.draft_token_num
-        rids = [req.rid for req in batch.reqs]
-        # finished (also at the prefill, which SGLang does not report), aborted or retracted
-        for rid in set(self.states) - set(rids):
-            del self.states[rid]
-        self._decoding = set(rids)
-        for req in batch.reqs:
-            if req.rid not in self.states:  # never prefilled here: cold-start from its last token
-                self.states[req.rid] = self._cold_row(req)
-        state = ISDState.concat([self.states[rid] for rid in rids])
+        self._running = bs
+        state = self._states(batch)
         self._verify_input(batch, state)
+        model_started = time.perf_counter()
         out = self.target_worker.forward_batch_generation(
             batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True
         )
+        model_s = time.perf_counter() - model_started
         lo = out.logits_output
-        vocab = self.model_runner.model_config.vocab_size
-        logits = lo.next_token_logits.view(bs, n, -1)[..., :vocab]
+        logits = lo.next_token_logits.view(bs, n, -1)[..., : self.vocab]
         hidden = getattr(lo, "hidden_states", None)
         if hidden is None:
             if self.corrector is not None:
@@ -382,12 +527,16 @@ class BriskISDWorker(BaseSpecWorker):
                                              self.token_to_kv_pool_allocator)  # fmt: skip
         if on_publish is not None:
             on_publish(new_seq_lens)
-        for i, rid in enumerate(rids):
-            self.states[rid] = result.state.select(torch.tensor([i], device=device))
+        assert self.rows is not None
+        self.rows.write(batch.req_pool_indices, result.state)
         self.forwards += bs
-        self.tokens += int(accept_lens.sum())
+        self._decode_tokens += result.count.sum()
         batch.forward_mode = ForwardMode.DECODE
         next_ids = tokens.flatten()
+        clock = self.clock.setdefault(bs, [0, 0.0, 0.0])
+        clock[0] += 1
+        clock[1] += model_s
+        clock[2] += time.perf_counter() - started
         return GenerationBatchResult(
             logits_output=lo, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens,
@@ -408,10 +557,36 @@ class BriskISDWorker(BaseSpecWorker):
             return result
         return self.target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
 
-    @property
-    def tpf(self) -> float:
-        """Tokens per forward over all requests served (request-forwards, prefill included)."""
-        return self.tokens / max(self.forwards, 1)
+
+def _replayed(head: Corrector, heads: ModelHeads, impl: str) -> Any:
+    """The head the step calls: replayed from CUDA graphs on a GPU (one capture per batch
+    bucket and temperature, :class:`~brisk.runtime.kernels.corrector_step.graph.CorrectorGraphs`:
+    a verify round's head is a few small launches, which the replay makes one); eager
+    elsewhere."""
+    if heads.device.type != "cuda":
+        return head
+    from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
+
+    graph_impl = "triton" if impl == "auto" else impl
+    return CorrectorGraphs(head, heads, impl=graph_impl)  # type: ignore[arg-type]
+
+
+def _commits_prefill(req: Any) -> bool:
+    """Whether SGLang keeps this extend's token for ``req``: its prompt's last chunk
+    (``inflight_middle_chunks`` counts the chunks still before it), not finished meanwhile
+    (a refused request) nor retracted."""
+    return (
+        getattr(req, "inflight_middle_chunks", 0) <= 0
+        and not req.finished()
+        and not getattr(req, "is_retracted", False)
+    )
+
+
+def _pool_indices_cpu(batch: Any) -> Tensor:
+    """The batch's request-pool indices on the host: SGLang keeps a CPU copy beside the device
+    tensor; a batch without it pays one transfer."""
+    index = getattr(batch, "req_pool_indices_cpu", None)
+    return index if index is not None else batch.req_pool_indices.cpu()
 
 
 def _one_greedy_token(params: Any) -> bool:
