@@ -91,6 +91,18 @@ def config_from_args(
     return with_overrides(cfg, overrides, flags)
 
 
+def add_placement_arguments(parser: Any) -> None:
+    """``--device`` and ``--dtype`` of every command that runs a model; the default (None) is
+    :func:`brisk.runtime.loader.placement`'s: CUDA in bfloat16 where a GPU exists, else the
+    CPU in float32."""
+    parser.add_argument("--device", default=None,
+                        help="torch device: cpu, cuda, cuda:1, mps (default: cuda where a GPU "
+                             "exists, else cpu)")  # fmt: skip
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="the model's dtype (default: bfloat16 on a GPU, float32 on the "
+                             "CPU)")  # fmt: skip
+
+
 def add_problem_decode_arguments(
     parser: argparse.ArgumentParser, cls: type, *, checkpoint: str, out: str
 ) -> None:
@@ -105,6 +117,7 @@ def add_problem_decode_arguments(
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_placement_arguments(parser)
     add_config_arguments(parser, cls)
     add_task_arguments(parser, "the checkpoint's own world, its train split")
 
@@ -112,8 +125,11 @@ def add_problem_decode_arguments(
 def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace) -> T:
     """``cls`` from those flags, after checking the thread count and the checkpoint; an
     option's error names its flag."""
+    from brisk.runtime.loader import placement
+
     if args.threads < 1:
         raise ValueError(f"--threads: must be an integer ≥ 1, got {args.threads}")
+    placement(args.device, args.dtype)  # before the task and the model are read
     task = task_from_args(args)
     try:
         options = cls(**config_overrides(args, cls), task=task)  # type: ignore[arg-type]

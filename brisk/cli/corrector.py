@@ -10,6 +10,7 @@ from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
+    add_placement_arguments,
     add_problem_decode_arguments,
     config_from_args,
     config_overrides,
@@ -46,7 +47,8 @@ def run_collect(args: argparse.Namespace) -> int:
     from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
     store = run_problem_decode(CollectOptions, args, lambda options: collect_from_checkpoint(
-        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume))  # fmt: skip
+        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume,
+        device=args.device, dtype=args.dtype))  # fmt: skip
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "
@@ -88,6 +90,7 @@ def register_experiment(commands: argparse._SubParsersAction[argparse.ArgumentPa
     x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
+    add_placement_arguments(x)
     x.set_defaults(run=run_experiment)
 
 
@@ -99,16 +102,19 @@ def run_experiment(args: argparse.Namespace) -> int:
         CorrectorExperimentConfig,
         run_corrector_experiment,
     )
+    from brisk.runtime.loader import placement
 
     try:
         cfg = CorrectorExperimentConfig.load(args.config)
     except ValueError as err:
         raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers}
+    changes = {"out_dir": args.out, "workers": args.workers, "device": args.device,
+               "dtype": args.dtype}  # fmt: skip
     try:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+    placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
     quiet_transformers()
     run_corrector_experiment(cfg, show_progress=not args.no_progress)
     print(f"summary in {cfg.out_dir}/summary.md")

@@ -35,8 +35,8 @@ from typing import IO, Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import INTERRUPTED, StopSignals, exits_on_interrupt, stop_signals
+from brisk.cli._common import add_placement_arguments
 
-DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -67,8 +67,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "per verify round, not counted)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write completions (JSON Lines)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype")
+    add_placement_arguments(parser)
     parser.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -246,107 +245,39 @@ def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _device(name: str) -> Any:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        detail = "is not a torch device (cpu, cuda, cuda:1, mps)"
-        raise ValueError(f"--device: {name!r} {detail}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device: {name} requested, but CUDA is not available here")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"--device: {name} requested, but there are {count} CUDA devices")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device: {name} requested, but MPS is not available here")
-    return device
-
-
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """Tokenizer, backbone and corrector (or None) as the arguments ask."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from brisk._hf import quiet_transformers
-    from brisk.runtime.backbone import HFBackbone
+    """Tokenizer, backbone and corrector (or None) as the arguments ask
+    (:func:`brisk.runtime.loader.load_model`: the one loader)."""
     from brisk.runtime.corrector import Corrector
+    from brisk.runtime.loader import load_model
 
-    device = _device(args.device)
-    quiet_transformers()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.model, trust_remote_code=args.trust_remote_code, local_files_only=True
-        )
-    except (OSError, ValueError) as err:
-        raise ValueError(f"--model: no tokenizer in {args.model}: {_one_line(err)}") from None
-    # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
-    mask_id = args.mask_token_id if args.mask_token_id is not None else tokenizer.mask_token_id
-    try:
-        backbone = HFBackbone.from_pretrained(
-            args.model, mask_token_id=mask_id, trust_remote_code=args.trust_remote_code,
-            dtype=getattr(torch, args.dtype), device=device,
-        )  # fmt: skip
-    except ValueError as err:
-        if not str(err).startswith("mask_token_id:"):
-            raise ValueError(f"--model: {_one_line(err)}") from None
-        if args.mask_token_id is not None:  # outside the vocabulary
-            raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
-        raise ValueError(
-            f"--mask-token-id: {args.model} defines no MASK token (none in its tokenizer, "
-            "no mask_token_id in its config); pass --mask-token-id"
-        ) from None
-    except OSError as err:
-        raise ValueError(f"--model: {_one_line(err)}") from None
+    loaded = load_model(
+        args.model, device=args.device, dtype=args.dtype, mask_token_id=args.mask_token_id,
+        trust_remote_code=args.trust_remote_code,
+    )  # fmt: skip
     corrector = None
     if args.corrector is not None:
         with _argument("--corrector"):
-            corrector = Corrector.from_pretrained(args.corrector, backbone=backbone, device=device)
-    return tokenizer, backbone, corrector
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
+            corrector = Corrector.from_pretrained(
+                args.corrector, backbone=loaded.backbone, device=loaded.placement.device
+            )
+    return loaded.tokenizer, loaded.backbone, corrector
 
 
 def _check_fit(args: argparse.Namespace, options: Any, backbone: Any, corrector: Any,
                prompts: list[list[int]]) -> Any:  # fmt: skip
     """The stride and token budget against the model and the corrector, before decoding; the
     options with the default budget lowered to what fits the model's positions, if needed."""
-    import dataclasses
+    from brisk.runtime.loader import fit_budget
 
-    M = options.M
-    if corrector is not None and corrector.config.M != M:
+    if corrector is not None and corrector.config.M != options.M:
         N = corrector.config.M + 1
         raise ValueError(
             f"--stride: the corrector at {args.corrector} was trained for stride N = {N} "
             f"(M = {corrector.config.M}), got --stride {args.stride}"
         )
-    limit = backbone.max_positions
-    longest = max(len(p) for p in prompts)
-    if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
-        return options
-    if longest + 1 + 2 * M > limit:
-        raise ValueError(
-            f"--stride: N = {args.stride} needs 2M = {2 * M} positions after the longest prompt "
-            f"({longest} tokens); the model has {limit} positions"
-        )
-    fits = limit - longest - 2 * M
-    if args.max_new_tokens is None:
-        print(
-            f"brisk: decoding at most {fits} new tokens per request, what fits the model's "
-            f"{limit} positions after the longest prompt ({longest} tokens) and 2M = {2 * M} "
-            "(--max-new-tokens sets the budget)",
-            file=sys.stderr,
-        )
-        return dataclasses.replace(options, max_new_tokens=fits)
-    raise ValueError(
-        f"--max-new-tokens: the longest prompt ({longest} tokens) + {options.max_new_tokens} "
-        f"new tokens + 2M = {2 * M} (stride {args.stride}) exceed the model's {limit} positions; "
-        f"at most {fits} new tokens fit"
-    )
+    return fit_budget(options, backbone.max_positions, prompts,
+                      budget_given=args.max_new_tokens is not None)  # fmt: skip
 
 
 @exits_on_interrupt

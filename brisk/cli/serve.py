@@ -3,8 +3,10 @@
 The command line and environment come from :func:`brisk.runtime.serving.launch.server_launch`
 (``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins; ``--stride N``
 decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and ``--corrector`` adds
-the head); arguments after ``--`` go to SGLang unchanged and override. The launcher replaces
-this process, so Ctrl-C and signals reach SGLang directly.
+the head); arguments after ``--`` go to SGLang unchanged and override. ``--device`` and
+``--dtype`` default to what ``brisk decode`` takes (:func:`brisk.runtime.loader.placement`: the
+GPU in bfloat16 where CUDA exists, else the CPU in float32), said once on stderr. The launcher
+replaces this process, so Ctrl-C and signals reach SGLang directly.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 __all__ = ["register"]
 
@@ -29,7 +32,15 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--model", type=Path, required=True, help="a model directory (config.json)")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    s.add_argument(
+        "--device", default=None, help="cpu or cuda (default: cuda where a GPU exists, else cpu)"
+    )
+    s.add_argument(
+        "--dtype",
+        default=None,
+        help="float32, bfloat16 or float16 (default: as brisk decode, bfloat16 on a GPU, "
+        "float32 on the CPU)",
+    )
     s.add_argument("--stride", type=int, default=None,
                    help="decode with ISD at stride N (SGLang algorithm BRISK_ISD); "
                    "default: plain autoregressive decoding")  # fmt: skip
@@ -63,12 +74,38 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.dry_run and port_in_use(args.host, args.port):
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
     isd = _isd_options(args)
-    launch = server_launch(args.model, args.port, device=args.device, host=args.host,
-                           extra_args=extra, isd=isd)  # fmt: skip
+    device, dtype = _placement(args)
+    try:
+        launch = server_launch(
+            args.model,
+            args.port,
+            device=device,
+            dtype=dtype,
+            host=args.host,
+            extra_args=extra,
+            isd=isd,
+        )
+    except ValueError as err:  # the checkpoint's architecture, or flags passed through
+        raise ValueError(f"--{err}" if str(err).startswith("model:") else str(err)) from None
     print(launch.shell(), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
     os.execve(launch.argv[0], list(launch.argv), dict(launch.env))
+
+
+def _placement(args: argparse.Namespace) -> tuple[Literal["cpu", "cuda"], str]:
+    """``--device`` and ``--dtype`` as ``brisk decode`` resolves them (the default said once on
+    stderr; a device that is not here or a dtype it cannot run is one line naming the flag),
+    for SGLang, which runs on the CPU or the GPUs it is given (not one chosen by index)."""
+    if args.device not in (None, "auto", "cpu", "cuda"):
+        raise ValueError(
+            f"--device: brisk serve runs on cpu or cuda, got {args.device!r} (choose the GPU "
+            "with CUDA_VISIBLE_DEVICES, or pass -- --base-gpu-id N)"
+        )
+    from brisk.runtime.loader import placement
+
+    where = placement(args.device, args.dtype)
+    return ("cuda" if where.device.type == "cuda" else "cpu"), where.dtype_name
 
 
 def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:

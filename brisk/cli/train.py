@@ -15,6 +15,7 @@ from brisk._hf import quiet_transformers
 from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
+    add_placement_arguments,
     add_problem_decode_arguments,
     comma_separated,
     config_from_args,
@@ -94,6 +95,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     h.add_argument("--all", action="store_true", help="use every sample, not only correct ones")
     h.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     h.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    add_placement_arguments(h)
     h.set_defaults(run=run_headroom)
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
@@ -109,6 +111,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.add_argument("--seed", type=int, default=None, help="test-split seed (default: the run's)")
     e.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     e.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    add_placement_arguments(e)
     from brisk.cli._common import add_task_arguments
 
     add_task_arguments(e, "the checkpoint's own world, its test split")
@@ -166,7 +169,8 @@ def run_selfgen(args: argparse.Namespace) -> int:
     from brisk.runtime.train.selfgen import generate_dataset
 
     result = run_problem_decode(SelfGenOptions, args, lambda options: generate_dataset(
-        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume))  # fmt: skip
+        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume,
+        device=args.device, dtype=args.dtype))  # fmt: skip
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
@@ -207,7 +211,7 @@ def run_eval(args: argparse.Namespace) -> int:
     import torch
 
     from brisk.cli._common import task_from_args
-    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.loader import load_model
     from brisk.runtime.tasks.spec import task_flag_errors
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.runtime.train.evaluate import evaluate
@@ -225,18 +229,17 @@ def run_eval(args: argparse.Namespace) -> int:
             seed = BaseTrainConfig.load(config_file).eval_seed  # the run's own held-out draw
         except ValueError as err:
             raise ValueError(f"--checkpoint: {err}") from None
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype,
+                        where="--checkpoint")  # fmt: skip
     with task_flag_errors():
         task = spec.resolve(n=args.problems, seed=1 if seed is None else seed, split="test",
                             checkpoint=args.checkpoint)  # fmt: skip
-        problems = task.problems(tokenizer)
+        problems = task.problems(loaded.tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")
-    torch.set_num_threads(args.threads)
-    backbone = HFBackbone.from_pretrained(args.checkpoint)
-    report = evaluate(backbone, tokenizer, problems, strides=args.strides, task=task)
+    report = evaluate(loaded.backbone, loaded.tokenizer, problems, strides=args.strides,
+                      task=task)  # fmt: skip
     _print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2))
@@ -245,9 +248,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_headroom(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoTokenizer
 
-    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.loader import load_model
     from brisk.runtime.train.headroom import measure_headroom, read_samples
 
     if args.stride < 2:
@@ -269,13 +271,9 @@ def run_headroom(args: argparse.Namespace) -> int:
     quiet_transformers()
     results = {}
     for flag, path in checkpoints.items():
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        try:
-            backbone = HFBackbone.from_pretrained(path)
-        except ValueError as err:
-            raise ValueError(f"{flag}: {err}") from None
-        room = measure_headroom(backbone, tokenizer, samples, args.stride, args.temperature,
-                                args.top_k)  # fmt: skip
+        loaded = load_model(path, device=args.device, dtype=args.dtype, where=flag)
+        room = measure_headroom(loaded.backbone, loaded.tokenizer, samples, args.stride,
+                                args.temperature, args.top_k)  # fmt: skip
         results[str(path)] = room.to_dict()
         _print_headroom(str(path), room)
     if args.json is not None:
@@ -335,6 +333,7 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
+    add_placement_arguments(x)
     x.set_defaults(run=run_experiment_proposal)
     from brisk.cli.corrector import register_experiment
 
@@ -346,16 +345,19 @@ def run_experiment_proposal(args: argparse.Namespace) -> int:
     import dataclasses
 
     from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
+    from brisk.runtime.loader import placement
 
     try:
         cfg = ExperimentConfig.load(args.config)
     except ValueError as err:
         raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers}
+    changes = {"out_dir": args.out, "workers": args.workers, "device": args.device,
+               "dtype": args.dtype}  # fmt: skip
     try:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+    placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
     quiet_transformers()
     summary = run_experiment(cfg, show_progress=not args.no_progress)
     print(f"best arm by whole-run TPF: {summary['best_arm']}; summary in {cfg.out_dir}")

@@ -93,8 +93,10 @@ def placement(
 ) -> Placement:
     """``--device`` and ``--dtype`` resolved and checked (None, ``""`` or ``"auto"``: the default
     of :func:`default_placement`; a dtype given alone keeps the default device, a device given
-    alone runs in float32 on the CPU and bfloat16 on a GPU). When a default was taken it is said
-    once per process on stderr (``announce``).
+    alone runs in float32 on the CPU and bfloat16 on a GPU). When a default was taken on a
+    machine with a GPU (where the choice is a real one: memory, bf16 numerics) it is said once
+    per process on stderr (``announce``); a CPU-only machine runs on the CPU in float32, as
+    always, silently.
 
     >>> placement("cpu", "bf16", announce=False)
     Placement(device=device(type='cpu'), dtype=torch.bfloat16)
@@ -112,7 +114,7 @@ def placement(
     _check_runs(result)
     defaulted = device in (None, "", "auto") or dtype in (None, "", "auto")
     global _announced
-    if announce and defaulted and not _announced:
+    if announce and defaulted and torch.cuda.is_available() and not _announced:
         _announced = True
         print(f"brisk: running on {result} (--device and --dtype choose)", file=sys.stderr)
     return result
@@ -282,3 +284,30 @@ def fit_budget(
         f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
         f"positions; at most {fits} new tokens fit"
     )
+
+
+def training_placement(
+    device: str, precision: str, *, distributed: bool
+) -> tuple[torch.device, str]:
+    """Where a training process runs and the precision it computes in: ``device`` as
+    :func:`placement` resolves it (``auto``: the GPU where one exists); under torchrun
+    (``distributed``) each rank takes its own GPU, ``cuda:LOCAL_RANK``, when CUDA exists. The
+    precision ``auto`` is bf16 on a GPU (bf16 compute, fp32 master weights) and fp32 on the
+    CPU."""
+    import os
+
+    if distributed and device in ("", "auto", "cuda") and torch.cuda.is_available():
+        where = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    elif distributed and device in ("", "auto"):
+        where = torch.device("cpu")
+    else:
+        where = placement(device, "float32", announce=False).device
+    if precision not in ("", "auto"):
+        return where, precision
+    chosen = "bf16" if where.type == "cuda" else "fp32"
+    global _announced
+    if not _announced and where.type == "cuda" and int(os.environ.get("RANK", "0")) == 0:
+        _announced = True
+        print(f"brisk: training on {where} in {chosen} (--device and --precision choose)",
+              file=sys.stderr)  # fmt: skip
+    return where, chosen

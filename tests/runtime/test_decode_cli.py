@@ -116,9 +116,9 @@ def test_device_dtype_and_mask_flags_reach_the_model(
     assert main(base) == 0  # defaults: float32 on the CPU, the tokenizer's <|MASK|> (id 3)
     assert calls == [
         {"mask_token_id": 4, "trust_remote_code": True, "dtype": torch.bfloat16,
-         "device": torch.device("cpu")},
+         "device": torch.device("cpu"), "attention": None},
         {"mask_token_id": 3, "trust_remote_code": False, "dtype": torch.float32,
-         "device": torch.device("cpu")},
+         "device": torch.device("cpu"), "attention": None},
     ]  # fmt: skip
     assert len(out.read_text().splitlines()) == 3
 

@@ -97,6 +97,10 @@ class CorrectorExperimentConfig(Config):
     seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
     workers: int = 2
+    # where every job runs (auto: the GPU where one exists) and the backbone's dtype (auto:
+    # bfloat16 on a GPU, float32 on the CPU); [train] runs there too
+    device: str = "auto"
+    dtype: str = "auto"
     # the commands' own configs: [collect] is brisk train corrector collect's (its stride is the
     # experiment's), [train] brisk train corrector's (events, out_dir and seed set per job,
     # then each arm's changes)
@@ -138,7 +142,13 @@ def _mechanism(blocks: Path, K: int) -> dict[str, float]:
 
 
 def collect_once(
-    backbone: str | Path, events: str | Path, options: CollectOptions, show_progress: bool = False
+    backbone: str | Path,
+    events: str | Path,
+    options: CollectOptions,
+    show_progress: bool = False,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Any:
     """The event store of ``backbone`` at ``events`` (``brisk train corrector collect``), unless
     it is complete already (then None); a collection cut short continues from its last whole
@@ -147,7 +157,8 @@ def collect_once(
 
     if (Path(events) / "_events.json").exists():
         return None
-    return collect_from_checkpoint(backbone, events, options, show_progress=show_progress)
+    return collect_from_checkpoint(backbone, events, options, show_progress=show_progress,
+                                   device=device, dtype=dtype)  # fmt: skip
 
 
 def train_head(tcfg: CorrectorTrainConfig) -> tuple[Any, dict[str, Any]]:
@@ -189,7 +200,8 @@ def _train_and_evaluate(
     run, done = job_dir(cfg.out_dir, arm.name, seed)
     if done is not None:
         return done
-    tcfg = cfg.train.replace(events=events, out_dir=str(run), seed=seed).replace(**arm.train)
+    tcfg = cfg.train.replace(events=events, out_dir=str(run), seed=seed, device=cfg.device,
+                             dtype=cfg.dtype).replace(**arm.train)  # fmt: skip
     head = None
     train_info: dict[str, Any] = {}
     if arm.trained:
@@ -200,7 +212,7 @@ def _train_and_evaluate(
     e = cfg.eval
     common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,
                   max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
-                  grader=grader)  # fmt: skip
+                  grader=grader, device=cfg.device, dtype=cfg.dtype)  # fmt: skip
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
     with stop.abortable():  # rerun whole: only eval.json marks the job done
         ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
@@ -251,7 +263,8 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
         with experiment_step("collecting events"):
             store = collect_once(cfg.backbone, events, cfg.collect.replace(stride=cfg.stride),
-                                 show_progress=show_progress)  # fmt: skip
+                                 show_progress=show_progress, device=cfg.device,
+                                 dtype=cfg.dtype)  # fmt: skip
         timings["collect_s"] = time.monotonic() - t
         if store is not None:
             console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct "

@@ -72,6 +72,8 @@ def evaluate_checkpoint(
     log_blocks: str | Path | None = None,
     shadow: bool = False,
     grader: str = "gsm8k",
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> CheckpointEval:
     """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
 
@@ -81,14 +83,14 @@ def evaluate_checkpoint(
     ``brisk mechanism report``). ``shadow`` decodes head-off with the corrector run beside the
     base and both blocks scored by the verifier (the mechanism diagnostics' same-state logs; an
     extra forward per round, so its TPF and speed are the head-off decoder's, not the head's).
+    The model runs on ``device`` in ``dtype`` (:func:`brisk.runtime.loader.load_model`).
     """
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
-    from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.blocklog import BlockLogger
     from brisk.runtime.isd import decode
+    from brisk.runtime.loader import load_model
     from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options
     from brisk.runtime.tasks.graders import grade_all
 
@@ -96,8 +98,10 @@ def evaluate_checkpoint(
         raise ValueError(f"answers: expected {len(prompts)} (one per prompt), got {len(answers)}")
     if not prompts:
         raise ValueError("prompts: need at least one prompt")
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    backbone = HFBackbone.from_pretrained(checkpoint)
+    loaded = load_model(checkpoint, device=device, dtype=dtype, where="checkpoint")
+    tokenizer, backbone = loaded.tokenizer, loaded.backbone
+    if corrector is not None:
+        corrector.to(backbone.device)
     if shadow and (corrector is None or log_blocks is None):
         raise ValueError("shadow: needs a corrector and log_blocks")
     options = isd_options(

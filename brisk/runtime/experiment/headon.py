@@ -112,8 +112,10 @@ def _collect_train_evaluate(
         return done
     backbone = backbone_of(cfg, arm, seed)
     events = run / "events"
-    collect_once(backbone, events, cfg.head.collect.replace(stride=cfg.stride))
-    tcfg = cfg.head.train.replace(events=str(events), out_dir=str(run), seed=seed)
+    collect_once(backbone, events, cfg.head.collect.replace(stride=cfg.stride),
+                 device=cfg.device, dtype=cfg.dtype)  # fmt: skip
+    tcfg = cfg.head.train.replace(events=str(events), out_dir=str(run), seed=seed,
+                                  device=cfg.device, dtype=cfg.dtype)  # fmt: skip
     head, train_info = train_head(tcfg)
     events_meta = json.loads((events / "_events.json").read_text())
     # the arms' evaluation exactly, with the head on

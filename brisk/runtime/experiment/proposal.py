@@ -134,6 +134,10 @@ class ExperimentConfig(Config):
     # arm (token-matched; each budget a row per arm); empty: [train] token_budget
     budgets: tuple[float, ...] = ()
     theory_samples: int = 200  # common samples of the theory tables (0: no theory tables)
+    # where every job runs (auto: the GPU where one exists) and the dtype models decode in
+    # (auto: bfloat16 on a GPU, float32 on the CPU); [train] and [head.train] run there too
+    device: str = "auto"
+    dtype: str = "auto"
     # the training configs themselves, each arm and seed changing what it must with replace:
     # [selfgen] is brisk train selfgen's (its stride is the experiment's), [train] brisk train
     # proposal's (init, dataset, out_dir, data, weights, profile, seed, stride and temperature
@@ -225,7 +229,7 @@ def _train_and_evaluate(
         pcfg = cfg.train.replace(
             init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,
             weights=arm.weights, profile=arm.profile, seed=seed, stride=cfg.stride,
-            temperature=cfg.selfgen.temperature, token_budget=budget,
+            temperature=cfg.selfgen.temperature, token_budget=budget, device=cfg.device,
         )  # fmt: skip
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
@@ -254,7 +258,8 @@ def evaluate_held_out(
             checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=name,
             seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
             max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-            log_blocks=blocks, grader=grader, corrector=corrector,
+            log_blocks=blocks, grader=grader, corrector=corrector, device=cfg.device,
+            dtype=cfg.dtype,
         )  # fmt: skip
 
 
@@ -289,7 +294,8 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
     t = time.monotonic()
     with experiment_step("generating the dataset"):
         generate_dataset(cfg.base, data_dir, cfg.selfgen.replace(stride=cfg.stride),
-                         show_progress=show_progress)  # fmt: skip
+                         show_progress=show_progress, device=cfg.device,
+                         dtype=cfg.dtype)  # fmt: skip
     timings["selfgen_s"] = time.monotonic() - t
     tokens_per_epoch = epoch_tokens(cfg, data_dir)
     if cfg.budgets:
@@ -453,9 +459,8 @@ def _theory(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any],
     responses of the base (the same samples for every arm)."""
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from brisk.runtime.backbone import HFBackbone
+    from brisk.runtime.loader import load_model
     from brisk.runtime.train.headroom import measure_headroom
     from brisk.runtime.train.selfgen import read_dataset
 
@@ -471,10 +476,8 @@ def _theory(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any],
     for name in names:
         run = Path(cfg.out_dir) / "arms" / name / f"seed{cfg.seeds[0]}"
         checkpoint = Path(cfg.base) if name == "base" else run / "final"
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True).eval()
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-        backbone = HFBackbone(model, model.config.mask_token_id)
-        headroom = measure_headroom(backbone, tokenizer, samples, cfg.stride,
+        loaded = load_model(checkpoint, device=cfg.device, dtype=cfg.dtype, where="base")
+        headroom = measure_headroom(loaded.backbone, loaded.tokenizer, samples, cfg.stride,
                                     cfg.eval.temperature, cfg.train.top_k)  # fmt: skip
         mine = [e for e in evals if e.arm == name]
         reached = np.sum([e.reached for e in mine], axis=0)

@@ -21,7 +21,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -41,6 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.architectures import training_token_ids
 from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.loader import training_placement
 from brisk.runtime.presets import build_preset
 from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
@@ -225,8 +225,8 @@ def _train(
 ) -> TrainResult:
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if dist.group and
-                          torch.cuda.is_available() else "cpu")  # fmt: skip
+    device, precision_name = training_placement(cfg.device, cfg.precision,
+                                                distributed=dist.group)  # fmt: skip
     out = Path(cfg.out_dir)
     start = start_checkpoint(out, resume, cfg.to_dict())
     dist.barrier()  # every rank reads the directory before rank 0 writes to it
@@ -251,9 +251,9 @@ def _train(
         model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
     model.to(device)
     own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
-    net = prepare(model, dist, fsdp=cfg.fsdp, precision=cfg.precision,
+    net = prepare(model, dist, fsdp=cfg.fsdp, precision=precision_name,
                   checkpointing=cfg.activation_checkpointing)  # fmt: skip
-    precision = autocast(cfg.precision, cfg.fsdp, device)
+    precision = autocast(precision_name, cfg.fsdp, device)
 
     def forward(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         with precision:

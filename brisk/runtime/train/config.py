@@ -54,7 +54,11 @@ class BaseTrainConfig(Config):
     # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
     attention: Literal["dense", "flex", "flex-compiled"] = "dense"
     fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 weights and reductions
+    # where one process trains: cpu, cuda, cuda:1 (auto: the GPU where one exists); under
+    # torchrun each rank trains on its own GPU (LOCAL_RANK) or the CPU
+    device: str = "auto"
+    # bf16: bf16 compute, fp32 weights and reductions (auto: bf16 on a GPU, fp32 on the CPU)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward
     micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
     # pack examples end to end in rows of this many tokens (0: one example per row; needs flex)
@@ -100,8 +104,8 @@ class BaseTrainConfig(Config):
                 f"pack_tokens: {self.pack_tokens} is longer than the model's "
                 f"{self.model.max_positions} positions (model.max_positions)"
             )
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision: expected one of fp32, bf16, got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision: expected auto, fp32 or bf16, got {self.precision!r}")
         if self.add_mask_token and not self.init:
             raise ValueError("add_mask_token: only a checkpoint given as init gets one added")
         if self.data.name:

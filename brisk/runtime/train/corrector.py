@@ -102,6 +102,10 @@ class EventBatch:
     q: Tensor  # [B, M, K] q_S
     mask: Tensor  # [B, M] bool, reached positions with a target
 
+    def to(self, device: torch.device | str) -> EventBatch:
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
+        return EventBatch(**moved)
+
     def loss(self, head: Corrector, backbone: Backbone, beta: float) -> tuple[HeadLoss, Tensor]:
         refined = head(backbone, self.anchor_hidden, self.anchor, self.mask_hidden,
                        self.cand_logits, self.cand_ids, self.tokens)  # fmt: skip
@@ -109,9 +113,14 @@ class EventBatch:
 
 
 def event_batch(
-    store: EventStore, index: np.ndarray, K: int, target: str = "verifier"
+    store: EventStore,
+    index: np.ndarray,
+    K: int,
+    target: str = "verifier",
+    device: torch.device | str = "cpu",
 ) -> EventBatch:
-    """Events ``index`` of ``store`` for a head of ``K`` ≤ ``store.K`` candidates."""
+    """Events ``index`` of ``store`` for a head of ``K`` ≤ ``store.K`` candidates, on
+    ``device``."""
     if K > store.K:
         raise ValueError(f"K: {K} candidates, but {store.path} holds only K = {store.K}")
     index = np.sort(np.asarray(index))  # memmap reads in file order
@@ -139,7 +148,7 @@ def event_batch(
         target=torch.from_numpy(tgt.astype(np.float32)),
         q=torch.softmax(logits, dim=-1),
         mask=torch.from_numpy(mask),
-    )
+    ).to(device)
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,7 @@ def validation(
     totals = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "agree": 0.0, "base_agree": 0.0}
     n = 0
     for lo in range(0, len(index), chunk):
-        batch = event_batch(store, index[lo : lo + chunk], cfg.K, cfg.target)
+        batch = event_batch(store, index[lo : lo + chunk], cfg.K, cfg.target, backbone.device)
         out, refined = batch.loss(head, backbone, cfg.beta)
         k = out.positions
         verifier = batch.target.argmax(-1)
@@ -220,10 +229,17 @@ def _save(
     return replace_dir(tmp, path)
 
 
-def load_backbone(store: EventStore, checkpoint: str | Path | None = None) -> Backbone:
+def load_backbone(
+    store: EventStore,
+    checkpoint: str | Path | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> Backbone:
     """The store's frozen backbone (its recorded checkpoint unless another is given), checked
-    against the store's sizes and, when recorded, its checkpoint hash."""
-    from brisk.runtime.backbone import HFBackbone
+    against the store's sizes and, when recorded, its checkpoint hash; on ``device`` in
+    ``dtype`` (:func:`brisk.runtime.loader.load_model`)."""
+    from brisk.runtime.loader import load_model
     from brisk.runtime.train.selfgen import checkpoint_hash
 
     path = Path(checkpoint or store.meta.get("checkpoint", ""))
@@ -236,8 +252,8 @@ def load_backbone(store: EventStore, checkpoint: str | Path | None = None) -> Ba
             f"backbone: {path} is not the checkpoint {store.path} was collected from "
             f"(hash {checkpoint_hash(path)} ≠ {expected})"
         )
-    backbone = HFBackbone.from_pretrained(path)
-    backbone.model.eval().requires_grad_(False)
+    backbone = load_model(path, device=device, dtype=dtype, where="backbone").backbone
+    backbone.model.requires_grad_(False)
     store.check_backbone(backbone)
     return backbone
 
@@ -267,7 +283,7 @@ def train_corrector(
     if cfg.K > store.K:
         raise ValueError(f"K: {cfg.K} candidates, but {store.path} holds only K = {store.K}")
     if backbone is None:
-        backbone = load_backbone(store)
+        backbone = load_backbone(store, device=cfg.device, dtype=cfg.dtype)
     store.check_backbone(backbone)
     out = Path(cfg.out_dir)
     begin = start_checkpoint(out, resume, cfg.to_dict())
@@ -275,7 +291,7 @@ def train_corrector(
     train_idx, val_idx = split_requests(store, cfg)
     with cpu_settings(cfg.threads), stop_signals() as stop:
         torch.manual_seed(cfg.seed)
-        head = Corrector(head_config(backbone, store, cfg)).float()
+        head = Corrector(head_config(backbone, store, cfg)).float().to(backbone.device)
         optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         rng = np.random.default_rng(cfg.seed)  # each epoch's order of the training events
         per_epoch = math.ceil(len(train_idx) / cfg.batch_size)
@@ -325,7 +341,8 @@ def train_corrector(
                 if k == 0:
                     order = rng.permutation(train_idx)
                 lo = k * cfg.batch_size
-                batch = event_batch(store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target)
+                batch = event_batch(store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target,
+                                    backbone.device)  # fmt: skip
                 loss, _ = batch.loss(head, backbone, cfg.beta)
                 optimizer.zero_grad(set_to_none=True)
                 loss.loss.backward()

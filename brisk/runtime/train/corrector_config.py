@@ -50,6 +50,10 @@ class CorrectorTrainConfig(Config):
     eval_every: int = 0  # steps between validation passes (0: once per epoch)
     save_every: int = 0  # steps between checkpoints (0: only the final one)
     threads: int = 1
+    # where the frozen backbone and the head run, and the backbone's dtype (auto: the GPU in
+    # bfloat16 where one exists, else the CPU in float32; the head trains in float32)
+    device: str = "auto"
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("K", "epochs", "batch_size", "log_every", "threads"):

@@ -356,10 +356,13 @@ def collect_from_checkpoint(
     show_progress: bool = True,
     *,
     resume: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> EventStore:
     """Events of a checkpoint on the training problems of ``options.task`` (by default the world
     it was trained on), each response graded by the task's grader (interruption and ``resume``
-    as in :func:`collect_events`)."""
+    as in :func:`collect_events`); the model runs on ``device`` in ``dtype``
+    (:func:`brisk.runtime.loader.placement`)."""
     from rich.progress import Progress
 
     from brisk.runtime.prompts import completion_text, encode_prompts
@@ -371,7 +374,7 @@ def collect_from_checkpoint(
     task = options.task.resolve(n=options.problems, seed=options.problem_seed, split="train",
                                 checkpoint=checkpoint)  # fmt: skip
     refuse_complete(Path(out))  # before loading the model
-    tokenizer, backbone, dec = deployed_decoder(checkpoint, options)
+    tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
     problems = task.problems(tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")

@@ -35,7 +35,6 @@ checkpoint and ends bit-identical to an uninterrupted run on CPU; the rules of a
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import time
@@ -50,6 +49,7 @@ import torch
 from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
+from brisk.runtime.loader import training_placement
 from brisk.runtime.train.acceptance import (
     block_acceptance,
     position_weights,
@@ -236,8 +236,8 @@ def _train(
 
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available()
-                          else "cpu")  # fmt: skip
+    device, precision_name = training_placement(cfg.device, cfg.precision,
+                                                distributed=dist.group)  # fmt: skip
     out, M = Path(cfg.out_dir), cfg.M
     examples = load_examples(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
@@ -251,7 +251,7 @@ def _train(
     ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     _check_lengths(examples, tokenizer, model.config, cfg.dataset)
     set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
-    net = prepare(model, dist, fsdp=cfg.fsdp, precision=cfg.precision,
+    net = prepare(model, dist, fsdp=cfg.fsdp, precision=precision_name,
                   checkpointing=cfg.activation_checkpointing)  # fmt: skip
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     tracker = ProfileTracker(M, cfg.profile_decay)
@@ -267,7 +267,7 @@ def _train(
         stream = ExampleStream(examples, cfg.seed, **state["cursor"])
         tracker.load_state_dict(state["tracker"])
         restore_rng(state["rng"])
-    precision = autocast(cfg.precision, cfg.fsdp, device)
+    precision = autocast(precision_name, cfg.fsdp, device)
 
     def forward(batch: IDLMBatch) -> tuple[Tensor, Tensor]:
         with precision:

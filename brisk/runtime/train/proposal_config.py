@@ -55,7 +55,11 @@ class ProposalTrainConfig(Config):
     # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
     attention: Literal["dense", "flex", "flex-compiled"] = "dense"
     fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: bf16 compute, fp32 weights and reductions
+    # where one process trains: cpu, cuda, cuda:1 (auto: the GPU where one exists); under
+    # torchrun each rank trains on its own GPU (LOCAL_RANK) or the CPU
+    device: str = "auto"
+    # bf16: bf16 compute, fp32 weights and reductions (auto: bf16 on a GPU, fp32 on the CPU)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward
     micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
     log_every: int = 1
@@ -86,7 +90,7 @@ class ProposalTrainConfig(Config):
         if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
             raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
         for name, allowed in (("data", DATA_MODES), ("weights", WEIGHT_SCHEMES),
-                              ("profile", PROFILE_MODES), ("precision", ("fp32", "bf16")),
+                              ("profile", PROFILE_MODES), ("precision", ("auto", "fp32", "bf16")),
                               ("attention", ("dense", "flex", "flex-compiled"))):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(

@@ -68,7 +68,8 @@ def start_checkpoint(
     - without ``resume``, a directory that holds a run (``metrics.jsonl``, a checkpoint) is
       refused: nothing is overwritten silently;
     - with ``resume``, the newest complete checkpoint, whose saved ``config_file`` must equal
-      ``config`` but for ``out_dir`` (the differences are named); with none (an empty or new
+      ``config`` but for ``out_dir`` and where it runs (``device``, ``dtype``: a run may
+      move to another machine; the differences are named); with none (an empty or new
       directory, or a run killed before its first checkpoint) the run starts from scratch, so a
       script may always pass ``--resume``; checkpoints without a trainer state (written by an
       older brisk) cannot be continued exactly and are refused.
@@ -96,7 +97,8 @@ def start_checkpoint(
     if start is not None:
         saved = json.loads((start / config_file).read_text())
         current = json.loads(json.dumps(config))  # as it reads back: tuples are lists
-        changes = config_changes({**saved, "out_dir": None}, {**current, "out_dir": None})
+        free = dict.fromkeys(("out_dir", "device", "dtype"))
+        changes = config_changes({**saved, **free}, {**current, **free})
         if changes:
             raise ValueError(
                 f"--resume: {start} was trained with another configuration ({'; '.join(changes)})"

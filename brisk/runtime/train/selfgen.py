@@ -202,9 +202,12 @@ def generate_dataset(
     show_progress: bool = True,
     *,
     resume: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> SelfGenResult:
     """Decode, grade and write the dataset (module docstring); ``resume`` continues an
-    interrupted run."""
+    interrupted run. The model runs on ``device`` in ``dtype``
+    (:func:`brisk.runtime.loader.placement`: the GPU in bfloat16 where one exists)."""
     import pyarrow.parquet as pq
     import torch
     from rich.progress import Progress
@@ -225,7 +228,7 @@ def generate_dataset(
     provenance = json.loads(json.dumps(_provenance(checkpoint, options, task)))  # as read back
     _claim(out, provenance, options, resume, len(problems))
 
-    tokenizer, backbone, dec = deployed_decoder(checkpoint, options, tokenizer)
+    tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
     R = options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
@@ -341,23 +344,24 @@ def _part(
 
 
 def deployed_decoder(
-    checkpoint: str | Path, options: Any, tokenizer: Any = None
+    checkpoint: str | Path, options: Any, *, device: str | None = None, dtype: str | None = None
 ) -> tuple[Any, Any, Any]:
-    """The tokenizer (``tokenizer`` if the caller loaded it already), the backbone (eval mode)
-    and the ISD options (head off, stopping at the tokenizer's EOS) that sample from
-    ``checkpoint`` with ``options``' stride, temperature, Top-K and token budget."""
-    from transformers import AutoTokenizer
-
-    from brisk.runtime.backbone import HFBackbone
+    """The tokenizer, the backbone (eval mode, on ``device`` in ``dtype``: the one loader,
+    :func:`brisk.runtime.loader.load_model`) and the ISD options (head off, stopping at the
+    tokenizer's EOS) that sample from ``checkpoint`` with ``options``' stride, temperature,
+    Top-K and token budget."""
+    from brisk.runtime.loader import load_model
     from brisk.runtime.prompts import isd_options
 
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    backbone = HFBackbone.from_pretrained(checkpoint)
-    backbone.model.eval()
-    dec = isd_options(tokenizer, stride=options.stride, temperature=options.temperature,
-                      top_k=options.top_k, max_new_tokens=options.max_new_tokens)  # fmt: skip
-    return tokenizer, backbone, dec
+    loaded = load_model(checkpoint, device=device, dtype=dtype, where="--checkpoint")
+    dec = isd_options(
+        loaded.tokenizer,
+        stride=options.stride,
+        temperature=options.temperature,
+        top_k=options.top_k,
+        max_new_tokens=options.max_new_tokens,
+    )
+    return loaded.tokenizer, loaded.backbone, dec
 
 
 def read_dataset(out: str | Path) -> Any:
