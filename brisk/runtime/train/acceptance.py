@@ -40,7 +40,14 @@ from brisk.theory import (
     progress_weights,
 )
 
-__all__ = ["BlockAcceptance", "Weighting", "block_acceptance", "position_weights", "slot_table"]
+__all__ = [
+    "BlockAcceptance",
+    "Weighting",
+    "acceptance_from_beta",
+    "block_acceptance",
+    "position_weights",
+    "slot_table",
+]
 
 Weighting = WeightScheme
 
@@ -75,7 +82,7 @@ def slot_table(batch: IDLMBatch) -> SlotTable:
 class BlockAcceptance:
     """ISD verdicts on the complete blocks of a batch."""
 
-    beta: Tensor  # [n, M] float64 acceptance probability of each position given the prefix
+    beta: Tensor  # [n, M] float32 acceptance probability of each position given the prefix
     accept_len: Tensor  # [n] long, L ∈ 0..M
     rows: Tensor  # [n] the batch row of each block
     blocks: Tensor  # [n] the block's index within its row
@@ -98,34 +105,48 @@ def block_acceptance(
     temperature: float = 1.0,
     top_k: int = 16,
 ) -> BlockAcceptance:
-    """Draw the ISD verdict of every complete block (module docstring).
+    """Draw the ISD verdict of every complete block (module docstring) from the two streams'
+    logits ``[B, L, V]``. β is computed a few blocks at a time in float32
+    (:func:`~brisk.runtime.train.vocab.acceptance_probability`: p's logsumexp and a K-wide
+    gather), never as an ``[n, M, V]`` float64 tensor; training loops pass the β their chunked
+    losses computed to :func:`acceptance_from_beta` instead.
 
     ``example_ids [B]`` identify the rows globally (the uniforms of block k of example e are
     ``counter_uniforms(seed, e, k)``), so the same example gets the same draws whichever process
     or batch position holds it.
     """
+    from brisk.runtime.train.vocab import CHUNK_ELEMENTS, acceptance_probability
+
+    beta = torch.zeros(noisy_logits.shape[:2], device=noisy_logits.device)
+    rows, blocks = table.complete.nonzero(as_tuple=True)
+    pos = table.index[rows, blocks]  # [n, M]
+    step = max(1, CHUNK_ELEMENTS // (pos.shape[1] * noisy_logits.shape[-1]))
+    for s in range(0, len(rows), step):
+        r, j = rows[s : s + step, None].expand_as(pos[s : s + step]), pos[s : s + step]
+        beta[r, j] = acceptance_probability(noisy_logits[r, j], clean_logits[r, j], temperature,
+                                            top_k).float()  # fmt: skip
+    return acceptance_from_beta(beta, table, example_ids, seed)
+
+
+@torch.no_grad()
+def acceptance_from_beta(
+    beta: Tensor, table: SlotTable, example_ids: Tensor, seed: int
+) -> BlockAcceptance:
+    """The verdicts of :func:`block_acceptance` from each MASK slot's acceptance probability
+    ``beta [B, L]`` (:func:`brisk.runtime.train.vocab.stream_losses` computes it with the
+    losses)."""
     rows, blocks = table.complete.nonzero(as_tuple=True)
     M = table.index.shape[-1]
     if not len(rows):
-        empty = torch.zeros(0, dtype=torch.long, device=noisy_logits.device)
-        return BlockAcceptance(torch.zeros(0, M, dtype=torch.float64), empty, empty, empty)
+        empty = torch.zeros(0, dtype=torch.long)
+        return BlockAcceptance(torch.zeros(0, M), empty, empty, empty)
     pos = table.index[rows, blocks]  # [n, M]
-    q_logits = noisy_logits[rows[:, None], pos].double()  # [n, M, V]
-    p_logits = clean_logits[rows[:, None], pos].double()
-    if temperature == 0:
-        beta = (q_logits.argmax(-1) == p_logits.argmax(-1)).double()
-    else:
-        k = min(top_k, q_logits.shape[-1])
-        kth = q_logits.topk(k, dim=-1).values[..., -1:]
-        q = torch.softmax(q_logits.masked_fill(q_logits < kth, -torch.inf) / temperature, -1)
-        p = torch.softmax(p_logits / temperature, -1)
-        beta = torch.minimum(p, q).sum(-1).clamp(0, 1)
+    b = beta[rows[:, None], pos]
     u = counter_uniforms(
         torch.full_like(rows, seed), example_ids.to(rows.device)[rows], blocks, M
-    ).to(beta.device)
-    accepted = (u < beta).long()
-    accept_len = accepted.cumprod(-1).sum(-1)
-    return BlockAcceptance(beta.cpu(), accept_len.cpu(), rows.cpu(), blocks.cpu())
+    ).to(b.device)
+    accept_len = (u < b).long().cumprod(-1).sum(-1)
+    return BlockAcceptance(b.cpu(), accept_len.cpu(), rows.cpu(), blocks.cpu())
 
 
 def position_weights(
