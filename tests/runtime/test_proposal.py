@@ -55,10 +55,13 @@ def test_brisk_weights_are_progress_weights_of_the_logged_profile(
                                                         cfg.M)  # fmt: skip
         assert rec["batch_reached"] == recount.reached.tolist()
         assert rec["batch_accepted"] == recount.accepted.tolist()
-        # The profile is the tracker's posterior mean over the discounted counts …
-        ema_r = 0.8 * ema_r + recount.reached
-        ema_a = 0.8 * ema_a + recount.accepted
+        # The profile is the tracker's posterior mean over the discounted counts of the steps
+        # before (the first step's: a probe of its own batch, the same counts) …
+        if rec is rows[0]:
+            ema_r, ema_a = recount.reached.astype(float), recount.accepted.astype(float)
         np.testing.assert_allclose(rec["profile"], (ema_a + 0.5) / (ema_r + 1), rtol=1e-12)
+        ema_r = (0.8 * ema_r + recount.reached) if rec is not rows[0] else ema_r
+        ema_a = (0.8 * ema_a + recount.accepted) if rec is not rows[0] else ema_a
         # … and the weights the loss used are its progress weights (ISD cost model).
         expected = progress_weights(np.array(rec["profile"]), CostModel.isd(cfg.M))
         np.testing.assert_allclose(rec["weights"], expected, rtol=1e-6)

@@ -25,14 +25,13 @@ import random
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -56,7 +55,7 @@ from brisk.runtime.train.distributed import (
 )
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.flex import set_attention, training_forward
-from brisk.runtime.train.idlm import IGNORE, build_batch, loss_totals, weighted_loss
+from brisk.runtime.train.idlm import IGNORE, auto_alpha, build_batch, label_counts
 from brisk.runtime.train.packing import pack_batch
 from brisk.runtime.train.resume import (
     METRICS,
@@ -68,6 +67,7 @@ from brisk.runtime.train.resume import (
     rng_state,
     start_checkpoint,
 )
+from brisk.runtime.train.vocab import StreamLosses, stream_losses
 
 __all__ = ["TrainResult", "adamw", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
 
@@ -145,11 +145,10 @@ def cpu_settings(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _slot_sums(noisy_logits: torch.Tensor, batch: Any) -> torch.Tensor:
-    """``[2, M]`` (float64): the MASK slots' CE summed per proposal position, and their count."""
+def _slot_sums(ce: torch.Tensor, batch: Any) -> torch.Tensor:
+    """``[2, M]`` (float64): the MASK slots' CE ``ce [B, L]`` summed per proposal position, and
+    their count."""
     ok = batch.noisy_labels != IGNORE
-    ce = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
-                         ignore_index=IGNORE, reduction="none")  # fmt: skip
     slot = batch.slot.expand_as(ok)[ok].cpu()
     out = torch.zeros(2, batch.M, dtype=torch.float64)
     out[0].index_add_(0, slot, ce[ok].double().cpu())
@@ -235,6 +234,7 @@ def _train(
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)  # block offsets
     done = 0  # steps taken
+    alpha: float | None = None  # α (auto) for the next step: the last step's CE ratio
 
     # Model, tokenizer and data: training problems stream from the world's train split (or a
     # user's file, epoch after shuffled epoch); evaluation uses distinct problems of the test
@@ -254,10 +254,14 @@ def _train(
     net = prepare(model, dist, fsdp=cfg.fsdp, precision=precision_name,
                   checkpointing=cfg.activation_checkpointing)  # fmt: skip
     precision = autocast(precision_name, cfg.fsdp, device)
+    head = model.get_output_embeddings()
 
-    def forward(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def measure(batch: Any) -> StreamLosses:
+        """One forward: the micro-batch's per-position losses (with their graph when gradients
+        are on), the LM head applied in chunks."""
         with precision:
-            return training_forward(net, batch, cfg.attention)
+            h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
+            return stream_losses(h_noisy, h_clean, head.weight, batch, temperature=0.0)
 
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
 
@@ -279,6 +283,7 @@ def _train(
         rng.setstate(state["offsets"])
         restore_rng(state["rng"])
         done = state["step"]
+        alpha = state.get("alpha")
     else:
         log({"event": "start", "params": n_params, "config": cfg.to_dict()})
     pairs = _pairs(cfg, tokenizer)  # (problem, response)
@@ -297,7 +302,7 @@ def _train(
     def save(path: Path) -> Path:
         """A checkpoint, atomically: called by rank 0 alone, or under FSDP by every rank (the
         plain weights gathered to rank 0, model and optimizer shards to ``sharded/``)."""
-        state = {"step": done, "offsets": rng.getstate(), "rng": rng_state(),
+        state = {"step": done, "offsets": rng.getstate(), "rng": rng_state(), "alpha": alpha,
                  "metrics_bytes": metrics.size if metrics is not None else 0,
                  "elapsed_s": time.monotonic() - t0, "world_size": dist.world}  # fmt: skip
         weights = full_state_dict(model, cfg.fsdp)
@@ -362,46 +367,50 @@ def _train(
             for group in optimizer.param_groups:
                 group["lr"] = _lr(cfg, step)
 
-            # The global batch's loss denominators and α (module docstring of
-            # brisk.runtime.train.proposal): from the forward itself with one micro-batch per
-            # rank, else from a first pass without gradients.
-            kept: tuple[torch.Tensor, torch.Tensor] | None = None
-            local = torch.zeros(4, dtype=torch.float64)
-            for batch in batches:
-                with torch.no_grad() if len(batches) > 1 else nullcontext():
-                    noisy_logits, clean_logits = forward(batch)
-                local += loss_totals(noisy_logits, clean_logits, batch)
-                if len(batches) == 1:
-                    kept = noisy_logits, clean_logits
-            totals = dist.sum(local)
+            # The step's loss CE_noisy + α·CE_clean over the global batch: its denominators are
+            # label counts (known before any forward), α (auto) the CE ratio measured at the
+            # previous step (the first step: a probe of its own batch), so every micro-batch is
+            # forwarded once (module docstring of brisk.runtime.train.proposal).
+            counts = dist.sum(torch.stack([label_counts(b) for b in batches]).sum(0))
+            n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
+            if cfg.alpha != "auto":
+                alpha = float(cfg.alpha)
+            elif alpha is None:
+                with torch.no_grad():
+                    probed = dist.sum(sum((measure(b).totals(b) for b in batches),
+                                          torch.zeros(4, dtype=torch.float64)))  # fmt: skip
+                alpha = auto_alpha(float(probed[0]) / n_noisy, float(probed[1]) / n_clean)
 
-            # Step: each micro-batch's share of CE_noisy + α·CE_clean over the global counts;
-            # gradients are reduced across ranks once, after the last micro-batch.
+            # Step: each micro-batch's share, from its one forward; gradients are reduced
+            # across ranks once, after the last micro-batch.
             optimizer.zero_grad(set_to_none=True)
+            local = torch.zeros(4, dtype=torch.float64)  # loss totals
             slots = torch.zeros(2, M, dtype=torch.float64)  # slot CE sums, counts
+            used = alpha
             for k, batch in enumerate(batches):
                 with grad_sync(net, k == len(batches) - 1):
-                    noisy_logits, clean_logits = kept if kept is not None else forward(batch)
-                    ones = (batch.noisy_labels != IGNORE).float()
-                    share = weighted_loss(noisy_logits, clean_logits, batch, ones, cfg.alpha,
-                                          dist, totals)  # fmt: skip
-                    share["loss"].backward()
-                kept = None
-                slots += _slot_sums(noisy_logits.detach(), batch)
+                    losses = measure(batch)
+                    loss = dist.world * (losses.noisy.sum() / n_noisy
+                                         + used * losses.clean.sum() / n_clean)  # fmt: skip
+                    loss.backward()
+                local += losses.totals(batch)
+                slots += _slot_sums(losses.noisy.detach(), batch)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             done = step + 1
+            totals = dist.sum(local)
+            if cfg.alpha == "auto":  # the next step's
+                alpha = auto_alpha(float(totals[0]) / n_noisy, float(totals[1]) / n_clean)
 
             # Log: slot CE is averaged over every MASK slot of the global batch.
-            plain_g, clean_g, n_noisy, n_clean = totals.tolist()
-            ce_noisy, ce_clean = plain_g / max(n_noisy, 1.0), clean_g / max(n_clean, 1.0)
-            loss_value = ce_noisy + share["alpha"] * ce_clean
+            ce_noisy, ce_clean = float(totals[0]) / n_noisy, float(totals[1]) / n_clean
+            loss_value = ce_noisy + used * ce_clean
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                sums, counts = dist.sum(slots)
+                sums, slot_n = dist.sum(slots)
                 log({
                     "event": "train", "step": step, "stride": N, "lr": _lr(cfg, step),
                     "loss": loss_value, "ce_noisy": ce_noisy, "ce_clean": ce_clean,
-                    "alpha": share["alpha"], "slot_ce": (sums / counts.clamp(min=1)).tolist(),
+                    "alpha": used, "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
                     "elapsed_s": time.monotonic() - t0,
                 })  # fmt: skip
             progress.update(bar, advance=1,

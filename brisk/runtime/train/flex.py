@@ -64,7 +64,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
-from brisk.runtime.train.idlm import IDLMBatch, idlm_forward, may_attend
+from brisk.runtime.train.idlm import IDLMBatch, idlm_forward, may_attend, stream_outputs
 
 __all__ = [
     "ATTENTIONS",
@@ -335,20 +335,19 @@ def pad_streams(input_ids: Tensor, position_ids: Tensor, Lp: int) -> tuple[Tenso
     return ids, pos
 
 
-def _idlm_flex(net: Any, batch: IDLMBatch, pad: bool) -> tuple[Tensor, Tensor]:
-    """Noisy and clean logits ``[B, L, V]`` of ``net`` (its attention already flex) on
-    ``batch``, the streams padded to :func:`padded_length` when ``pad``; only the real
-    positions reach the vocabulary projection."""
+def _idlm_flex(
+    net: Any, batch: IDLMBatch, pad: bool, hidden: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Noisy and clean logits ``[B, L, V]`` (``hidden``: last hidden states ``[B, L, H]``) of
+    ``net`` (its attention already flex) on ``batch``, the streams padded to
+    :func:`padded_length` when ``pad``; only the real positions reach the vocabulary
+    projection."""
     L = batch.L
     Lp = padded_length(L) if pad else L
     ids, pos = pad_streams(batch.input_ids, batch.position_ids, Lp)
     mask = idlm_block_mask(Lp, batch.M, batch_offset(batch), device=ids.device)
-    extra: dict[str, Any] = {}
-    if Lp > L:
-        real = torch.arange(L, device=ids.device)
-        extra["logits_to_keep"] = torch.cat([real, Lp + real])
-    out = net(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **extra)
-    return out.logits[:, :L], out.logits[:, L:]
+    return stream_outputs(net, L, hidden=hidden, padded=Lp, input_ids=ids, position_ids=pos,
+                          attention_mask=mask)  # fmt: skip
 
 
 def flex_idlm_forward(
@@ -382,19 +381,23 @@ def set_attention(model: PreTrainedModel, attention: str) -> str:
     return before
 
 
-def training_forward(net: Any, batch: Any, attention: str) -> tuple[Tensor, Tensor]:
+def training_forward(
+    net: Any, batch: Any, attention: str, *, hidden: bool = False
+) -> tuple[Tensor, Tensor]:
     """Noisy and clean logits ``[B, L, V]`` of ``net`` (a model, or its DDP wrapper, prepared
     with :func:`set_attention`) on an :class:`~brisk.runtime.train.idlm.IDLMBatch` (the dense
     mask, or its ``BlockMask`` twin built here) or a packed batch
     (:class:`~brisk.runtime.train.packing.PackedBatch`: its ``BlockMask``, flex only). Under
     ``flex-compiled`` the sequence length (the row count of a packed batch) is padded to a
-    rung of the compiled shapes (module docstring) and the padding cut off again."""
+    rung of the compiled shapes (module docstring) and the padding cut off again. With
+    ``hidden`` the streams' last hidden states ``[B, L, H]`` instead (what the training loops
+    take: :func:`brisk.runtime.train.vocab.stream_losses` applies the LM head in chunks)."""
     from brisk.runtime.train.packing import PackedBatch, packed_logits
 
     if isinstance(batch, PackedBatch):
         if attention == "dense":
             raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled")
-        return packed_logits(net, batch, pad=attention == "flex-compiled")
+        return packed_logits(net, batch, pad=attention == "flex-compiled", hidden=hidden)
     if attention == "dense":
-        return idlm_forward(net, batch)
-    return _idlm_flex(net, batch, pad=attention == "flex-compiled")
+        return idlm_forward(net, batch, hidden=hidden)
+    return _idlm_flex(net, batch, pad=attention == "flex-compiled", hidden=hidden)

@@ -38,13 +38,16 @@ __all__ = [
     "IGNORE",
     "IDLMBatch",
     "IDLMLoss",
+    "auto_alpha",
     "block_diffusion_mask",
     "block_ids",
     "build_batch",
     "idlm_forward",
     "idlm_loss",
+    "label_counts",
     "loss_totals",
     "may_attend",
+    "stream_outputs",
     "weighted_loss",
 ]
 
@@ -155,18 +158,41 @@ def build_batch(
     )
 
 
-def idlm_forward(model: PreTrainedModel, batch: IDLMBatch) -> tuple[Tensor, Tensor]:
-    """Logits of the noisy and the clean stream, each ``[B, L, V]``."""
+def idlm_forward(
+    model: PreTrainedModel, batch: IDLMBatch, *, hidden: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Logits of the noisy and the clean stream, each ``[B, L, V]`` (``hidden``: their last
+    hidden states ``[B, L, H]``, :func:`stream_outputs`)."""
     if batch.attention_mask is None:
         raise ValueError("batch: built without its dense mask (dense_mask=False): use the flex "
                          "forward (brisk.runtime.train.flex.training_forward)")  # fmt: skip
-    out = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-    )
-    return out.logits[:, : batch.L], out.logits[:, batch.L :]
+    return stream_outputs(
+        model, batch.L, hidden=hidden, input_ids=batch.input_ids,
+        position_ids=batch.position_ids, attention_mask=batch.attention_mask,
+    )  # fmt: skip
+
+
+def stream_outputs(
+    net: Any, L: int, *, hidden: bool = False, padded: int | None = None,
+    rows: int | None = None, **inputs: Any,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``net`` (a causal LM, or its DDP / FSDP wrapper) on ``[x_t | x_0]`` whose streams are
+    ``padded`` (default L) long: the noisy and the clean stream's logits ``[B, L, V]`` at the L
+    real positions of each (rows ``:rows``), or with ``hidden`` their last hidden states
+    ``[B, L, H]`` (after the final norm: the LM head's input), the vocabulary projection then
+    run for one position only — the training losses apply the head in chunks
+    (:mod:`brisk.runtime.train.vocab`). The call goes through ``net`` itself, so FSDP's hooks
+    gather the root's parameters (embeddings, norm, LM head) as for any forward."""
+    Lp = L if padded is None else padded
+    extra: dict[str, Any] = {"output_hidden_states": True, "logits_to_keep": 1} if hidden else {}
+    if not hidden and Lp > L:
+        real = torch.arange(L, device=inputs["input_ids"].device)
+        extra["logits_to_keep"] = torch.cat([real, Lp + real])
+    out = net(**inputs, use_cache=False, **extra)
+    if hidden:
+        last = out.hidden_states[-1]
+        return last[:rows, :L], last[:rows, Lp : Lp + L]
+    return out.logits[:rows, :L], out.logits[:rows, L:]
 
 
 @dataclass(frozen=True)
@@ -212,6 +238,18 @@ def idlm_loss(
         slot_ce=sums / count.clamp(min=1),
         slot_count=count,
     )
+
+
+def label_counts(batch: Any) -> Tensor:
+    """``[n_noisy, n_clean]`` (float64, CPU): the labels a batch (an :class:`IDLMBatch` or a
+    packed one) adds to a step's loss denominators, known before any forward."""
+    n = [(batch.noisy_labels != IGNORE).sum(), (batch.clean_labels != IGNORE).sum()]
+    return torch.stack(n).double().cpu()
+
+
+def auto_alpha(ce_noisy: float, ce_clean: float) -> float:
+    """α auto = sg(CE_noisy / CE_clean): both streams on the same scale."""
+    return ce_noisy / max(ce_clean, 1e-8)
 
 
 def loss_totals(noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch) -> Tensor:

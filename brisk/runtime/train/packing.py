@@ -37,7 +37,7 @@ from torch.nn.attention.flex_attention import BlockMask
 from transformers import PreTrainedModel
 
 from brisk.runtime.train.flex import bucket, idlm_block_mask, use_flex
-from brisk.runtime.train.idlm import IGNORE, may_attend
+from brisk.runtime.train.idlm import IGNORE, may_attend, stream_outputs
 
 __all__ = [
     "PackedBatch",
@@ -197,17 +197,17 @@ def pad_rows(batch: PackedBatch, rows: int) -> PackedBatch:
     )
 
 
-def packed_logits(net: Any, batch: PackedBatch, pad: bool = False) -> tuple[Tensor, Tensor]:
-    """Noisy and clean logits ``[R, L, V]`` of ``net`` (its attention already flex) on the
-    packed rows; ``pad`` runs them with the row count padded to a rung of
-    :func:`~brisk.runtime.train.flex.bucket` (:func:`pad_rows`)."""
+def packed_logits(
+    net: Any, batch: PackedBatch, pad: bool = False, hidden: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Noisy and clean logits ``[R, L, V]`` (``hidden``: last hidden states ``[R, L, H]``) of
+    ``net`` (its attention already flex) on the packed rows; ``pad`` runs them with the row
+    count padded to a rung of :func:`~brisk.runtime.train.flex.bucket` (:func:`pad_rows`)."""
     R, L = batch.docs.shape
     run = pad_rows(batch, bucket(R)) if pad else batch
     mask = packed_block_mask(run)
-    out = net(
-        input_ids=run.input_ids, position_ids=run.position_ids, attention_mask=mask, use_cache=False
-    )
-    return out.logits[:R, :L], out.logits[:R, L:]
+    return stream_outputs(net, L, hidden=hidden, rows=R, input_ids=run.input_ids,
+                          position_ids=run.position_ids, attention_mask=mask)  # fmt: skip
 
 
 def packed_forward(

@@ -13,12 +13,23 @@ estimates it once, on ``static_batches`` batches of the training data, before th
 The profile used is the tracker's Jeffreys posterior mean (accepted + ½)/(reached + 1), which
 has no 0/0 at an unreached position.
 
+Memory at the users' scale: every micro-batch is forwarded once, to its last hidden states, and
+the losses and each MASK slot's acceptance probability come from the LM head applied in chunks
+(:func:`~brisk.runtime.train.vocab.stream_losses`): no ``[B, 2L, V]`` logits. A step's loss is
+divided by the global batch's label counts, known before any forward; its profile and its α
+(``alpha = "auto"``: CE_noisy / CE_clean) are the ones measured up to the previous step — the
+tracker folds each step's verdicts in after the step, and the first step takes them from a
+probe of its own batch without gradients. Measuring them on the step's own batch would need
+every micro-batch forwarded twice (once to measure, once to backpropagate with weights known),
+or all of them held in memory.
+
 One loop, read top to bottom. Under ``torchrun --nproc-per-node P`` (gloo on CPU, nccl on GPU)
 every rank takes rows ``rank::P`` of the same global batch and the model is wrapped in DDP; the
 loss is divided by the *global* token counts (all-reduced), the acceptance counts are
 all-reduced, so every rank uses the same weights and the run matches a single process at the
-same global batch up to float summation order. Rank 0 writes ``metrics.jsonl`` (one record per
-step: weights, profile, losses), checkpoints and ``weights.png``.
+same global batch, split into any number of micro-batches, up to float summation order. Rank 0
+writes ``metrics.jsonl`` (one record per step: weights, profile, losses), checkpoints and
+``weights.png``.
 
 Checkpoints (``checkpoint-NNNNNN/`` every ``save_every`` steps and ``final/``) hold the model
 (safetensors + HF config), tokenizer, the base run's ``train_config.json``, this run's
@@ -39,7 +50,6 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,11 +60,7 @@ from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.loader import training_placement
-from brisk.runtime.train.acceptance import (
-    block_acceptance,
-    position_weights,
-    slot_table,
-)
+from brisk.runtime.train.acceptance import acceptance_from_beta, position_weights, slot_table
 from brisk.runtime.train.base import adamw, cpu_settings, replace_dir
 from brisk.runtime.train.distributed import (
     Dist,
@@ -68,7 +74,15 @@ from brisk.runtime.train.distributed import (
 )
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.flex import set_attention, training_forward
-from brisk.runtime.train.idlm import IGNORE, IDLMBatch, build_batch, loss_totals, weighted_loss
+from brisk.runtime.train.idlm import (
+    IGNORE,
+    IDLMBatch,
+    auto_alpha,
+    build_batch,
+    label_counts,
+    loss_totals,
+    weighted_loss,
+)
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.proposal_data import Example, ExampleStream, load_examples
 from brisk.runtime.train.resume import (
@@ -82,6 +96,7 @@ from brisk.runtime.train.resume import (
     rng_state,
     start_checkpoint,
 )
+from brisk.runtime.train.vocab import stream_losses
 from brisk.theory import AcceptanceProfile, ProfileTracker
 
 __all__ = [
@@ -127,30 +142,35 @@ def _profile_counts(hist: Tensor, M: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def _acceptance_hist(
-    noisy: Tensor,
-    clean: Tensor,
-    batch: IDLMBatch,
-    rows: Sequence[tuple[int, Example]],
-    cfg: ProposalTrainConfig,
+    beta: Tensor, batch: IDLMBatch, rows: Sequence[tuple[int, Example]], cfg: ProposalTrainConfig
 ) -> Tensor:
     """Accept-length histogram [M + 1] (float64) of the batch's own proposals under the ISD
-    rule; each example's draws are keyed by its id, so it does not depend on the batch."""
-    acc = block_acceptance(noisy.detach(), clean.detach(), slot_table(batch),
-                           torch.tensor([i for i, _ in rows]), cfg.seed, cfg.temperature,
-                           cfg.top_k)  # fmt: skip
+    rule, from each MASK slot's acceptance probability ``beta [B, L]``; each example's draws
+    are keyed by its id, so it does not depend on the batch."""
+    acc = acceptance_from_beta(beta, slot_table(batch), torch.tensor([i for i, _ in rows]),
+                               cfg.seed)  # fmt: skip
     return torch.bincount(acc.accept_len.cpu(), minlength=cfg.M + 1).double()
 
 
-def _token_weights(cfg: ProposalTrainConfig, batch: IDLMBatch, noisy: Tensor,
+def _upcoming(tracker: ProfileTracker, summed: Tensor, M: int) -> dict[str, Any]:
+    """The profile (``tracker`` with ``summed``'s histogram folded in) and α of a probe's
+    ``summed`` histogram and loss totals ``[M + 1 + 4]``."""
+    reached, accepted, _ = _profile_counts(summed[: M + 1], M)
+    tracker.update(AcceptanceProfile(reached, accepted))
+    ce_noisy, ce_clean, n_noisy, n_clean = summed[M + 1 :].tolist()
+    alpha = auto_alpha(ce_noisy / max(n_noisy, 1.0), ce_clean / max(n_clean, 1.0))
+    return {"rates": tracker.posterior_mean().tolist(), "alpha": alpha}
+
+
+def _token_weights(cfg: ProposalTrainConfig, batch: IDLMBatch, ce_noisy: Tensor,
                    rates: np.ndarray) -> Tensor:  # fmt: skip
     """Per-token loss weights ``[B, L]`` (constants): one row ``[1, M]`` shared by every block,
-    or D-PACE's per block from this batch's own target probabilities; 0 off the MASK slots."""
+    or D-PACE's per block from this batch's own target probabilities exp(−ℓ) (``ce_noisy
+    [B, L]``, the MASK slots' CE); 0 off the MASK slots."""
     table = slot_table(batch)
     target_probs = None
     if cfg.weights == "dpace":
-        logp = torch.log_softmax(noisy.detach().float(), -1)
-        lab = batch.noisy_labels.clamp(min=0)
-        tok_p = logp.gather(-1, lab[..., None])[..., 0].exp()  # [B, L]
+        tok_p = (-ce_noisy.float()).exp()  # [B, L]
         idx = table.index.clamp(min=0)
         target_probs = torch.where(table.index >= 0, tok_p.gather(1, idx.flatten(1))
                                    .view_as(idx), 1.0)  # fmt: skip
@@ -268,21 +288,35 @@ def _train(
         tracker.load_state_dict(state["tracker"])
         restore_rng(state["rng"])
     precision = autocast(precision_name, cfg.fsdp, device)
+    head = model.get_output_embeddings()
+    upcoming: dict[str, Any] | None = state.get("upcoming")  # the next step's profile and α
 
-    def forward(batch: IDLMBatch) -> tuple[Tensor, Tensor]:
+    def measure(batch: IDLMBatch, rows: Sequence[tuple[int, Example]]) -> tuple[Any, Tensor]:
+        """One forward: the micro-batch's per-position losses (with their graph, when
+        gradients are on) and its accept-length histogram and loss totals ``[M + 1 + 4]``."""
         with precision:
-            return training_forward(net, batch, cfg.attention)
+            h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
+            losses = stream_losses(h_noisy, h_clean, head.weight, batch,
+                                   temperature=cfg.temperature, top_k=cfg.top_k)  # fmt: skip
+        return losses, torch.cat([_acceptance_hist(losses.beta, batch, rows, cfg),
+                                  losses.totals(batch)])  # fmt: skip
+
+    def probe(batches: Sequence[tuple[Sequence[Any], IDLMBatch]]) -> Tensor:
+        """Histogram and totals of batches, summed over ranks, without gradients."""
+        local = torch.zeros(M + 1 + 4, dtype=torch.float64)
+        with torch.no_grad():
+            for rows, batch in batches:
+                local += measure(batch, rows)[1]
+        return dist.sum(local)
 
     # Static profile: the initial model's acceptance on a few batches of the training data.
     if cfg.weights == "brisk" and cfg.profile == "static" and static_rates is None:
-        probe = ExampleStream(examples, cfg.seed + 1)
-        hist = torch.zeros(M + 1, dtype=torch.float64)
-        with torch.no_grad():
-            for k in range(cfg.static_batches):
-                for rows in micro_batches(probe.take(cfg.batch_size)[mine], cfg.micro_batch_size):
-                    batch = _batch(cfg, rows, tokenizer, -1 - k, device, ids)
-                    hist += _acceptance_hist(*forward(batch), batch, rows, cfg)
-        reached, accepted, _ = _profile_counts(dist.sum(hist), M)
+        draws = ExampleStream(examples, cfg.seed + 1)
+        batches = [(rows, _batch(cfg, rows, tokenizer, -1 - k, device, ids))
+                   for k in range(cfg.static_batches)
+                   for rows in micro_batches(draws.take(cfg.batch_size)[mine],
+                                             cfg.micro_batch_size)]  # fmt: skip
+        reached, accepted, _ = _profile_counts(probe(batches)[: M + 1], M)
         static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
     # The log (rank 0), as it was at the checkpoint: the records of later steps go.
@@ -297,7 +331,7 @@ def _train(
         return _save(path, model, tokenizer, cfg, {
             "step": step, "tokens": tokens,
             "static_rates": static_rates, "cursor": stream.cursor,
-            "tracker": tracker.state_dict(), "rng": rng_state(),
+            "tracker": tracker.state_dict(), "rng": rng_state(), "upcoming": upcoming,
             "metrics_bytes": metrics.size if metrics is not None else 0,
             "elapsed_s": time.monotonic() - t0, "world_size": dist.world,
         }, dist, optimizer)  # fmt: skip
@@ -330,59 +364,56 @@ def _train(
                 raise err
 
             # Batch: this rank's rows of the global batch, in micro-batches laid out in blocks
-            # of M. The loss's denominators, α and the profile are the global batch's: with one
-            # micro-batch per rank they come from its forward; with several, from a first pass
-            # without gradients (one more forward per micro-batch), so the step is the same
-            # whatever the number of ranks and micro-batches.
+            # of M. Every micro-batch is forwarded once: the step's loss is divided by the
+            # global batch's label counts (known before any forward), and α and the profile its
+            # weights come from are those measured up to the previous step (module docstring),
+            # so the step is the same whatever the number of ranks and micro-batches.
             chunks = micro_batches(stream.take(cfg.batch_size)[mine], cfg.micro_batch_size)
-            batches = [_batch(cfg, rows, tokenizer, step, device, ids) for rows in chunks]
+            batches = [(rows, _batch(cfg, rows, tokenizer, step, device, ids)) for rows in chunks]
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            kept: tuple[Tensor, Tensor] | None = None
-            local = torch.zeros(M + 1 + 4, dtype=torch.float64)  # histogram, loss totals
-            for rows, batch in zip(chunks, batches, strict=True):
-                with torch.no_grad() if len(batches) > 1 else nullcontext():
-                    noisy, clean = forward(batch)
-                local += torch.cat([_acceptance_hist(noisy, clean, batch, rows, cfg),
-                                    loss_totals(noisy, clean, batch)])  # fmt: skip
-                if len(batches) == 1:
-                    kept = noisy, clean
-            summed = dist.sum(local)
-            reached, accepted, hist = _profile_counts(summed[: M + 1], M)
-            totals = summed[M + 1 :]
-
-            # Profile: the batch's own proposals verified under the ISD rule, folded into the
-            # tracker; the weights are constants computed from it.
-            tracker.update(AcceptanceProfile(reached, accepted))
-            rates = tracker.posterior_mean()
+            counts = dist.sum(torch.stack([label_counts(b) for _, b in batches]).sum(0))
+            n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
+            if upcoming is None:  # the first step: α and the profile from a probe of its batch
+                upcoming = _upcoming(ProfileTracker(M, cfg.profile_decay), probe(batches), M)
+            rates = np.asarray(upcoming["rates"])
             if cfg.profile == "static" and static_rates is not None:
                 rates = np.asarray(static_rates)
+            a = upcoming["alpha"] if cfg.alpha == "auto" else float(cfg.alpha)
 
-            # Step: each micro-batch's share of the weighted loss over the global counts;
-            # gradients are reduced across ranks once, after the last micro-batch.
+            # Step: each micro-batch's share of Σ w ℓ / n_noisy + α Σ ℓ_clean / n_clean, from
+            # its one forward; gradients are reduced across ranks once, after the last.
             optimizer.zero_grad(set_to_none=True)
+            local = torch.zeros(M + 1 + 4, dtype=torch.float64)  # histogram, loss totals
             weighted = torch.zeros((), dtype=torch.float64)
             slots = torch.zeros(2, M, dtype=torch.float64)
-            for k, batch in enumerate(batches):
+            for k, (rows, batch) in enumerate(batches):
                 with grad_sync(net, k == len(batches) - 1):
-                    noisy, clean = kept if kept is not None else forward(batch)
-                    token_w = _token_weights(cfg, batch, noisy, rates)
-                    share = weighted_loss(noisy, clean, batch, token_w, cfg.alpha, dist, totals)
-                    share["loss"].backward()
-                kept = None
-                weighted += share["weighted"].double().cpu()
+                    losses, stats = measure(batch, rows)
+                    token_w = _token_weights(cfg, batch, losses.noisy.detach(), rates)
+                    share = (token_w * losses.noisy).sum()
+                    loss = dist.world * (share / n_noisy + a * losses.clean.sum() / n_clean)
+                    loss.backward()
+                local += stats
+                weighted += share.detach().double().cpu()
                 slots += _slot_sums(batch, token_w)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             step += 1
-            plain_g, clean_g, n_noisy, n_clean = totals.tolist()
-            n_noisy, n_clean = max(n_noisy, 1.0), max(n_clean, 1.0)
+
+            # Profile and α for the next step: this batch's own proposals verified under the
+            # ISD rule, folded into the tracker; the CE ratio of this batch.
+            summed = dist.sum(torch.cat([local, slots.flatten(), weighted[None]]))
+            reached, accepted, hist = _profile_counts(summed[: M + 1], M)
+            tracker.update(AcceptanceProfile(reached, accepted))
+            plain_g, clean_g, _, _ = summed[M + 1 : M + 5].tolist()
+            upcoming = {"rates": tracker.posterior_mean().tolist(),
+                        "alpha": auto_alpha(plain_g / n_noisy, clean_g / n_clean)}  # fmt: skip
             tokens += int(n_clean)
-            a = share["alpha"]
-            global_slots = dist.sum(torch.cat([slots.flatten(), weighted[None]]))
-            counts, weight_sums = global_slots[:M], global_slots[M : 2 * M]
-            ce_noisy = float(global_slots[-1]) / n_noisy
+            counts_w = summed[M + 5 :]
+            slot_counts, weight_sums = counts_w[:M], counts_w[M : 2 * M]
+            ce_noisy = float(counts_w[-1]) / n_noisy
             loss_value = ce_noisy + a * clean_g / n_clean
 
             # Log: what the weights were computed from, and what they were.
@@ -392,7 +423,7 @@ def _train(
                     "loss": loss_value, "ce_noisy": ce_noisy,
                     "ce_noisy_plain": plain_g / n_noisy,
                     "ce_clean": clean_g / n_clean, "alpha": a,
-                    "weights": (weight_sums / counts.clamp(min=1)).tolist(),
+                    "weights": (weight_sums / slot_counts.clamp(min=1)).tolist(),
                     "profile": rates.tolist(),
                     "batch_reached": reached.tolist(), "batch_accepted": accepted.tolist(),
                     "accept_hist": hist.tolist(), "elapsed_s": time.monotonic() - t0,
