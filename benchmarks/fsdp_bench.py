@@ -9,10 +9,14 @@ Each step is brisk's training step (:mod:`brisk.runtime.train.distributed` and t
 :mod:`brisk.runtime.train.proposal`): ``--batch`` random sequences of ``L`` tokens (a quarter
 prompt, ``M = 7``) laid out as ``[x_t | x_0]`` (2L positions), the mask as a dense tensor or its
 FlexAttention BlockMask, forward, loss over the global counts, backward, gradient clipping and an
-AdamW step on the FSDP2-sharded model (``prepare``). One warm-up step (which compiles) precedes
-``--steps`` timed ones; **tokens/s** counts the 2L positions of every row of the global batch per
-median step time; **peak** is ``torch.cuda.max_memory_allocated`` over the timed steps on CUDA
-and the process's maximum resident set on CPU (rank 0).
+AdamW step on the FSDP2-sharded model. The model is set up as the training loops do it
+(``Dist.from_env``: each rank on ``cuda:LOCAL_RANK``, gloo for CPU tensors and nccl for CUDA
+ones; ``load_for_training``: rank 0 builds the random fp32 model on the host, the others
+only its shards). One warm-up step (which compiles) precedes ``--steps`` timed ones;
+**tokens/s** counts the 2L positions of every row of the global batch per median step time;
+**peak** is ``torch.cuda.max_memory_allocated`` over the timed steps on CUDA and the process's
+maximum resident set on CPU (rank 0); **graphs** is how many graphs dynamo compiled (compiled
+flex: one per padded length and grad mode, so 1 here).
 
 Shapes: ``0.6b`` is Qwen3-0.6B (28 layers, hidden 1024, 16/8 heads of 128, FFN 3072, vocabulary
 151,936, tied embeddings, ≈ 0.6 B parameters); ``tiny`` (2 layers, hidden 64) checks the script
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
@@ -35,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from brisk.runtime.train.distributed import Dist, autocast, prepare
+from brisk.runtime.train.distributed import Dist, autocast, load_for_training
 from brisk.runtime.train.flex import set_attention, training_forward
 from brisk.runtime.train.idlm import IGNORE, build_batch, weighted_loss
 
@@ -62,20 +65,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    from torch._dynamo.utils import counters
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     dist = Dist.from_env(fsdp=True)
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if args.device == "cuda"
-                          else "cpu")  # fmt: skip
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.manual_seed(0)
+    if args.device == "cuda" and dist.device.type != "cuda":
+        p.error("--device cuda: torch sees no CUDA device")
+    device = dist.device if args.device == "cuda" else torch.device("cpu")
     config = Qwen3Config(**SHAPES[args.shape])
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+
+    def load() -> Any:
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+    setup = dict(fsdp=True, precision=args.precision, checkpointing=args.checkpointing)
+    model, net = load_for_training(load, dist, device=device, **setup)
+    n_params = sum(p.numel() for p in model.parameters())  # DTensors count their global size
     set_attention(model, args.attention)
-    net = prepare(model, dist, fsdp=True, precision=args.precision,
-                  checkpointing=args.checkpointing)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     precision = autocast(args.precision, True, device)
     g = torch.Generator().manual_seed(dist.rank)
@@ -113,7 +119,7 @@ def main() -> None:
         "precision": args.precision, "attention": args.attention,
         "checkpointing": args.checkpointing, "L": args.L, "rows_per_rank": args.batch,
         "step_s": median, "tokens_per_s": 2 * args.L * args.batch * dist.world / median,
-        "peak_gib": peak / 2**30,
+        "peak_gib": peak / 2**30, "graphs": counters["stats"]["unique_graphs"],
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }  # fmt: skip
     if dist.rank == 0:

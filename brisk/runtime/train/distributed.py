@@ -1,13 +1,16 @@
 """Data-parallel training under ``torchrun``: DDP replicas or FSDP2 shards, mixed precision,
 activation checkpointing, gradient accumulation and distributed checkpoints.
 
-Nothing here is home-made distribution: the process group is torch.distributed's (gloo on CPU,
-nccl on GPU), sharding is ``torch.distributed.fsdp.fully_shard`` (FSDP2) and sharded
-checkpoints are ``torch.distributed.checkpoint`` (DCP). This module is the glue a training loop
-needs around them:
+Nothing here is home-made distribution: the process group is torch.distributed's, sharding is
+``torch.distributed.fsdp.fully_shard`` (FSDP2) and sharded checkpoints are
+``torch.distributed.checkpoint`` (DCP). This module is the glue a training loop needs around
+them:
 
-- :class:`Dist`, the rank and world size with the three collectives a loop uses (sum, any,
-  barrier), a no-op in one process;
+- :class:`Dist`, the rank, world size and the rank's device (``Dist.device``: ``cuda:LOCAL_RANK``
+  where CUDA exists, else the CPU) with the three collectives a loop uses (sum, any, barrier), a
+  no-op in one process;
+- :func:`load_for_training`: the model a loop trains, loaded once (rank 0, on the host) and
+  sharded onto every rank's device without a full copy on the others; it calls
 - :func:`prepare`: activation checkpointing per decoder layer, then FSDP2 (each decoder layer a
   unit, the root holding embeddings and head) or DDP;
 - :func:`micro_batches` and :func:`grad_sync`: gradient accumulation, so that the *global* batch
@@ -26,21 +29,26 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "Dist",
     "Precision",
     "autocast",
+    "backend_for",
     "full_state_dict",
     "grad_sync",
+    "load_for_training",
     "load_sharded",
     "micro_batches",
     "prepare",
@@ -50,36 +58,63 @@ __all__ = [
 Precision = Literal["fp32", "bf16"]
 SHARDED = "sharded"  # a checkpoint's DCP directory (model and optimizer shards)
 T = TypeVar("T")
+CPU = torch.device("cpu")
+
+
+def backend_for(cuda: bool) -> str:
+    """The process group's backend: ``"cpu:gloo,cuda:nccl"`` where CUDA exists, else ``"gloo"``.
+
+    Why two backends rather than moving every collective onto the GPU: the loops reduce exact
+    counters (token and acceptance counts, loss sums) as CPU float64 tensors, and
+    ``torch.distributed``'s object collectives and DCP's metadata travel on the CPU too; nccl
+    reduces only CUDA tensors. With one backend per device each collective runs where its
+    tensors already are (CPU tensors on gloo, CUDA tensors on nccl), so a counter needs no
+    device round trip and no caller has to remember which device a reduction wants.
+    """
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 @dataclass(frozen=True)
 class Dist:
-    """This process's rank in a world of ``world`` processes (``Dist()``: one process)."""
+    """This process's rank in a world of ``world`` processes, and the device it computes on
+    (``Dist()``: one process on the CPU)."""
 
     rank: int = 0
     world: int = 1
+    device: torch.device = CPU
 
     @classmethod
     def from_env(cls, *, fsdp: bool = False) -> Dist:
-        """The process group torchrun describes (``WORLD_SIZE``, ``RANK``, ...), initialised
-        here if it is not yet; one process without it. FSDP needs a process group even for one
-        rank: ``fsdp`` without torchrun is an error naming the option."""
+        """The process group torchrun describes (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``),
+        initialised here if it is not yet; one process without it. FSDP needs a process group
+        even for one rank: ``fsdp`` without torchrun is an error naming the option.
+
+        The device is ``cuda:LOCAL_RANK`` where CUDA exists, else the CPU. It is made the
+        current CUDA device and given to ``init_process_group`` (``device_id``) *before* the
+        group starts: nccl binds each rank's communicator to the current device, and without
+        it every rank's FSDP shards and collectives land on ``cuda:0``. The backend is
+        :func:`backend_for`'s."""
         world = int(os.environ.get("WORLD_SIZE", "0"))
         if fsdp and not world:
             raise ValueError(
                 "--fsdp: needs a process group; run under torchrun "
                 "(torchrun --nproc-per-node P -m brisk.cli ...)"
             )
+        cuda = torch.cuda.is_available()
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local) if cuda else CPU
         if world <= 1 and not fsdp:
-            return cls()
+            return cls(device=device)
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            if cuda:
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend_for(cuda), device_id=device if cuda else None)
             # torch asks for an explicit destroy: a gloo group torn down with the interpreter
             # can abort the process at exit ("terminate called without an active exception")
             atexit.register(_destroy_process_group)
-        return cls(dist.get_rank(), dist.get_world_size())
+        return cls(dist.get_rank(), dist.get_world_size(), device)
 
     @property
     def group(self) -> bool:
@@ -89,7 +124,8 @@ class Dist:
         return dist.is_available() and dist.is_initialized()
 
     def sum(self, values: Tensor) -> Tensor:
-        """All-reduced sum (a no-op in a single process)."""
+        """All-reduced sum (a no-op in a single process), on the device ``values`` sit on: the
+        backend of :func:`backend_for` serves CPU and CUDA tensors alike."""
         if self.world > 1:
             import torch.distributed as dist
 
@@ -97,12 +133,13 @@ class Dist:
             dist.all_reduce(values)
         return values
 
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """Whether ``flag`` holds on some rank: one all-reduce, on ``device`` (nccl needs the
-        GPU)."""
+    def any(self, flag: bool, device: torch.device | None = None) -> bool:
+        """Whether ``flag`` holds on some rank: one all-reduce of a one-element tensor on
+        ``device`` (default :attr:`device`)."""
         if self.world == 1:
             return flag
-        return bool(self.sum(torch.tensor([float(flag)], device=device)).item() > 0)
+        on = self.device if device is None else device
+        return bool(self.sum(torch.tensor([float(flag)], device=on)).item() > 0)
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -172,6 +209,80 @@ def prepare(
     if dist.world > 1:
         return torch.nn.parallel.DistributedDataParallel(model)
     return model
+
+
+def load_for_training(
+    load: Callable[[], PreTrainedModel],
+    dist: Dist,
+    *,
+    fsdp: bool,
+    precision: Precision,
+    checkpointing: bool,
+    device: torch.device | None = None,
+) -> tuple[PreTrainedModel, Any]:
+    """``(model, net)``: the model a training loop optimizes, on ``device`` (default
+    ``dist.device``), and the module its step calls (:func:`prepare`'s).
+
+    Without ``fsdp`` every rank runs ``load`` (DDP keeps a whole replica per rank anyway). Under
+    FSDP only rank 0 runs it, on the host; no other rank ever holds the full fp32 model:
+
+    1. rank 0 keeps the full state dict (its CPU tensors) and sends the others the model's
+       class, config and dtype and its non-persistent buffers (rotary ``inv_freq`` and the
+       like, which a state dict leaves out; small);
+    2. the other ranks build the same architecture on the ``meta`` device (no storage), and
+       rank 0 moves its own model there (its state dict keeps the weights alive);
+    3. every rank shards (:func:`prepare`), allocates its shards on ``device``
+       (``to_empty``), and ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends each
+       tensor from rank 0, every rank keeping its shard;
+    4. the non-persistent buffers are copied in (``to_empty`` left them uninitialised).
+
+    A rank's host peak is then its shards plus one full tensor in flight, not the model.
+    ``load`` returns the model in its training dtype on the CPU (e.g.
+    ``lambda: load_causal_lm(path, False, torch.float32)``), with anything the run changes
+    (a MASK token added, resumed weights) already applied: the others copy rank 0's config.
+    """
+    device = dist.device if device is None else device
+    if not fsdp:
+        model = load().to(device)
+        net = prepare(model, dist, fsdp=False, precision=precision, checkpointing=checkpointing)
+        return model, net
+    import torch.distributed as tdist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full: dict[str, Tensor] = {}
+    skeleton: list[Any] = [None]
+    if dist.rank == 0:
+        model = load()
+        full = dict(model.state_dict())
+        buffers = {n: b.detach() for n, b in model.named_buffers() if n not in full}
+        dtype = next(model.parameters()).dtype
+        skeleton = [(type(model), model.config, dtype, buffers)]
+        _to_meta(model)
+    tdist.broadcast_object_list(skeleton, src=0)
+    cls, config, dtype, buffers = skeleton[0]
+    if dist.rank != 0:
+        with torch.device("meta"):
+            model = cls._from_config(config, dtype=dtype)
+    net = prepare(model, dist, fsdp=True, precision=precision, checkpointing=checkpointing)
+    model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
+    with torch.no_grad():
+        for name, value in buffers.items():
+            model.get_buffer(name).copy_(value)
+    return model, net
+
+
+def _to_meta(model: torch.nn.Module) -> None:
+    """Move ``model``'s parameters and buffers to ``meta`` in place, keeping tied parameters
+    tied: swapping tensors keeps every ``Parameter`` object (which several modules may share),
+    where plain assignment would give each module a meta copy of its own."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to_empty(device="meta")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
 
 
 def autocast(precision: Precision, fsdp: bool, device: torch.device) -> Any:
