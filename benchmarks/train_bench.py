@@ -8,8 +8,9 @@ For each L a small Qwen3-shaped model (4 layers, hidden 256, 8 query / 4 KV head
   (sdpa), as :mod:`brisk.runtime.train.idlm` trains today;
 - **flex**: ``idlm_block_mask`` (no ``[2L, 2L]`` tensor) → ``flex_idlm_forward``; with
   ``--compile`` through ``torch.compile(flex_attention, dynamic=False)`` (the fused Triton
-  kernels on CUDA), otherwise uncompiled flex (torch's unfused reference, which materializes
-  the scores; on CPU with grad it runs the flex op's eager autograd, see
+  kernels on CUDA; L padded by :func:`~brisk.runtime.train.flex.padded_length`, which leaves
+  the default lengths as they are), otherwise uncompiled flex (torch's unfused reference,
+  which materializes the scores; on CPU with grad it runs the flex op's eager autograd, see
   :mod:`brisk.runtime.train.flex`). Compiled flex has no CPU backward, so ``--compile`` needs
   ``--device cuda``.
 

@@ -13,12 +13,16 @@ flex, ``finfo.min`` added in sdpa), so they differ only by summation order: obse
 logits of size O(1); the bound leaves two orders of magnitude and still catches one wrongly
 (un)masked key, which moves logits by ≈ 1e-2.
 
-What runs on this CPU: flex forward, eager (here) and compiled (inductor's C++ template; it
-works, ≈ 20 s of compilation on 2 cores, so it is not in this file). torch's public
-``flex_attention`` refuses backward on CPU in every mode, so CPU gradients go through the flex
-higher-order op's eager autograd (torch's dense math forward and backward with the same
-BlockMask and mask_mod; see :mod:`brisk.runtime.train.flex`). The fused (compiled Triton)
-forward and backward are checked by the ``cuda`` cases, which skip without a GPU.
+What runs on this CPU: flex forward, eager and compiled (inductor's C++ template, ≈ 45 s of
+compilation per shape on 2 cores: one slow test). torch's public ``flex_attention`` refuses
+backward on CPU in every mode, so CPU gradients go through the flex higher-order op's eager
+autograd (torch's dense math forward and backward with the same BlockMask and mask_mod; see
+:mod:`brisk.runtime.train.flex`). The fused (compiled Triton) forward and backward are checked
+by the ``cuda`` cases, which skip without a GPU.
+
+(4) Compiled flex at varying (L, M, offset): the padding to a compiled length is invisible
+(exact mask parity; logits and gradients of the real positions, through eager flex), and dynamo
+traces one graph per rung of the padded length, not one per batch.
 """
 
 from __future__ import annotations
