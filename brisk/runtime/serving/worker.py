@@ -12,8 +12,9 @@ Per forward and request, brisk's exact step (:func:`brisk.runtime.isd.batched.st
 
 - the committed tokens x_1..x_L and the next token (L + 1 of them, ``accept_lens``; the scheduler
   appends them and cuts at EOS / budget / stop strings);
-- the slots whose KV stays: 0..L (pending and the accepted drafts), ``accept_index``; the KV of
-  MASK slots and rejected drafts is never kept (the next window overwrites it);
+- the slots whose KV stays: 0..L (pending and the accepted drafts), the front of the window,
+  already where SGLang keeps them (``seq_len`` advances by L + 1); the KV of MASK slots and
+  rejected drafts is never kept (the next window overwrites it);
 - the next state, carried between forwards in device tensors indexed by SGLang's request-pool
   index (:class:`PoolStates`): a forward gathers its batch's rows and writes them back, one
   indexed op per state field, whatever requests joined, finished or left.
@@ -60,6 +61,7 @@ from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
 from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.serving.chain import PoolStates, chain_attention, verify_mask
 from brisk.runtime.serving.common import (
     ModelHeads,
     check_model,
@@ -77,6 +79,7 @@ __all__ = [
     "BriskISDWorker",
     "PoolStates",
     "load_options",
+    "verify_attention",
     "verify_mask",
 ]
 
@@ -157,92 +160,6 @@ class BriskISDSpec(CustomSpecAlgo):
                 f"2N − 1 = {options.block_size} slots per request, got {n}"
             )
         check_model(options, model_config_of(server_args))
-
-
-class PoolStates:
-    """Every request's ISD state, one row per index of SGLang's request pool.
-
-    Each field of :class:`ISDState` is a ``[rows, …]`` tensor on the model's device, allocated
-    once at the pool's size (``req_to_token``'s rows), so a forward reads its batch's states
-    with one indexed gather per field at ``batch.req_pool_indices`` and writes the next states
-    back with one indexed write: no per-request Python, no host transfer.
-
-    A row belongs to the request that holds its pool row only if it was written during that
-    request's tenure. SGLang bumps a pool row's generation (``req_to_token_pool.req_generation``,
-    a CPU tensor) whenever it hands the row out, and each row here keeps the generation it was
-    written at (:meth:`claim`): the row of a finished, aborted or retracted request is stale the
-    moment its pool row goes to another request, which overwrites it at its prefill or, reaching
-    decode without one here, cold-starts (:meth:`missing`).
-    """
-
-    def __init__(self, rows: int, ctx: StepContext, device: torch.device | str) -> None:
-        # a tensor per field: init_state keeps its arguments as the fields (no copies)
-        zeros = [torch.zeros(rows, dtype=torch.long, device=device) for _ in range(4)]
-        self.table = init_state(*zeros, ctx)
-        self.written = torch.full((rows,), -1, dtype=torch.long)  # generation per row (CPU)
-
-    def read(self, index: Tensor) -> ISDState:
-        """The rows at ``index [B]`` (device), a batch of states."""
-        return self.table.select(index)  # type: ignore[no-any-return]
-
-    def write(self, index: Tensor, rows: ISDState) -> None:
-        """``rows`` (B states) into the rows at ``index [B]`` (device)."""
-        self.table = _put(self.table, index, rows)
-
-    def claim(self, index_cpu: Tensor, generation: Tensor) -> None:
-        """Mark the rows at ``index_cpu`` as written for the requests holding them now."""
-        self.written[index_cpu] = generation[index_cpu]
-
-    def missing(self, index_cpu: Tensor, generation: Tensor) -> Tensor:
-        """``[B]`` bool (CPU): rows at ``index_cpu`` not written for the request holding them."""
-        return self.written[index_cpu] != generation[index_cpu]
-
-    def clear(self) -> None:
-        self.written.fill_(-1)
-
-
-def _put(table: Any, index: Tensor, rows: Any) -> Any:
-    """``table`` with ``rows`` written at ``index``: the inverse of ``table.select(index)``,
-    one indexed write per tensor field (nested dataclasses alike). A field the table lacks and
-    ``rows`` holds (the logs' q, the head's other block: the step fills them, a cold start does
-    not) is allocated at the table's size; one ``rows`` lacks is zeroed at ``index``, as
-    ``ISDState.concat`` fills it; boolean flags are or-ed, as there."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(table):
-        old, new = getattr(table, f.name), getattr(rows, f.name)
-        if dataclasses.is_dataclass(old):
-            old = _put(old, index, new)
-        elif isinstance(new, Tensor):
-            if old is None:
-                old = new.new_zeros((table.rows(), *new.shape[1:]))
-            old[index] = new.to(old.dtype)
-        elif isinstance(old, Tensor):
-            old[index] = 0
-        elif isinstance(new, bool):
-            old = old or new
-        values[f.name] = old
-    return dataclasses.replace(table, **values)
-
-
-def verify_mask(seq_lens: Tensor, seq_lens_cpu: Tensor, n: int) -> Tensor:
-    """The custom attention mask of a chain verify for backends that read one (SGLang's CUDA
-    paths): per request b, n rows of ``seq_len_b + n`` entries, ones over its KV prefix and
-    the lower-triangular chain over its n verify slots, flattened request after request.
-
-    Built by index arithmetic on the device (``seq_lens [B]``); ``seq_lens_cpu`` gives the
-    total length on the host, so nothing is read back from the device.
-
-    >>> verify_mask(torch.tensor([1, 0]), torch.tensor([1, 0]), 2).int().tolist()
-    [1, 1, 0, 1, 1, 1, 1, 0, 1, 1]
-    """
-    bs, device = seq_lens.shape[0], seq_lens.device
-    widths = (seq_lens.long() + n).repeat_interleave(n)  # [bs·n] each mask row's length
-    total = int(seq_lens_cpu.sum()) * n + bs * n * n
-    row = torch.repeat_interleave(torch.arange(bs * n, device=device), widths, output_size=total)
-    col = torch.arange(total, device=device) - (widths.cumsum(0) - widths)[row]
-    prefix = seq_lens.long().repeat_interleave(n)[row]  # the row's KV prefix length
-    slot = (torch.arange(bs * n, device=device) % n)[row]  # which verify slot the row is
-    return (col < prefix) | (col - prefix <= slot)
 
 
 class BriskISDWorker(BaseSpecWorker):
@@ -493,7 +410,6 @@ class BriskISDWorker(BaseSpecWorker):
         from sglang.srt.managers.scheduler import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.ngram_info import NgramVerifyInput
-        from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
         started = time.perf_counter()
         bs, n = len(batch.reqs), self.draft_token_num
@@ -518,13 +434,12 @@ class BriskISDWorker(BaseSpecWorker):
 
         device = logits.device
         accept_lens = result.count.to(torch.int32)
-        flat = torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)
-        accept_index = torch.where(result.keep, flat, -1)  # [bs, n] slots 0..L keep their KV
         tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
         tokens[:, : result.tokens.shape[1]] = result.tokens.to(torch.int32)
+        # A chain keeps slots 0..L, the front of each window (``result.keep``): their KV is
+        # already where SGLang's move of accepted tokens (move_accept_tokens_to_target_kvcache,
+        # for trees) would copy it, so there is nothing to move.
         new_seq_lens = batch.seq_lens + accept_lens
-        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1,
-                                             self.token_to_kv_pool_allocator)  # fmt: skip
         if on_publish is not None:
             on_publish(new_seq_lens)
         assert self.rows is not None
@@ -594,26 +509,70 @@ def _one_greedy_token(params: Any) -> bool:
     return greedy and getattr(params, "max_new_tokens", None) == 1
 
 
-def verify_attention(original: Any, self: Any, q: Tensor, k: Tensor, v: Tensor, layer: Any,
-                     forward_batch: Any, save_kv_cache: bool = True) -> Any:  # fmt: skip
+def verify_attention(
+    original: Any,
+    self: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layer: Any,
+    forward_batch: Any,
+    save_kv_cache: bool = True,
+) -> Any:
     """``TorchNativeAttnBackend.forward_extend`` for TARGET_VERIFY (AROUND hook).
 
     SGLang builds a verify batch like a decode one (no ``extend_prefix_lens`` /
     ``extend_seq_lens``; ``seq_lens`` without the n verify slots) and then routes it to
-    ``forward_extend``. For the call, each request's prefix is its ``seq_len``, its extend is n
-    and its KV length ``seq_len + n``; SDPA's causal mask is then exactly the chain's.
+    ``forward_extend``. Plain self-attention layers (Qwen3's) write the verify slots' K/V as
+    ``forward_extend`` does and attend by :func:`chain_attention`; any other layer runs
+    ``forward_extend`` itself with each request's prefix its ``seq_len``, its extend n and its KV
+    length ``seq_len + n``, where SDPA's causal mask is exactly the chain's.
     """
     if not forward_batch.forward_mode.is_target_verify():
         return original(self, q, k, v, layer, forward_batch, save_kv_cache)
-    saved = (forward_batch.seq_lens, forward_batch.extend_prefix_lens,
-             forward_batch.extend_seq_lens)  # fmt: skip
     seq_lens = forward_batch.seq_lens
     n = q.shape[0] // seq_lens.shape[0]
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    plain = (
+        not layer.is_cross_attention
+        and layer.attn_type != AttentionType.ENCODER_ONLY
+        and getattr(layer, "sliding_window_size", None) in (None, -1)
+        and layer.qk_head_dim == layer.v_head_dim
+        and forward_batch.encoder_lens is None
+        and getattr(self, "swa_out_cache_loc", None) is None
+        and forward_batch.seq_lens_cpu is not None
+    )
+    if plain:
+        pool = self.token_to_kv_pool
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        width = int(forward_batch.seq_lens_cpu.max()) + n
+        slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :width]
+        out = chain_attention(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            slots,
+            seq_lens,
+            width,
+            layer.scaling,
+        )
+        return out.reshape(q.shape[0], -1)
+    saved = (
+        forward_batch.seq_lens,
+        forward_batch.extend_prefix_lens,
+        forward_batch.extend_seq_lens,
+    )
     forward_batch.extend_prefix_lens = seq_lens
     forward_batch.extend_seq_lens = torch.full_like(seq_lens, n)
     forward_batch.seq_lens = seq_lens + n
     try:
         return original(self, q, k, v, layer, forward_batch, save_kv_cache)
     finally:
-        (forward_batch.seq_lens, forward_batch.extend_prefix_lens,
-         forward_batch.extend_seq_lens) = saved  # fmt: skip
+        (
+            forward_batch.seq_lens,
+            forward_batch.extend_prefix_lens,
+            forward_batch.extend_seq_lens,
+        ) = saved

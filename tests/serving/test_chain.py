@@ -1,8 +1,8 @@
-"""The worker's request state held by SGLang's request-pool index (:class:`PoolStates`) and the
-verify mask of custom-mask backends (:func:`verify_mask`), against their definitions: rows read
-back are exactly the rows written (``ISDState.concat`` of them, optional fields zero-filled), a
-row is stale once SGLang hands its pool row out again, and the mask equals the per-request
-construction written out row by row."""
+"""The tensor side of the chain verify (:mod:`brisk.runtime.serving.chain`) against definitions:
+rows read back from :class:`PoolStates` are exactly the rows written (``ISDState.concat`` of
+them, optional fields zero-filled) and a row is stale once SGLang hands its pool row out again;
+the custom mask equals the per-request construction written out row by row; the batched verify
+attention equals softmax attention written per request and per slot, in float64."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state
 from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.serving.worker import PoolStates, verify_mask
+from brisk.runtime.serving.chain import PoolStates, chain_attention, verify_mask
 
 M, K = 3, 4
 CTX = StepContext(ISDOptions(stride=M + 1, top_k=K), K)
@@ -135,3 +135,61 @@ def test_verify_mask_is_the_prefix_and_the_chain_per_request(seq_lens: list[int]
     lens = torch.tensor(seq_lens)
     got = verify_mask(lens, lens.clone(), n)
     torch.testing.assert_close(got, mask_by_rows(seq_lens, n), rtol=0, atol=0)
+
+
+def attention_by_slot(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Slot i of request b: softmax(q·kᵀ · scale) v over positions 0 .. seq_len_b + i, each
+    query head on its group's KV head, in float64."""
+    B, Hq, Hkv = len(seq_lens), q.shape[1], k_cache.shape[1]
+    n = q.shape[0] // B
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b, s in enumerate(seq_lens):
+        for i in range(n):
+            at = slots[b, : s + i + 1].long()
+            for h in range(Hq):
+                k = k_cache[at, h * Hkv // Hq].double()  # [s + i + 1, D]
+                v = v_cache[at, h * Hkv // Hq].double()
+                w = torch.softmax(k @ q[b * n + i, h].double() * scale, dim=0)
+                out[b * n + i, h] = w @ v
+    return out
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "n", "heads"),
+    [
+        pytest.param([5], 7, (4, 2), id="B1-n7-gqa"),
+        pytest.param([0, 3, 1], 3, (2, 2), id="B3-n3-empty-prefix"),
+        pytest.param([17, 2, 9, 30, 1, 4, 11, 6], 15, (4, 2), id="B8-n15-gqa"),
+        pytest.param([2, 40], 1, (4, 1), id="B2-n1-mqa"),
+    ],
+)
+def test_chain_attention_is_each_slot_over_its_prefix_and_chain(
+    seq_lens: list[int], n: int, heads: tuple[int, int]
+) -> None:
+    """The pool's unused rows hold NaN: padding that read them unmasked would show."""
+    Hq, Hkv = heads
+    D, pool = 8, 512
+    g = torch.Generator().manual_seed(len(seq_lens) * 100 + n)
+    k_cache = torch.full((pool, Hkv, D), float("nan"))
+    v_cache = torch.full((pool, Hkv, D), float("nan"))
+    width = max(seq_lens) + n
+    slots = torch.zeros(len(seq_lens), width + 3, dtype=torch.int32)  # wider, as req_to_token
+    free = torch.randperm(pool - 1, generator=g) + 1
+    taken = 0
+    for b, s in enumerate(seq_lens):
+        at = free[taken : taken + s + n]
+        taken += s + n
+        slots[b, : s + n] = at.int()
+        k_cache[at] = torch.randn(s + n, Hkv, D, generator=g)
+        v_cache[at] = torch.randn(s + n, Hkv, D, generator=g)
+    q = torch.randn(len(seq_lens) * n, Hq, D, generator=g)
+    got = chain_attention(q, k_cache, v_cache, slots, torch.tensor(seq_lens), width, scale=0.3)
+    want = attention_by_slot(q, k_cache, v_cache, slots, seq_lens, scale=0.3)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

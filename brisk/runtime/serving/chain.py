@@ -1,0 +1,149 @@
+"""The tensor side of a chain verify inside SGLang, for :class:`~brisk.runtime.serving.worker.
+BriskISDWorker`: where its requests' ISD state lives, the attention mask custom-mask backends
+read, and the verify attention of SGLang's CPU (torch-native) backend.
+
+- :class:`PoolStates` — every request's :class:`~brisk.runtime.isd.batched.ISDState` as one row
+  of device tables indexed by SGLang's request-pool index;
+- :func:`verify_mask` — the flattened ``[prefix ones | chain]`` rows of a chain verify;
+- :func:`chain_attention` — one attention call for the whole batch's verify slots (the
+  worker's attention hook, :func:`~brisk.runtime.serving.worker.verify_attention`, routes
+  SGLang's CPU verify forwards to it).
+
+Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.functional import scaled_dot_product_attention
+
+from brisk.runtime.isd.batched import ISDState, StepContext, init_state
+
+__all__ = ["PoolStates", "chain_attention", "verify_mask"]
+
+
+class PoolStates:
+    """Every request's ISD state, one row per index of SGLang's request pool.
+
+    Each field of :class:`ISDState` is a ``[rows, …]`` tensor on the model's device, allocated
+    once at the pool's size (``req_to_token``'s rows), so a forward reads its batch's states
+    with one indexed gather per field at ``batch.req_pool_indices`` and writes the next states
+    back with one indexed write: no per-request Python, no host transfer.
+
+    A row belongs to the request that holds its pool row only if it was written during that
+    request's tenure. SGLang bumps a pool row's generation (``req_to_token_pool.req_generation``,
+    a CPU tensor) whenever it hands the row out, and each row here keeps the generation it was
+    written at (:meth:`claim`): the row of a finished, aborted or retracted request is stale the
+    moment its pool row goes to another request, which overwrites it at its prefill or, reaching
+    decode without one here, cold-starts (:meth:`missing`).
+    """
+
+    def __init__(self, rows: int, ctx: StepContext, device: torch.device | str) -> None:
+        # a tensor per field: init_state keeps its arguments as the fields (no copies)
+        zeros = [torch.zeros(rows, dtype=torch.long, device=device) for _ in range(4)]
+        self.table = init_state(*zeros, ctx)
+        self.written = torch.full((rows,), -1, dtype=torch.long)  # generation per row (CPU)
+
+    def read(self, index: Tensor) -> ISDState:
+        """The rows at ``index [B]`` (device), a batch of states."""
+        return self.table.select(index)  # type: ignore[no-any-return]
+
+    def write(self, index: Tensor, rows: ISDState) -> None:
+        """``rows`` (B states) into the rows at ``index [B]`` (device)."""
+        self.table = _put(self.table, index, rows)
+
+    def claim(self, index_cpu: Tensor, generation: Tensor) -> None:
+        """Mark the rows at ``index_cpu`` as written for the requests holding them now."""
+        self.written[index_cpu] = generation[index_cpu]
+
+    def missing(self, index_cpu: Tensor, generation: Tensor) -> Tensor:
+        """``[B]`` bool (CPU): rows at ``index_cpu`` not written for the request holding them."""
+        return self.written[index_cpu] != generation[index_cpu]
+
+    def clear(self) -> None:
+        self.written.fill_(-1)
+
+
+def _put(table: Any, index: Tensor, rows: Any) -> Any:
+    """``table`` with ``rows`` written at ``index``: the inverse of ``table.select(index)``,
+    one indexed write per tensor field (nested dataclasses alike). A field the table lacks and
+    ``rows`` holds (the logs' q, the head's other block: the step fills them, a cold start does
+    not) is allocated at the table's size; one ``rows`` lacks is zeroed at ``index``, as
+    ``ISDState.concat`` fills it; boolean flags are or-ed, as there."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(table):
+        old, new = getattr(table, f.name), getattr(rows, f.name)
+        if dataclasses.is_dataclass(old):
+            old = _put(old, index, new)
+        elif isinstance(new, Tensor):
+            if old is None:
+                old = new.new_zeros((table.rows(), *new.shape[1:]))
+            old[index] = new.to(old.dtype)
+        elif isinstance(old, Tensor):
+            old[index] = 0
+        elif isinstance(new, bool):
+            old = old or new
+        values[f.name] = old
+    return dataclasses.replace(table, **values)
+
+
+def verify_mask(seq_lens: Tensor, seq_lens_cpu: Tensor, n: int) -> Tensor:
+    """The custom attention mask of a chain verify for backends that read one (SGLang's CUDA
+    paths): per request b, n rows of ``seq_len_b + n`` entries, ones over its KV prefix and
+    the lower-triangular chain over its n verify slots, flattened request after request.
+
+    Built by index arithmetic on the device (``seq_lens [B]``); ``seq_lens_cpu`` gives the
+    total length on the host, so nothing is read back from the device.
+
+    >>> verify_mask(torch.tensor([1, 0]), torch.tensor([1, 0]), 2).int().tolist()
+    [1, 1, 0, 1, 1, 1, 1, 0, 1, 1]
+    """
+    bs, device = seq_lens.shape[0], seq_lens.device
+    widths = (seq_lens.long() + n).repeat_interleave(n)  # [bs·n] each mask row's length
+    total = int(seq_lens_cpu.sum()) * n + bs * n * n
+    row = torch.repeat_interleave(torch.arange(bs * n, device=device), widths, output_size=total)
+    col = torch.arange(total, device=device) - (widths.cumsum(0) - widths)[row]
+    prefix = seq_lens.long().repeat_interleave(n)[row]  # the row's KV prefix length
+    slot = (torch.arange(bs * n, device=device) % n)[row]  # which verify slot the row is
+    return (col < prefix) | (col - prefix <= slot)
+
+
+def chain_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slots: Tensor,
+    seq_lens: Tensor,
+    width: int,
+    scale: float | None = None,
+) -> Tensor:
+    """Attention of every request's n verify slots over its KV, batched: ``q [B·n, Hq, D]``
+    (request after request), the pool's ``k_cache`` / ``v_cache [slots, Hkv, D]``, ``slots
+    [B, ≥ width]`` each request's KV locations in sequence order (``req_to_token`` rows; the
+    verify slots sit at ``seq_len .. seq_len + n − 1``), ``seq_lens [B]`` the KV prefix before
+    them, ``width`` ≥ max(seq_len) + n (from the host). Verify slot i of request b attends to
+    positions 0 .. seq_len_b + i: its prefix and the chain up to itself. Returns ``[B·n, Hq, D]``.
+
+    One padded call instead of SGLang's per-request loop, which also computes a query row for
+    every prefix position (``[seq_len + n]²`` scores per request, where n × (seq_len + n) are
+    needed). Padding positions read the request's first KV slot (finite, and masked out: their
+    weight is exactly 0).
+    """
+    B = seq_lens.shape[0]
+    n, Hq, D = q.shape[0] // B, q.shape[1], q.shape[2]
+    col = torch.arange(width, device=q.device)
+    limit = seq_lens.long()[:, None] + torch.arange(n, device=q.device)  # [B, n] last visible
+    visible = col <= limit[..., None]  # [B, n, width]
+    at = slots[:, :width].long()
+    at = torch.where(col <= limit[:, -1:], at, at[:, :1])  # [B, width] padding → a real slot
+    key = k_cache[at].to(q.dtype).transpose(1, 2)  # [B, Hkv, width, D]
+    value = v_cache[at].to(q.dtype).transpose(1, 2)
+    query = q.view(B, n, Hq, D).transpose(1, 2)  # [B, Hq, n, D]
+    out = scaled_dot_product_attention(
+        query, key, value, attn_mask=visible[:, None], scale=scale, enable_gqa=key.shape[1] != Hq
+    )
+    return out.transpose(1, 2).reshape(B * n, Hq, D)
