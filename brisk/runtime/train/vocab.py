@@ -41,8 +41,8 @@ def acceptance_probability(
     q_logits: Tensor, p_logits: Tensor, temperature: float, top_k: int
 ) -> Tensor:
     """β of each row ``[..., V]`` of proposal logits ``q_logits`` and verifier logits
-    ``p_logits`` (module docstring), in float32 at least, no ``[..., V]`` tensor beyond the two softmax
-    normalizers."""
+    ``p_logits`` (module docstring), in float32 at least, with no ``[..., V]`` tensor beyond
+    the two softmax normalizers."""
     if temperature == 0:
         return (q_logits.argmax(-1) == p_logits.argmax(-1)).to(_accumulate(q_logits.dtype))
     k, acc = min(top_k, q_logits.shape[-1]), _accumulate(q_logits.dtype)
