@@ -135,7 +135,8 @@ def test_uniform_weights_reduce_to_the_idlm_loss(micro_base: Path) -> None:
     plain = idlm_loss(noisy, clean, batch, "auto")
     ones = (batch.noisy_labels != IGNORE).float()
     ours = weighted_loss(noisy, clean, batch, ones, "auto")
-    assert torch.equal(ours["loss"], plain.loss)  # type: ignore[arg-type]
+    # α auto is a float64 ratio of the totals here, a float32 one in idlm_loss: last bits
+    torch.testing.assert_close(ours["loss"], plain.loss, rtol=1e-6, atol=0)
     fixed = weighted_loss(noisy, clean, batch, ones, 0.2)
     assert torch.equal(fixed["loss"], idlm_loss(noisy, clean, batch, 0.2).loss)  # type: ignore[arg-type]
 

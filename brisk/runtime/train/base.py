@@ -40,7 +40,7 @@ from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.architectures import training_token_ids
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.loader import training_placement
-from brisk.runtime.presets import build_preset
+from brisk.runtime.presets import build_preset, preset_tokenizer
 from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.distributed import (
@@ -48,9 +48,9 @@ from brisk.runtime.train.distributed import (
     autocast,
     full_state_dict,
     grad_sync,
+    load_for_training,
     load_sharded,
     micro_batches,
-    prepare,
     save_sharded,
 )
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
@@ -166,22 +166,42 @@ def _check_fits(seqs: list[list[int]], limit: int, option: str, step: int) -> No
                          f"{what} ({limit} tokens)")  # fmt: skip
 
 
-def _model_and_tokenizer(cfg: BaseTrainConfig) -> tuple[Any, Any]:
-    """The preset tiny model with its character tokenizer, or the checkpoint ``cfg.init``
-    (MASK token added when asked)."""
+def _tokenizer(cfg: BaseTrainConfig) -> Any:
+    """The preset's character tokenizer, or ``cfg.init``'s (with the MASK token added when
+    asked: every rank adds it the same way, so the ids agree)."""
     if not cfg.init:
-        return build_preset("tiny", cfg.model)
+        return preset_tokenizer("tiny")
     from transformers import AutoTokenizer
 
-    from brisk.runtime.architectures import add_mask_token, load_causal_lm
+    from brisk.runtime.backbone import MASK_TOKEN
 
     if not (Path(cfg.init) / "config.json").is_file():
         raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
-    model = load_causal_lm(cfg.init, False, torch.float32)
-    if cfg.add_mask_token:
-        add_mask_token(model, tokenizer)
-    return model, tokenizer
+    if cfg.add_mask_token:  # the tokenizer's side of add_mask_token (the model's: _model)
+        existing = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if isinstance(existing, int) and existing != tokenizer.unk_token_id:
+            tokenizer.mask_token = MASK_TOKEN
+        else:
+            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+    return tokenizer
+
+
+def _model(cfg: BaseTrainConfig, tokenizer: Any, start: Path | None) -> Any:
+    """The preset tiny model, or the checkpoint ``cfg.init`` (its embeddings grown to the
+    tokenizer's MASK token when asked), on the CPU in fp32, with the weights of the checkpoint
+    ``start`` it resumes from."""
+    from brisk.runtime.architectures import add_mask_token, load_causal_lm
+
+    if not cfg.init:
+        model = build_preset("tiny", cfg.model)[0]
+    else:
+        model = load_causal_lm(cfg.init, False, torch.float32)
+        if cfg.add_mask_token:
+            add_mask_token(model, tokenizer)
+    if start is not None:
+        model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
+    return model
 
 
 def _world(cfg: BaseTrainConfig, split: str, n: int, seed: int) -> Any:
@@ -240,19 +260,20 @@ def _train(
     # user's file, epoch after shuffled epoch); evaluation uses distinct problems of the test
     # split, which never shares a problem with training (a user's data: none here; evaluate
     # with `brisk train eval --task FILE`).
-    model, tokenizer = _model_and_tokenizer(cfg)
+    # Under FSDP rank 0 alone reads the weights; the others receive their shards
+    # (load_for_training).
+    tokenizer = _tokenizer(cfg)
+    model, net = load_for_training(
+        lambda: _model(cfg, tokenizer, start), dist, fsdp=cfg.fsdp, precision=precision_name,
+        checkpointing=cfg.activation_checkpointing, device=device,
+    )  # fmt: skip
     mask_id, pad_id = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     n_params = sum(p.numel() for p in model.parameters())
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
     held_out = _world(cfg, "test", n_eval, cfg.eval_seed).problems() if n_eval else []
     state = load_state(start) if start is not None else {}
-    if start is not None:
-        model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
-    model.to(device)
     own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
-    net = prepare(model, dist, fsdp=cfg.fsdp, precision=precision_name,
-                  checkpointing=cfg.activation_checkpointing)  # fmt: skip
     precision = autocast(precision_name, cfg.fsdp, device)
     head = model.get_output_embeddings()
 

@@ -67,9 +67,9 @@ from brisk.runtime.train.distributed import (
     autocast,
     full_state_dict,
     grad_sync,
+    load_for_training,
     load_sharded,
     micro_batches,
-    prepare,
     save_sharded,
 )
 from brisk.runtime.train.evaluate import encode_example
@@ -267,12 +267,14 @@ def _train(
     start = start_checkpoint(out, resume, cfg.to_dict(), "proposal_config.json")
     dist.barrier()
     torch.manual_seed(cfg.seed)
-    model = load_causal_lm(start or cfg.init, False, torch.float32).to(device)
+    # Under FSDP rank 0 alone reads the weights; the others receive their shards.
+    model, net = load_for_training(
+        lambda: load_causal_lm(start or cfg.init, False, torch.float32), dist, fsdp=cfg.fsdp,
+        precision=precision_name, checkpointing=cfg.activation_checkpointing, device=device,
+    )  # fmt: skip
     ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     _check_lengths(examples, tokenizer, model.config, cfg.dataset)
     set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
-    net = prepare(model, dist, fsdp=cfg.fsdp, precision=precision_name,
-                  checkpointing=cfg.activation_checkpointing)  # fmt: skip
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     tracker = ProfileTracker(M, cfg.profile_decay)
     step, tokens, static_rates = 0, 0, None
