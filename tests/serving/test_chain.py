@@ -14,7 +14,7 @@ import torch
 
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state
 from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.serving.chain import PoolStates, chain_attention, verify_mask
+from brisk.runtime.serving.chain import PoolStates, chain_attention, chain_layout, verify_mask
 
 M, K = 3, 4
 CTX = StepContext(ISDOptions(stride=M + 1, top_k=K), K)
@@ -190,6 +190,7 @@ def test_chain_attention_is_each_slot_over_its_prefix_and_chain(
         k_cache[at] = torch.randn(s + n, Hkv, D, generator=g)
         v_cache[at] = torch.randn(s + n, Hkv, D, generator=g)
     q = torch.randn(len(seq_lens) * n, Hq, D, generator=g)
-    got = chain_attention(q, k_cache, v_cache, slots, torch.tensor(seq_lens), width, scale=0.3)
+    layout = chain_layout(slots, torch.tensor(seq_lens), n, width)
+    got = chain_attention(q, k_cache, v_cache, layout, scale=0.3)
     want = attention_by_slot(q, k_cache, v_cache, slots, seq_lens, scale=0.3)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,8 @@ read, and the verify attention of SGLang's CPU (torch-native) backend.
 - :class:`PoolStates` — every request's :class:`~brisk.runtime.isd.batched.ISDState` as one row
   of device tables indexed by SGLang's request-pool index;
 - :func:`verify_mask` — the flattened ``[prefix ones | chain]`` rows of a chain verify;
-- :func:`chain_attention` — one attention call for the whole batch's verify slots (the
+- :func:`chain_layout`, :func:`chain_attention` — one attention call per layer for the whole
+  batch's verify slots (the
   worker's attention hook, :func:`~brisk.runtime.serving.worker.verify_attention`, routes
   SGLang's CPU verify forwards to it).
 
@@ -15,6 +16,7 @@ Nothing here imports SGLang.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state
 
-__all__ = ["PoolStates", "chain_attention", "verify_mask"]
+__all__ = ["ChainLayout", "PoolStates", "chain_attention", "chain_layout", "verify_mask"]
 
 
 class PoolStates:
@@ -112,38 +114,44 @@ def verify_mask(seq_lens: Tensor, seq_lens_cpu: Tensor, n: int) -> Tensor:
     return (col < prefix) | (col - prefix <= slot)
 
 
+@dataclass(frozen=True)
+class ChainLayout:
+    """Where a chain verify's batch reads its KV and what each verify slot may see, the same for
+    every layer of a forward (:func:`chain_layout`, then :func:`chain_attention` per layer)."""
+
+    at: Tensor  # [B, W] KV locations in sequence order, padding at the request's first one
+    visible: Tensor  # [B, 1, n, W] verify slot i of request b sees positions ≤ seq_len_b + i
+
+
+def chain_layout(slots: Tensor, seq_lens: Tensor, n: int, width: int) -> ChainLayout:
+    """``slots [B, ≥ width]`` each request's KV locations in sequence order (``req_to_token``
+    rows; its n verify slots sit at ``seq_len .. seq_len + n − 1``), ``seq_lens [B]`` the KV
+    prefix before them, ``width`` W ≥ max(seq_len) + n (known on the host). Padding positions
+    read the request's first KV slot: finite, and masked out (weight exactly 0)."""
+    col = torch.arange(width, device=seq_lens.device)
+    limit = seq_lens.long()[:, None] + torch.arange(n, device=seq_lens.device)  # [B, n]
+    at = slots[:, :width].long()
+    at = torch.where(col <= limit[:, -1:], at, at[:, :1])
+    return ChainLayout(at, (col <= limit[..., None])[:, None])
+
+
 def chain_attention(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    slots: Tensor,
-    seq_lens: Tensor,
-    width: int,
-    scale: float | None = None,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, layout: ChainLayout, scale: float | None = None
 ) -> Tensor:
     """Attention of every request's n verify slots over its KV, batched: ``q [B·n, Hq, D]``
-    (request after request), the pool's ``k_cache`` / ``v_cache [slots, Hkv, D]``, ``slots
-    [B, ≥ width]`` each request's KV locations in sequence order (``req_to_token`` rows; the
-    verify slots sit at ``seq_len .. seq_len + n − 1``), ``seq_lens [B]`` the KV prefix before
-    them, ``width`` ≥ max(seq_len) + n (from the host). Verify slot i of request b attends to
-    positions 0 .. seq_len_b + i: its prefix and the chain up to itself. Returns ``[B·n, Hq, D]``.
+    (request after request), the pool's ``k_cache`` / ``v_cache [slots, Hkv, D]``; verify slot
+    i of request b attends to positions 0 .. seq_len_b + i, its prefix and the chain up to
+    itself (``layout``). Returns ``[B·n, Hq, D]``.
 
     One padded call instead of SGLang's per-request loop, which also computes a query row for
     every prefix position (``[seq_len + n]²`` scores per request, where n × (seq_len + n) are
-    needed). Padding positions read the request's first KV slot (finite, and masked out: their
-    weight is exactly 0).
+    needed).
     """
-    B = seq_lens.shape[0]
-    n, Hq, D = q.shape[0] // B, q.shape[1], q.shape[2]
-    col = torch.arange(width, device=q.device)
-    limit = seq_lens.long()[:, None] + torch.arange(n, device=q.device)  # [B, n] last visible
-    visible = col <= limit[..., None]  # [B, n, width]
-    at = slots[:, :width].long()
-    at = torch.where(col <= limit[:, -1:], at, at[:, :1])  # [B, width] padding → a real slot
-    key = k_cache[at].to(q.dtype).transpose(1, 2)  # [B, Hkv, width, D]
-    value = v_cache[at].to(q.dtype).transpose(1, 2)
-    query = q.view(B, n, Hq, D).transpose(1, 2)  # [B, Hq, n, D]
+    B, Hq, D = layout.at.shape[0], q.shape[1], q.shape[2]
+    key = k_cache[layout.at].to(q.dtype).transpose(1, 2)  # [B, Hkv, W, D]
+    value = v_cache[layout.at].to(q.dtype).transpose(1, 2)
+    query = q.view(B, -1, Hq, D).transpose(1, 2)  # [B, Hq, n, D]
     out = scaled_dot_product_attention(
-        query, key, value, attn_mask=visible[:, None], scale=scale, enable_gqa=key.shape[1] != Hq
+        query, key, value, attn_mask=layout.visible, scale=scale, enable_gqa=key.shape[1] != Hq
     )
-    return out.transpose(1, 2).reshape(B * n, Hq, D)
+    return out.transpose(1, 2).reshape(q.shape)

@@ -61,7 +61,7 @@ from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
 from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.serving.chain import PoolStates, chain_attention, verify_mask
+from brisk.runtime.serving.chain import PoolStates, chain_attention, chain_layout, verify_mask
 from brisk.runtime.serving.common import (
     ModelHeads,
     check_model,
@@ -209,6 +209,7 @@ class BriskISDWorker(BaseSpecWorker):
             head = _replayed(self.corrector, heads, opt.impl)
             self.ctx = StepContext(self.isd, K, heads, head, log=log)  # type: ignore[arg-type]
         self.rows: PoolStates | None = None  # allocated with the pools (alloc_memory_pool)
+        self._chains: dict[int, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]] = {}
         self._running = 0  # requests of the last decode batch not yet finished
         # server-wide TPF = tokens / request-forwards; the decode's tokens stay on the device
         # (a running sum, read when the worker falls idle)
@@ -381,30 +382,51 @@ class BriskISDWorker(BaseSpecWorker):
         ids = torch.full((bs, n), self.mask_id, dtype=torch.long, device=device)
         ids[:, 0] = state.pending
         ids[:, 1 : M + 1] = torch.where(state.verify[:, None], state.draft.tokens, self.mask_id)
-        j = torch.arange(n, device=device)
+        j, chain, nxt, sibling, retrieve = self._chain(bs)
         positions = (batch.seq_lens.long()[:, None] + j).flatten()
-        if str(self.device).startswith("cpu"):  # torch-native attention: SDPA's causal mask
-            mask = (j[:, None] >= j[None, :]).expand(bs, n, n).flatten()
-        else:  # custom-mask backends read [seq_len prefix ones | chain] rows
-            mask = verify_mask(batch.seq_lens, batch.seq_lens_cpu, n)
-        nxt = torch.where(j + 1 < n, j + 1, -1).expand(bs, n).clone()
+        # the CPU backend's SDPA reads the chain alone; custom-mask backends read
+        # [seq_len prefix ones | chain] rows
+        mask = chain if chain is not None else verify_mask(batch.seq_lens, batch.seq_lens_cpu, n)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = ids.flatten()
         batch.out_cache_loc = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=batch.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens, end_offset=batch.seq_lens + n,
-            batch_size=bs, draft_token_num=n, device=device,
-        )  # fmt: skip
-        batch.spec_info = NgramVerifyInput(
-            draft_token=batch.input_ids, custom_mask=mask, positions=positions,
-            retrieve_index=(torch.arange(bs, device=device)[:, None] * n + j),
-            retrieve_next_token=nxt, retrieve_next_sibling=torch.full_like(nxt, -1),
+            start_offset=batch.seq_lens,
+            end_offset=batch.seq_lens + n,
+            batch_size=bs,
             draft_token_num=n,
-        )  # fmt: skip
+            device=device,
+        )
+        batch.spec_info = NgramVerifyInput(
+            draft_token=batch.input_ids,
+            custom_mask=mask,
+            positions=positions,
+            retrieve_index=retrieve,
+            retrieve_next_token=nxt,
+            retrieve_next_sibling=sibling,
+            draft_token_num=n,
+        )
         if self.corrector is not None:
             batch.spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
         return ids
+
+    def _chain(self, bs: int) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]:
+        """What a chain verify of ``bs`` requests feeds SGLang besides its ids and positions,
+        the same every forward (read, never written, by the forward): slot offsets j ``[n]``,
+        the CPU backend's mask (None elsewhere), the chain's links ``[bs, n]`` (next, sibling)
+        and each slot's flat index ``[bs, n]``."""
+        cached = self._chains.get(bs)
+        if cached is None:
+            n, device = self.draft_token_num, self.device
+            j = torch.arange(n, device=device)
+            cpu = str(device).startswith("cpu")
+            chain = (j[:, None] >= j[None, :]).expand(bs, n, n).flatten() if cpu else None
+            nxt = torch.where(j + 1 < n, j + 1, -1).expand(bs, n).contiguous()
+            retrieve = torch.arange(bs, device=device)[:, None] * n + j
+            cached = (j, chain, nxt, torch.full_like(nxt, -1), retrieve)
+            self._chains[bs] = cached
+        return cached
 
     def _decode(self, batch: Any, on_publish: Any, pp_proxy_tensors: Any) -> Any:
         from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -548,15 +570,17 @@ def verify_attention(
         pool = self.token_to_kv_pool
         if save_kv_cache and k is not None and v is not None:
             pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
-        width = int(forward_batch.seq_lens_cpu.max()) + n
-        slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :width]
+        layout = getattr(forward_batch, "brisk_chain_layout", None)
+        if layout is None:  # the first layer of this forward; the others share it
+            width = int(forward_batch.seq_lens_cpu.max()) + n
+            slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :width]
+            layout = chain_layout(slots, seq_lens, n, width)
+            forward_batch.brisk_chain_layout = layout
         out = chain_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             pool.get_key_buffer(layer.layer_id),
             pool.get_value_buffer(layer.layer_id),
-            slots,
-            seq_lens,
-            width,
+            layout,
             layer.scaling,
         )
         return out.reshape(q.shape[0], -1)
