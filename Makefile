@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck bench tiny paper converted reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck bench gpu-check tiny paper converted reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -123,6 +123,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mechanism_bench.py
 	@test -d $(TINY)/base/final || { echo "decode_bench needs $(TINY)/base/final: run make tiny"; exit 1; }
 	$(BIN)/python benchmarks/decode_bench.py --model $(TINY)/base/final
+
+# brisk's GPU paths at I-DLM-8B shapes, PASS/FAIL lines (≤ 8 min on one H100): run on a lent
+# device, whose image has python3 with torch, triton and transformers (no venv, no SGLang).
+gpu-check:
+	PYTHONPATH=. python3 benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(SVENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
