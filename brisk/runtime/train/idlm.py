@@ -61,7 +61,12 @@ def block_ids(L: int, M: int, offset: int = 0, device: torch.device | None = Non
 
 
 def may_attend(
-    q_noisy: Tensor, q_pos: Tensor, k_noisy: Tensor, k_pos: Tensor, M: int, offset: int = 0
+    q_noisy: Tensor,
+    q_pos: Tensor,
+    k_noisy: Tensor,
+    k_pos: Tensor,
+    M: int | Tensor,
+    offset: int | Tensor = 0,
 ) -> Tensor:
     """The rule table of the module docstring as a predicate on broadcastable index tensors
     (stream flags and positions of query and key): the one definition of the I-DLM mask, shared
