@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.table import Table
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import DynamicCache
 
 from brisk.runtime.backbone import HFBackbone, cache_keyword
 from brisk.runtime.isd import ISDOptions, decode
+from brisk.runtime.loader import load_model
 from brisk.runtime.tiny.task import make_split
 from brisk.runtime.train.config import BaseTrainConfig
 
@@ -156,18 +157,19 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="median of this many runs")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default=None, help="cpu, cuda (default: brisk's)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 (default: brisk's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if not args.model.is_dir():
         parser.error(f"--model: {args.model} is not a checkpoint directory (run `make tiny`)")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device: cuda requested but no CUDA device is available")
     torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model).to(device).eval()
-    backbone = HFBackbone.from_pretrained(args.model, device=device)
+    try:  # the one loader every command uses: its device and dtype defaults and checks
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    except ValueError as err:
+        parser.error(str(err))
+    tokenizer, backbone, device = loaded.tokenizer, loaded.backbone, loaded.placement.device
+    model = backbone.model  # the AR baseline runs the same weights
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     prompts = prompts_of(args.model, args.prompts, tokenizer)
     batches = [int(b) for b in args.batch.split(",")]
