@@ -12,29 +12,61 @@ position ids (they build the ISD and block-diffusion masks themselves), and a MA
   ``block_size`` in the config.
 
 Another architecture whose weights match a transformers class is added to :data:`AS_TRANSFORMERS`
-(its config's architecture name → the transformers config class to read it with). A model
-without a MASK token gets one with :func:`add_mask_token`.
+(its config's architecture name → the transformers config class to read it with) and its
+``model_type`` to :data:`CONFIG_TWINS`. A model without a MASK token gets one with
+:func:`add_mask_token`.
+
+``brisk serve`` runs a checkpoint through SGLang as the same causal LM (:func:`served_as`): SGLang's
+own class for ``SDARForCausalLM`` attends bidirectionally (I-DLM's block diffusion), ISD needs the
+causal twin, so the server is told to build the twin; an architecture that is neither a
+transformers causal LM nor one of :data:`AS_TRANSFORMERS` is refused. :func:`register_config_twins`
+lets a process without remote code read such a config (SGLang's, through brisk's plugin).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3Config,
+)
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 __all__ = [
     "AS_TRANSFORMERS",
+    "CONFIG_TWINS",
+    "SDARAsQwen3Config",
+    "ServedAs",
     "add_mask_token",
     "load_causal_lm",
     "model_config",
+    "register_config_twins",
+    "served_as",
     "training_token_ids",
 ]
 
 AS_TRANSFORMERS: dict[str, str] = {"SDARForCausalLM": "qwen3"}
+
+
+class SDARAsQwen3Config(Qwen3Config):
+    """An I-DLM ``sdar`` config read as the Qwen3 config it is (the fields of I-DLM's own
+    ``SDARConfig``; ``mask_token_id`` and ``block_size`` kept as extra fields)."""
+
+    model_type = "sdar"
+
+
+CONFIG_TWINS: dict[str, type[PretrainedConfig]] = {"sdar": SDARAsQwen3Config}
+"""The ``model_type`` of each :data:`AS_TRANSFORMERS` checkpoint → the config class that reads it
+without its remote code."""
 
 
 def _raw_config(path: Path) -> dict[str, Any]:
@@ -50,6 +82,57 @@ def _raw_config(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"path: {file} holds no JSON object")
     return raw
+
+
+@dataclass(frozen=True)
+class ServedAs:
+    """How a server runs a checkpoint: the causal LM class it builds and, for a checkpoint of
+    :data:`AS_TRANSFORMERS`, the twin's ``model_type`` (None: the checkpoint as it is)."""
+
+    architecture: str
+    model_type: str | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """SGLang's ``--json-model-override-args`` that build the twin (empty when none): its
+        config keeps every other field, ``mask_token_id`` among them.
+
+        >>> ServedAs("Qwen3ForCausalLM", "qwen3").overrides()
+        {'architectures': ['Qwen3ForCausalLM'], 'model_type': 'qwen3'}
+        """
+        if self.model_type is None:
+            return {}
+        return {"architectures": [self.architecture], "model_type": self.model_type}
+
+
+def served_as(path: str | Path) -> ServedAs:
+    """The causal LM a server runs the checkpoint at ``path`` as (module docstring), from its
+    config.json; a ``ValueError`` (``path: ...``) for one brisk cannot serve causally.
+
+    The first architecture the config lists decides, as in SGLang's model registry."""
+    raw = _raw_config(Path(path))
+    names = raw.get("architectures")
+    if not isinstance(names, list) or not names or not isinstance(names[0], str):
+        raise ValueError(f"path: {path}/config.json names no architectures")
+    name = names[0]
+    if name in AS_TRANSFORMERS:
+        twin = AS_TRANSFORMERS[name]
+        return ServedAs(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[twin], twin)
+    if name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+        return ServedAs(name)
+    twins = ", ".join(AS_TRANSFORMERS)
+    raise ValueError(
+        f"path: {path} is a {name}, which brisk cannot serve as a causal LM (not a transformers "
+        f"causal LM class, and not one brisk runs as its causal twin: {twins})"
+    )
+
+
+def register_config_twins() -> None:
+    """Let transformers read the configs of :data:`CONFIG_TWINS` without remote code, in this
+    process. transformers prefers a registered class to a checkpoint's ``auto_map``, so the
+    checkpoint's configuration code does not run here even with ``trust_remote_code``."""
+    for model_type, config_class in CONFIG_TWINS.items():
+        if model_type not in CONFIG_MAPPING:
+            AutoConfig.register(model_type, config_class)
 
 
 def model_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:

@@ -5,19 +5,33 @@ The model is built here, in seconds, so a fresh clone needs no checkpoint: the m
 its output layer scaled by :data:`LOGIT_SCALE` so that greedy decoding has a clear margin between
 the top two logits (the smallest gap over the test's prompts: 8e-4 unscaled, 1.3e-2 scaled) and
 a last-bit difference between SGLang's CPU attention and transformers' cannot flip a token. The
-server runs it in float32, as transformers does (SGLang's ``--dtype auto`` would take float16).
+server runs it in float32, as transformers does (brisk's launcher passes the dtype ``brisk
+decode`` takes on the device; SGLang's ``--dtype auto`` would take float16).
+
+:func:`sdar_checkpoint` ships a model as I-DLM ships its checkpoints (architecture
+``SDARForCausalLM``, its own configuration and model code beside the weights), and
+:func:`start_brisk_serve` starts a server through ``brisk serve`` itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 import urllib.request
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brisk.runtime.serving.launch import ServerProcess, isd_flags, server_launch, start_server
+from brisk.runtime.serving.launch import (
+    ServerLaunch,
+    ServerProcess,
+    isd_flags,
+    server_launch,
+    start_server,
+)
 
 __all__ = [
     "LOGIT_SCALE",
@@ -27,8 +41,12 @@ __all__ = [
     "greedy_reference",
     "isd_server_args",
     "post_generate",
+    "post_json",
+    "sdar_checkpoint",
+    "start_brisk_serve",
     "start_real_server",
     "task_prompts",
+    "task_texts",
     "train_micro_idlm",
 ]
 
@@ -96,19 +114,80 @@ def micro_corrector(model_dir: Path, out: Path, stride: int, K: int = 4) -> Path
     return out
 
 
-def task_prompts(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
-    """``n`` prompts of the trivial task's test split, tokenized as brisk decodes them."""
+def task_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts of the trivial task's test split, as text."""
     import itertools
 
-    from transformers import AutoTokenizer
-
-    from brisk.runtime.prompts import encode_prompts
     from brisk.runtime.tiny.task import TaskConfig
     from brisk.runtime.tiny.task import generate as problems
 
+    return [p.prompt for p in itertools.islice(problems(TaskConfig.trivial(), "test", seed), n)]
+
+
+def task_prompts(model_dir: Path, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of the trivial task's test split, tokenized as brisk decodes them."""
+    from transformers import AutoTokenizer
+
+    from brisk.runtime.prompts import encode_prompts
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    stream = problems(TaskConfig.trivial(), "test", seed)
-    return encode_prompts(tokenizer, [p.prompt for p in itertools.islice(stream, n)])
+    return encode_prompts(tokenizer, task_texts(n, seed))
+
+
+SDAR_CONFIG = """\
+from transformers import Qwen3Config
+
+
+class SDARConfig(Qwen3Config):
+    model_type = "sdar"
+
+    def __init__(self, block_size=4, mask_token_id=None, **kwargs):
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        super().__init__(**kwargs)
+"""
+
+SDAR_MODEL = """\
+from transformers import Qwen3ForCausalLM, Qwen3Model
+
+from .configuration_sdar import SDARConfig
+
+
+class SDARModel(Qwen3Model):
+    config_class = SDARConfig
+
+
+class SDARForCausalLM(Qwen3ForCausalLM):
+    config_class = SDARConfig
+"""
+
+
+def sdar_checkpoint(model_dir: Path, out: Path, block_size: int = 4) -> Path:
+    """``model_dir``'s weights and tokenizer shipped as an I-DLM checkpoint: architecture
+    ``SDARForCausalLM``, ``model_type`` ``sdar``, ``auto_map`` to its own
+    ``configuration_sdar.py`` / ``modeling_sdar.py`` beside the weights (a Qwen3 config and
+    model: the weights are the micro model's), ``mask_token_id`` and ``block_size``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.name.endswith((".safetensors", ".json")) and f.name != "config.json":
+            shutil.copy2(f, out / f.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert isinstance(config.get("mask_token_id"), int), "a MASK id to ship"
+    auto_map = {
+        "AutoConfig": "configuration_sdar.SDARConfig",
+        "AutoModel": "modeling_sdar.SDARModel",
+        "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+    }
+    config |= {
+        "architectures": ["SDARForCausalLM"],
+        "model_type": "sdar",
+        "block_size": block_size,
+        "auto_map": auto_map,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "configuration_sdar.py").write_text(SDAR_CONFIG)
+    (out / "modeling_sdar.py").write_text(SDAR_MODEL)
+    return out
 
 
 def greedy_reference(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
@@ -146,8 +225,15 @@ def generate(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[li
 def post_generate(url: str, body: dict[str, Any]) -> Any:
     """``POST /generate`` with ``body``; the decoded JSON answer (``urllib.error.HTTPError``
     when the server refuses the request)."""
-    request = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    return post_json(url, "/generate", body)
+
+
+def post_json(url: str, path: str, body: dict[str, Any]) -> Any:
+    """``POST`` ``body`` to ``url + path``; the decoded JSON answer (``urllib.error.HTTPError``
+    when the server refuses the request)."""
+    request = urllib.request.Request(
+        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
         return json.loads(response.read())
 
@@ -172,15 +258,28 @@ def start_real_server(
     """
     if model is None:
         model = build_micro_model(workdir / "model")
-    launch_on = partial(server_launch, model, device="cpu",
-                        extra_args=["--dtype", "float32", *(extra_args or [])],
+    launch_on = partial(server_launch, model, device="cpu", extra_args=extra_args or [],
                         env={**_one_thread_env(), **(env or {})})  # fmt: skip
+    server, startup = start_server(launch_on, workdir / "server.log", START_TIMEOUT_S)
+    return server, RealServer(server.launch.url, model, server.log, startup)
+
+
+def start_brisk_serve(
+    workdir: Path, model: Path, flags: list[str], sglang_args: list[str] | None = None
+) -> tuple[ServerProcess, RealServer]:
+    """``brisk serve --model MODEL FLAGS -- SGLANG_ARGS`` on a free loopback port: the command a
+    user runs (it replaces itself with SGLang's launcher, so the process group is the server's).
+    Ownership as :func:`start_real_server`."""
+
+    def launch_on(port: int) -> ServerLaunch:
+        serve = ["serve", "--model", str(model), "--port", str(port), *flags]
+        argv = (sys.executable, "-m", "brisk.cli", *serve, "--", *(sglang_args or []))
+        return ServerLaunch(argv=argv, env=_one_thread_env(), url=f"http://127.0.0.1:{port}")
+
     server, startup = start_server(launch_on, workdir / "server.log", START_TIMEOUT_S)
     return server, RealServer(server.launch.url, model, server.log, startup)
 
 
 def _one_thread_env() -> dict[str, str]:
     """This machine's 2 cores are shared with the rest of the suite: one thread per process."""
-    import os
-
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -10,9 +10,16 @@ minute of start-up), a scheduler that sleeps when idle (it otherwise keeps a cor
 the server computes in the dtype ``brisk decode`` takes on that device (:data:`SERVER_DTYPES`).
 Arguments passed through come last, so they override.
 
+A checkpoint is served as the causal LM ``brisk decode`` runs
+(:func:`brisk.runtime.architectures.served_as`): an I-DLM ``SDARForCausalLM`` as the causal Qwen3
+it is for ISD (SGLang's own SDAR class attends bidirectionally), through
+``--json-model-override-args`` (merged with one passed through); an architecture brisk cannot
+serve causally is refused before anything starts.
+
 :class:`ServerProcess` starts the command in its own process group, waits for the server to
 answer a generation, and stops it by that group (the launcher and its scheduler and detokenizer
-children), never by name. Nothing here imports SGLang or torch.
+children), never by name. Nothing here imports SGLang; reading a local checkpoint's
+architecture imports transformers (and so torch).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ __all__ = [
     "CPU_FLAGS",
     "FREE_PORTS",
     "ISD_CONFIG_ENV",
+    "OVERRIDE_FLAG",
     "SERVER_DTYPES",
     "PortTaken",
     "ServerLaunch",
@@ -105,7 +113,7 @@ class ServerLaunch:
         set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV)
         extra = [f"{k}={_quoted(self.env[k])}" for k in set_here
                  if k in self.env and self.env.get(k) != os.environ.get(k)]  # fmt: skip
-        return " ".join([*extra, *self.argv])
+        return " ".join([*extra, *map(_quoted, self.argv)])
 
 
 def server_arguments(
@@ -126,6 +134,10 @@ def server_arguments(
     there) is SGLang's ``--dtype``; ``address`` (host, port) is for the HTTP server only; ``isd``
     (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) makes decoding ISD through brisk's
     plugin; ``extra_args`` come last, so they override.
+
+    A local checkpoint's architecture decides the model class (module docstring; a ``ValueError``
+    ``model: ...`` for one brisk cannot serve causally); a ``model`` that is not a local
+    directory with a config.json (a hub name) goes to SGLang as it is.
 
     >>> flags, env = server_arguments("m", isd={"stride": 2}, env={})
     >>> flags[:6]
@@ -148,8 +160,57 @@ def server_arguments(
     if isd is not None:
         flags += isd_flags(int(isd.get("stride", 4)))  # type: ignore[call-overload]
         run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
-    flags += extra_args
+    passed, asked = _model_overrides_passed(extra_args)
+    overrides = {**_causal_overrides(model, asked), **asked}
+    if overrides:
+        flags += [OVERRIDE_FLAG, json.dumps(overrides, separators=(",", ":"))]
+    flags += passed
     return tuple(flags), run_env
+
+
+OVERRIDE_FLAG = "--json-model-override-args"
+
+
+def _model_overrides_passed(extra_args: Sequence[str]) -> tuple[list[str], dict[str, object]]:
+    """``extra_args`` without SGLang's ``--json-model-override-args``, and the overrides it gave
+    (the last one, as SGLang's parser takes), to merge with brisk's."""
+    rest: list[str] = []
+    asked: dict[str, object] = {}
+    args = list(extra_args)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == OVERRIDE_FLAG and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif arg.startswith(OVERRIDE_FLAG + "="):
+            value, i = arg.partition("=")[2], i + 1
+        else:
+            rest.append(arg)
+            i += 1
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{OVERRIDE_FLAG}: not JSON ({err})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{OVERRIDE_FLAG}: expected a JSON object, got {value}")
+        asked = parsed
+    return rest, asked
+
+
+def _causal_overrides(
+    model: str | os.PathLike[str], asked: Mapping[str, object]
+) -> dict[str, object]:
+    """The overrides that serve a local checkpoint as its causal LM; none when the caller names
+    the architecture itself, or ``model`` is no local checkpoint."""
+    if "architectures" in asked or not (Path(model) / "config.json").is_file():
+        return {}
+    from brisk.runtime.architectures import served_as
+
+    try:
+        return served_as(model).overrides()
+    except ValueError as err:
+        raise ValueError(f"model: {str(err).removeprefix('path: ')}") from None
 
 
 def server_launch(

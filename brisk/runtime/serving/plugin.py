@@ -10,7 +10,15 @@ the hooks registered here. :func:`register`
 - wraps DFlash's draft sampler (:mod:`brisk.runtime.serving.dflash`), active when
   ``BRISK_DFLASH_CORRECTOR`` names a corrector checkpoint;
 - wraps the torch-native attention's extend so that ``BRISK_ISD``'s chain verify attends as
-  SGLang's CUDA backends do (the hook acts on TARGET_VERIFY batches only).
+  SGLang's CUDA backends do (the hook acts on TARGET_VERIFY batches only);
+- wraps the tokenizer manager's request validation and the request's normalization
+  (:mod:`brisk.runtime.serving.guard`): a request whose prompt a forward cannot take (a token
+  id outside the vocabulary, no tokens, ``input_embeds`` of the wrong shape, …) gets a 400 in
+  the HTTP server instead of ending the scheduler, with ISD and without;
+- lets transformers read an I-DLM ``sdar`` config as the Qwen3 config it is, without the
+  checkpoint's remote code (:func:`brisk.runtime.architectures.register_config_twins`), so
+  ``brisk serve`` can run such a checkpoint as its causal twin
+  (:func:`brisk.runtime.architectures.served_as`).
 
 (The dLLM algorithm ``BriskISD`` of ``--dllm-algorithm`` is retired: SGLang 0.5.23's dLLM
 scheduler commits whole blocks and could not run it; ``BRISK_ISD`` serves ISD instead.)
@@ -30,22 +38,29 @@ _DFLASH = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
 _TORCH_NATIVE_EXTEND = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend"
 )
+_VALIDATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+_NORMALIZE = "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"
 HOOKS = {
     f"{_DFLASH}._greedy_sample_from_vocab_parallel_head": "brisk.runtime.serving.dflash:rerank",
     f"{_DFLASH}._maybe_build_draft_sampler": "brisk.runtime.serving.dflash:eager_when_reranking",
     _TORCH_NATIVE_EXTEND: "brisk.runtime.serving.worker:verify_attention",
+    _VALIDATE: "brisk.runtime.serving.guard:validate_request",
+    _NORMALIZE: "brisk.runtime.serving.guard:check_inputs",
 }
 
 
 def register() -> None:
-    """Add ``BRISK_ISD`` to SGLang's speculative algorithms and register brisk's hooks."""
+    """Add ``BRISK_ISD`` to SGLang's speculative algorithms, register brisk's hooks and the
+    configs brisk reads as their transformers twins."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
+    from brisk.runtime.architectures import register_config_twins
     from brisk.runtime.serving.worker import ALGORITHM as SPECULATIVE
     from brisk.runtime.serving.worker import BriskISDSpec, BriskISDWorker
 
+    register_config_twins()
     if get_spec(SPECULATIVE) is None:  # register() may run twice in one process
         SpeculativeAlgorithm.register(SPECULATIVE, spec_class=BriskISDSpec)(
             lambda server_args: BriskISDWorker

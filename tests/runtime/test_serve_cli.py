@@ -1,0 +1,132 @@
+"""``brisk serve --dry-run`` (no SGLang needed): the device and dtype ``brisk decode`` takes by
+default, passed to SGLang; the model class an I-DLM checkpoint is served as; one line and exit
+status 2 for what cannot be served."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 12,
+    "mask_token_id": 11,
+}
+
+
+def checkpoint(path: Path, **overrides: object) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({**CONFIG, **overrides}))
+    return path
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "brisk.cli", "serve", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def flag(words: list[str], name: str) -> str:
+    """The value after the last ``name`` (SGLang's parser takes the last)."""
+    return words[len(words) - 1 - words[::-1].index(name) + 1]
+
+
+def test_the_defaults_are_brisk_decodes(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path / "m")
+    result = serve("--model", str(model), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    words = shlex.split(result.stdout)
+    cuda = torch.cuda.is_available()
+    assert flag(words, "--dtype") == ("bfloat16" if cuda else "float32")
+    assert ("SGLANG_USE_CPU_ENGINE=1" in words) is not cuda
+    assert ("--device" in words and flag(words, "--device") == "cpu") is not cuda
+
+
+@pytest.mark.parametrize(
+    ("given", "dtype"), [("bf16", "bfloat16"), ("float16", "float16"), ("float32", "float32")]
+)
+def test_a_dtype_given_reaches_sglang(tmp_path: Path, given: str, dtype: str) -> None:
+    model = checkpoint(tmp_path / "m")
+    result = serve("--model", str(model), "--device", "cpu", "--dtype", given, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert flag(shlex.split(result.stdout), "--dtype") == dtype
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "int8"], "--dtype: expected float32, bfloat16 or float16, got 'int8'"),
+        (["--device", "mps"], "--device: brisk serve runs on cpu or cuda, got 'mps'"),
+        (["--device", "cuda:1"], "--device: brisk serve runs on cpu or cuda, got 'cuda:1'"),
+        (["--device", "tpu"], "--device: brisk serve runs on cpu or cuda, got 'tpu'"),
+    ],
+)
+def test_a_device_or_dtype_that_cannot_serve_is_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = serve("--model", str(checkpoint(tmp_path / "m")), *args, "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"brisk: error: {message}")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA refuses it")
+def test_cuda_without_a_gpu_is_one_line(tmp_path: Path) -> None:
+    result = serve("--model", str(checkpoint(tmp_path / "m")), "--device", "cuda", "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "brisk: error: --device: cuda requested, but CUDA is not available here"
+    )
+
+
+def test_an_idlm_checkpoint_is_served_as_qwen3(tmp_path: Path) -> None:
+    model = checkpoint(
+        tmp_path / "sdar", architectures=["SDARForCausalLM"], model_type="sdar", block_size=4
+    )
+    result = serve(
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--stride",
+        "4",
+        "--dry-run",
+        "--",
+        "--json-model-override-args",
+        '{"block_size": 3}',
+    )
+    assert result.returncode == 0, result.stderr
+    words = shlex.split(result.stdout)
+    assert words.count("--json-model-override-args") == 1
+    overrides = json.loads(flag(words, "--json-model-override-args"))
+    assert overrides == {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "block_size": 3,
+    }
+    plain = serve("--model", str(checkpoint(tmp_path / "qwen3")), "--device", "cpu", "--dry-run")
+    assert "--json-model-override-args" not in shlex.split(plain.stdout)
+
+
+@pytest.mark.parametrize("architecture", ["LLaDA2MoeModelLM", "BertModel", "NoSuchModelForLM"])
+def test_an_architecture_that_cannot_be_served_causally_is_one_line(
+    tmp_path: Path, architecture: str
+) -> None:
+    model = checkpoint(tmp_path / "m", architectures=[architecture], model_type="x")
+    result = serve("--model", str(model), "--device", "cpu", "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"brisk: error: --model: {model} is a {architecture}, which brisk cannot serve as a "
+        "causal LM (not a transformers causal LM class, and not one brisk runs as its causal "
+        "twin: SDARForCausalLM)"
+    )
