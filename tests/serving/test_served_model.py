@@ -236,6 +236,8 @@ def test_what_a_forward_takes_goes_on_to_sglangs_own_checks() -> None:
         (request(text="7+5="), [1, 23, 17, 21, 29], "float32"),
         (request(input_embeds=[[0.5] * 4, [1, 2, 3, 4]]), None, "bfloat16"),
         (request(input_ids=[1], return_logprob=True, top_logprobs_num=101), [1], "float32"),
+        # a session's next turn may bring no tokens: its history is the prompt (SGLang's rule)
+        (request(input_ids=[], session_params={"id": "s-1"}), [], "float32"),
     ]
     for obj, ids, dtype in good:
         assert validate_request(original, manager(dtype), obj, ids) == "validated by SGLang"

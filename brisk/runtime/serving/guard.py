@@ -49,9 +49,11 @@ def request_problem(
     input_embeds: Sequence[Any] | None,
     limits: Limits,
     top_logprobs_num: int | None = None,
+    continues_session: bool = False,
 ) -> str | None:
     """Why one request (its tokenized prompt ``input_ids``, or ``input_embeds`` rows) cannot go
-    into a forward of the model with ``limits``, or None.
+    into a forward of the model with ``limits``, or None. A request that ``continues_session``
+    may bring no tokens of its own (the session's history is its prompt).
 
     >>> lim = Limits(vocab_size=101, hidden_size=4)
     >>> request_problem([1, 5], None, lim) is None
@@ -75,7 +77,7 @@ def request_problem(
         if problem is not None:
             return problem
     elif input_ids is not None:
-        if len(input_ids) == 0:
+        if len(input_ids) == 0 and not continues_session:
             return "input_ids: the prompt has no tokens"
         for position, token in enumerate(input_ids):
             if isinstance(token, bool) or not isinstance(token, int):
@@ -119,7 +121,10 @@ def validate_request(original: Any, self: Any, obj: Any, input_ids: Any) -> Any:
         limits = Limits(int(config.vocab_size), int(config.hidden_size), dtype)
         top = getattr(obj, "top_logprobs_num", None)
         asked = top if getattr(obj, "return_logprob", False) and isinstance(top, int) else None
-        problem = request_problem(input_ids, getattr(obj, "input_embeds", None), limits, asked)
+        session = getattr(obj, "session_params", None)
+        continues = isinstance(session, dict) and bool(session.get("id"))
+        embeds = getattr(obj, "input_embeds", None)
+        problem = request_problem(input_ids, embeds, limits, asked, continues)
         if problem is not None:
             raise ValueError(problem)
     return original(self, obj, input_ids)
