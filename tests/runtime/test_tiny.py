@@ -177,7 +177,7 @@ TOKENIZER = char_tokenizer()
 @given(st.text(alphabet=st.sampled_from(list(CHARS)), max_size=200))
 def test_tokenizer_round_trip(text: str) -> None:
     tok = TOKENIZER
-    ids = tok.encode(text)
+    ids = tok.encode(text, add_special_tokens=False)
     assert len(ids) == len(text)  # one token per character, no specials added
     assert tok.decode(ids) == text
 
@@ -188,7 +188,12 @@ def test_tokenizer_saves_and_loads(tmp_path: Path) -> None:
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     text = "Q: 17+5-8=?\n17+5=22\n22-8=14\n#### 14"
     assert loaded.encode(text) == tok.encode(text)
-    assert loaded.decode(loaded.encode(text)) == text
-    wrapped = [loaded.bos_token_id, *loaded.encode(text), loaded.eos_token_id]
+    assert loaded.decode(loaded.encode(text, add_special_tokens=False)) == text
+    # special tokens asked for: BOS first, as the model was trained (any consumer encodes so)
+    assert loaded.encode(text) == [
+        loaded.bos_token_id,
+        *loaded.encode(text, add_special_tokens=False),
+    ]
+    wrapped = [*loaded.encode(text), loaded.eos_token_id]
     assert loaded.decode(wrapped, skip_special_tokens=True) == text
     assert loaded.mask_token_id == tok.mask_token_id
