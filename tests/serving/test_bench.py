@@ -135,3 +135,37 @@ def test_a_bad_prompts_file_is_one_line_naming_it(
                  "--out", str(tmp_path)])  # fmt: skip
     assert code == 2
     assert capsys.readouterr().err.strip() == f"brisk: error: prompts: {file}{error}"
+
+
+def test_the_cpu_sweep_reads_the_workers_last_idle_lines() -> None:
+    """``benchmarks/serve_cpu_bench.py`` adds the ISD worker's own numbers to the sweep's JSON:
+    the last TPF line and, per batch size, the last decode forward times, as the worker logs
+    them (``BriskISDWorker.note_request_finished``)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_cpu_bench.py"
+    spec = importlib.util.spec_from_file_location("serve_cpu_bench", path)
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    log = "\n".join(
+        [
+            "[t] BRISK_ISD TPF 2.500: 10 committed tokens in 4 request-forwards since start (…)",
+            "[t] BRISK_ISD decode forwards since start, by batch size: B=1: 2 forwards, model "
+            "4.00 ms, host 1.00 ms (25.0 %)",
+            "[t] BRISK_ISD TPF 2.750: 22 committed tokens in 8 request-forwards since start (…)",
+            "[t] BRISK_ISD decode forwards since start, by batch size: B=1: 2 forwards, model "
+            "4.00 ms, host 1.00 ms (25.0 %); B=2: 1 forwards, model 6.50 ms, host 1.25 ms (19.2 %)",
+        ]
+    )
+    assert bench.worker_lines(log) == {
+        "tpf": 2.75,
+        "tokens": 22,
+        "request_forwards": 8,
+        "decode_by_batch_size": {
+            1: {"forwards": 2, "model_ms": 4.0, "host_ms": 1.0},
+            2: {"forwards": 1, "model_ms": 6.5, "host_ms": 1.25},
+        },
+    }
+    assert bench.worker_lines("no worker here")["tpf"] is None

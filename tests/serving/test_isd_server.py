@@ -38,6 +38,8 @@ MAX_NEW_TOKENS = 32
 MIN_MARGIN = 1e-3  # ≫ float32 rounding of these logits: no near-tie to flip
 CHUNK = 4  # --chunked-prefill-size of the chunked test: a task prompt prefills in ≥ 3 extends
 TPF_LINE = re.compile(r"BRISK_ISD TPF ([0-9.]+): (\d+) committed tokens in (\d+) request-fo")
+CLOCK_LINE = re.compile(r"BRISK_ISD decode forwards since start, by batch size: (.*)")
+CLOCK_PART = re.compile(r"B=(\d+): (\d+) forwards, model ([0-9.]+) ms, host ([0-9.]+) ms")
 
 
 @pytest.fixture(scope="module")
@@ -332,3 +334,38 @@ def test_a_prompt_prefilled_in_chunks_is_served_as_brisk_decode_serves_it(
             assert meta["completion_tokens"] / (meta["spec_verify_ct"] + 1) == want.tpf
     # the second round's request-forwards, as the worker counts them: each prefill once
     assert counts[1] - counts[0] == sum(a["meta_info"]["spec_verify_ct"] + 1 for a in answers[1])
+
+
+def test_the_worker_times_every_decode_forward_by_batch_size(isd_server: RealServer) -> None:
+    """Idle, the worker logs per batch size B its decode forwards and their mean time in the
+    model and around it: between two idle points the forwards it timed, each weighted by its B,
+    are the served requests' verify forwards (SGLang's ``spec_verify_ct``)."""
+
+    def idle_counts(at_least: int) -> tuple[int, int, int]:
+        """Lines logged so far, request-forwards, Σ B × decode forwards (the last idle line)."""
+        deadline = time.monotonic() + 30
+        while True:
+            text = isd_server.log.read_text()
+            tpf, clock = TPF_LINE.findall(text), CLOCK_LINE.findall(text)
+            if len(clock) >= at_least or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(clock) >= at_least, "the worker logged no forward times"
+        assert len(tpf) == len(clock), "a TPF line and a forward-times line per idle point"
+        parts = CLOCK_PART.findall(clock[-1])
+        assert parts, clock[-1]
+        assert all(float(model) > 0 and float(host) > 0 for _, _, model, host in parts)
+        return len(clock), int(tpf[-1][2]), sum(int(b) * int(n) for b, n, _, _ in parts)
+
+    generate(isd_server.url, task_prompts(isd_server.model, 1, seed=6), MAX_NEW_TOKENS)
+    lines, forwards, timed = idle_counts(1)
+    batch = task_prompts(isd_server.model, 3, seed=7)
+    body = {
+        "input_ids": batch,
+        "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": MAX_NEW_TOKENS},
+    }
+    metas = [a["meta_info"] for a in post_generate(isd_server.url, body)]
+    _, forwards_after, timed_after = idle_counts(lines + 1)
+    verify = sum(m["spec_verify_ct"] for m in metas)
+    assert timed_after - timed == verify
+    assert forwards_after - forwards == verify + len(batch)  # and one prefill each
