@@ -120,9 +120,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_fresh_one(tmp_p
         ports.append(port)
         if len(ports) == 1:
             return _bind_fails(port, tmp_path / "first.pid")
-        argv = (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                "--directory", str(www))  # fmt: skip  # a stand-in answering /health_generate
-        return ServerLaunch(argv=argv, env=dict(os.environ), url=f"http://127.0.0.1:{port}")
+        return _answers_health(port, www)
 
     server, _ = start_server(launch_on, tmp_path / "log", timeout=60)
     try:
@@ -141,9 +139,44 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_fresh_one(tmp_p
     assert len(tries) == 2
 
 
-def _bind_fails(port: int, pid_file: Path) -> ServerLaunch:
-    """A stand-in that logs uvicorn's bind error and hangs, as SGLang's server does."""
+def test_a_server_whose_port_another_answers_on_is_not_taken_for_ready(tmp_path: Path) -> None:
+    """SGLang binds its port seconds after it starts; when another server took the port
+    meanwhile, that one answers ``/health_generate`` first. The launched server is ready only
+    once its own log says it bound the address: here it never does (it logs the bind error
+    after 3 s), so the wait ends in :class:`PortTaken`, not in talking to the other server."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health_generate").write_text("ok")
+    port = free_port()
+    other = ServerProcess(_answers_health(port, www), tmp_path / "other.log").start()
+    try:
+        other.wait_ready(30)
+        ours = ServerProcess(_bind_fails(port, tmp_path / "pid", delay=3.0), tmp_path / "ours.log")
+        with ours, pytest.raises(PortTaken):
+            ours.wait_ready(30)
+    finally:
+        other.stop(grace=5)
+
+
+def _answers_health(port: int, www: Path) -> ServerLaunch:
+    """A stand-in that says it bound its address as uvicorn does and answers
+    ``/health_generate``."""
+    code = (
+        f"import http.server, functools; print('INFO:     Uvicorn running on "
+        f"http://127.0.0.1:{port} (Press CTRL+C to quit)', flush=True); "
+        f"handler = functools.partial(http.server.SimpleHTTPRequestHandler, "
+        f"directory={str(www)!r}); "
+        f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), handler).serve_forever()"
+    )
+    return ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
+                        url=f"http://127.0.0.1:{port}")  # fmt: skip
+
+
+def _bind_fails(port: int, pid_file: Path, delay: float = 0.0) -> ServerLaunch:
+    """A stand-in that logs uvicorn's bind error (after ``delay`` seconds, as SGLang binds
+    once its model is up) and hangs, as SGLang's server does."""
     code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            f"time.sleep({delay}); "
             f"print(\"ERROR: [Errno 98] error while attempting to bind on address "
             f"('127.0.0.1', {port}): address already in use\", flush=True); "
             f"time.sleep(600)")  # fmt: skip

@@ -311,20 +311,24 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout: float) -> float:
-        """Seconds until ``/health_generate`` answers (a real generation); raises
-        ``RuntimeError`` with the log's tail when the server exits or ``timeout`` passes, and
-        :class:`PortTaken` as soon as its log says it could not bind its port."""
+        """Seconds until ``/health_generate`` answers (a real generation) *and* this server's
+        log says it bound its address (another process that took the port may answer the
+        health check first); raises ``RuntimeError`` with the log's tail when the server exits
+        or ``timeout`` passes, and :class:`PortTaken` as soon as its log says it could not
+        bind its port."""
         assert self.process is not None, "start() first"
+        bound = f"Uvicorn running on {self.launch.url}".encode()
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
-            if self.log.exists() and _BIND_FAILED in self.log.read_bytes():
+            log = self.log.read_bytes() if self.log.exists() else b""
+            if _BIND_FAILED in log:
                 # uvicorn logs the failure and then hangs in its shutdown: say so now
                 raise PortTaken(f"the server could not bind {self.launch.url}:\n{self.tail()}")
             try:
                 with urllib.request.urlopen(f"{self.launch.url}/health_generate", timeout=10) as r:
-                    if r.status == 200:
+                    if r.status == 200 and bound in log:
                         return time.monotonic() - t0
             except (urllib.error.URLError, OSError):
                 pass
