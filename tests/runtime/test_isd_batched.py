@@ -77,7 +77,7 @@ def test_each_uniform_the_output_uses_is_fresh(
         keys.extend(zip(seed.tolist(), request.tolist(), counter.tolist(), strict=True))
         return original(seed, request, counter, n)
 
-    monkeypatch.setattr("brisk.runtime.isd.loop.counter_uniforms", recording)
+    monkeypatch.setattr("brisk.runtime.isd.batched.counter_uniforms", recording)
     prompts = [[1, 2], [3, 4, 5], [6]]
     out = decode(backbone, prompts, ISDOptions(stride=4, temperature=1.0, max_new_tokens=12),
                  seeds=[5, 5, 6], request_ids=[0, 1, 0])  # fmt: skip
@@ -218,3 +218,28 @@ def test_the_prefill_computes_the_last_prompt_logits_only(
 def test_prefill_chunk_must_be_positive(backbone64: HFBackbone) -> None:
     with pytest.raises(ValueError, match="prefill_chunk: must be an integer ≥ 1"):
         decode(backbone64, [[1, 2]], ISDOptions(stride=4, max_new_tokens=4), prefill_chunk=0)
+
+
+def test_greedy_decoding_without_a_log_hashes_no_uniform(
+    backbone: HFBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy tokens never read a uniform: without a block log (which records them) the hash
+    is skipped, and the tokens are those of a run that computes them (a logged one)."""
+    calls: list[int] = []
+    original = counter_uniforms
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("brisk.runtime.isd.batched.counter_uniforms", counting)
+    prompts = [[1, 2], [3, 4, 5], [6]]
+    greedy = ISDOptions(stride=4, max_new_tokens=12)
+    plain = decode(backbone, prompts, greedy)
+    assert calls == []
+    decode(backbone, prompts, ISDOptions(stride=4, temperature=1.0, max_new_tokens=12))
+    assert calls
+    from brisk.runtime.isd.batched import StepContext
+
+    assert StepContext(greedy, 4, log=True).needs_uniforms
+    assert plain.tokens == [reference_decode(backbone, p, greedy).tokens for p in prompts]

@@ -146,6 +146,20 @@ class StepContext:
     def M(self) -> int:
         return self.options.M
 
+    @property
+    def needs_uniforms(self) -> bool:
+        """Whether a round reads its uniforms: sampling does, greedy decoding only for the
+        block log (which records them); greedy without a log skips the hash."""
+        return self.options.temperature > 0 or self.log
+
+    def uniforms(self, seed: Tensor, request: Tensor, counter: Tensor) -> Tensor:
+        """The round's uniforms ``[B, 2M + 1]`` (:func:`counter_uniforms`), or zeros where
+        nothing reads them (:attr:`needs_uniforms`)."""
+        width = Slots(self.M).width
+        if not self.needs_uniforms:
+            return torch.zeros(len(seed), width, dtype=torch.float64, device=seed.device)
+        return counter_uniforms(seed, request, counter, width)
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -327,10 +341,10 @@ def first_step(
     commits one token per row like a cold start, so the prefill counts as a forward.
     """
     device = logits.device
-    B, W = logits.shape[0], Slots(ctx.M).width
+    B = logits.shape[0]
     seeds, requests = seeds.to(device), requests.to(device)
     counter = torch.zeros_like(seeds) if counter is None else counter.to(device)
-    u = counter_uniforms(seeds, requests, counter, W) if u is None else u.to(device)
+    u = ctx.uniforms(seeds, requests, counter) if u is None else u.to(device)
     first = draw_next(logits, ctx.options.temperature, u[:, Slots(ctx.M).next])
     state = init_state(first, lengths.to(device) + 1, seeds, requests, ctx, counter + 1)
     tokens = torch.zeros(B, ctx.M + 1, dtype=torch.long, device=device)
@@ -351,7 +365,8 @@ def step(
 
     ``u [B, 2M + 1]`` are the round's uniforms when the caller has them at hand (a table of
     :func:`~brisk.runtime.sampling.counter_uniforms` precomputed for the run); they must equal
-    ``counter_uniforms(state.seed, state.request, state.counter, 2M + 1)``.
+    ``ctx.uniforms(state.seed, state.request, state.counter)`` (zeros where greedy decoding
+    without a log reads none).
     """
     M, opt = ctx.M, ctx.options
     B, S, _ = logits.shape
@@ -360,7 +375,7 @@ def step(
     ar = torch.arange(B, device=device)
     ver = state.verify
     if u is None:
-        u = counter_uniforms(state.seed, state.request, state.counter, slots.width)
+        u = ctx.uniforms(state.seed, state.request, state.counter)
     u_next, u_accept, u_draft = u[:, slots.next], u[:, 1 : 1 + M], u[:, 1 + M :]
 
     # Verify rounds and cold starts, both for every row, merged by phase.

@@ -26,7 +26,7 @@ from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, first_s
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.outputs import Outputs, commit
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
-from brisk.runtime.sampling import Slots, counter_uniforms
+from brisk.runtime.sampling import Slots
 
 __all__ = ["KVSlots", "block_logp", "decode", "log_verified", "token_logp"]
 
@@ -184,11 +184,12 @@ class _Batch:
         self.seed, self.request = seed, request
         self.outputs = Outputs.empty(len(prompts), ctx.options, self.device)
         # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
-        # so no request runs more than max_new_tokens of them.
+        # so no request runs more than max_new_tokens of them (greedy decoding without a log
+        # reads none: ctx.needs_uniforms).
         R, W = ctx.options.max_new_tokens, Slots(ctx.M).width
         counter = torch.arange(R).repeat(len(prompts))
         self.uniforms = (
-            counter_uniforms(seed.repeat_interleave(R), request.repeat_interleave(R), counter, W)
+            ctx.uniforms(seed.repeat_interleave(R), request.repeat_interleave(R), counter)
             .reshape(len(prompts), R, W)
             .to(self.device)
         )
