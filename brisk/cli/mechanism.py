@@ -14,22 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from brisk.cli._common import comma_separated
-from brisk.mechanism.io import (
-    count_blocks,
-    log_files,
-    log_shape,
-    validate,
-)
-from brisk.mechanism.report import (
-    MechanismSummary,
-    default_ks,
-    notes,
-    summarize,
-    table_rows,
-    write_report,
-)
+from brisk.mechanism.discover import log_files
+from brisk.mechanism.reader import count_blocks, log_shape, validate
+from brisk.mechanism.render import notes, table_rows
+from brisk.mechanism.report import write_report
 from brisk.mechanism.requests import read_requests
 from brisk.mechanism.runs import run_tpf_of_log
+from brisk.mechanism.summary import MechanismSummary, default_ks, summarize
 from brisk.mechanism.synthetic import synthetic_log
 from brisk.mechanism.tally import tally_blocks
 

@@ -6,23 +6,20 @@ statistic with :func:`analyze` (or ``brisk mechanism report LOG... --out DIR``).
 
 from __future__ import annotations
 
+from brisk.mechanism.columns import BlockBatch, block_table
 from brisk.mechanism.coverage import CandidateCoverage, candidate_coverage
-from brisk.mechanism.io import (
-    BlockBatch,
-    BlockLogWriter,
-    block_table,
+from brisk.mechanism.discover import log_files, log_folders
+from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
+from brisk.mechanism.reader import (
     count_blocks,
-    log_files,
-    log_folders,
     log_shape,
     log_verification,
     read_blocks,
     validate,
 )
-from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repeats, repetition
 from brisk.mechanism.replay import BlockState, SameStateReplay, same_state_accept, same_state_replay
-from brisk.mechanism.report import MechanismSummary, analyze, summarize, write_report
+from brisk.mechanism.report import analyze, write_report
 from brisk.mechanism.requests import RequestTable, read_requests
 from brisk.mechanism.runs import RunTPF, run_tpf_of_log
 from brisk.mechanism.schema import (
@@ -33,9 +30,11 @@ from brisk.mechanism.schema import (
     Verification,
     block_schema,
 )
-from brisk.mechanism.stats import Bootstrap, Mean, Rate, RateArray
+from brisk.mechanism.stats import Bootstrap, Interval, Mean, Rate, RateArray
+from brisk.mechanism.summary import MechanismSummary, summarize
 from brisk.mechanism.synthetic import synthetic_blocks, synthetic_log, synthetic_requests
 from brisk.mechanism.tally import RequestTally, block_features, tally_blocks
+from brisk.mechanism.writer import BlockLogWriter
 
 __all__ = [
     "FORMAT_VERSION",
@@ -47,6 +46,7 @@ __all__ = [
     "Bootstrap",
     "CandidateCoverage",
     "CorruptBlockLogError",
+    "Interval",
     "LogShape",
     "Mean",
     "MechanismSummary",

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from brisk.mechanism.io import BlockBatch
+from brisk.mechanism.columns import BlockBatch
 from brisk.mechanism.replay import BlockState
 from brisk.mechanism.stats import Bootstrap, RateArray
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from brisk.mechanism.columns import BlockBatch
 from brisk.mechanism.coverage import fixed_point
-from brisk.mechanism.io import BlockBatch
 from brisk.mechanism.stats import Bootstrap, Mean, Rate
 
 __all__ = ["LOGP_SCALE", "BlockLikelihood", "block_likelihood"]

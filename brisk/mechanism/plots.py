@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from brisk.mechanism.runs import COMPLETE_CYCLES, WHOLE_RUN
+from brisk.mechanism.runs import ALL_ROUNDS, COMPLETE_CYCLES, WHOLE_RUN
 from brisk.mechanism.stats import Mean, Rate, RateArray
+from brisk.mechanism.summary import MechanismSummary
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from brisk.mechanism.report import MechanismSummary
 
 __all__ = [
     "plot_acceptance_profile",
@@ -257,8 +256,6 @@ def plot_acceptance_profile(s: MechanismSummary) -> Figure:
 def tpf_caption(s: MechanismSummary) -> str:
     """The run's TPFs in the words of the report table (:mod:`brisk.mechanism.runs`)."""
     if s.run is None:
-        from brisk.mechanism.report import ALL_ROUNDS
-
         t = s.tpf
         return f"{ALL_ROUNDS} {t.estimate:.2f} [{t.low:.2f}, {t.high:.2f}]"
     r = s.run

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from brisk.mechanism.columns import BlockBatch
 from brisk.mechanism.coverage import PROB_SCALE
-from brisk.mechanism.io import BlockBatch, read_blocks
 from brisk.mechanism.likelihood import LOGP_SCALE
+from brisk.mechanism.reader import read_blocks
 from brisk.mechanism.replay import SAMPLED_RTOL
 from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification
 from brisk.mechanism.tally import MAX_FEATURES, RequestTally

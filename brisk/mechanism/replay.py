@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from brisk.mechanism.checks import reached_mask
-from brisk.mechanism.io import BlockBatch
+from brisk.mechanism.columns import BlockBatch
 from brisk.mechanism.schema import Verification
 from brisk.mechanism.stats import Bootstrap, Rate, RateArray
 

@@ -21,10 +21,10 @@ column             type    meaning
 =================  ======  =========================================================
 
 Rows live in ``requests-NNNNNN.parquet`` files in the log directory (in each rank folder of a
-directory of rank folders, :func:`brisk.mechanism.io.log_folders`), written atomically after
-the block parts they describe, so a request that has a row has all its blocks on disk; blocks of
-requests without a row (unfinished when the log closed, or a log from a writer that keeps no
-table) still feed every diagnostic but no TPF. M and the format version are in the schema
+directory of rank folders, :func:`brisk.mechanism.discover.log_folders`), written atomically
+after the block parts they describe, so a request that has a row has all its blocks on disk;
+blocks of requests without a row (unfinished when the log closed, or a log from a writer that
+keeps no table) still feed every diagnostic but no TPF. M and the format version are in the schema
 metadata, as for the parts, and ``brisk.requests_version`` says how ``forwards`` counts:
 ``2``, the prefill included (above). A request file without it was written when the prefill
 covered the prompt but its last token, committed nothing and was not counted; its rows are
@@ -33,10 +33,8 @@ refused (:func:`read_requests`), since their forwards mean something else.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +42,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from brisk.mechanism.io import log_folders
+from brisk.mechanism.discover import Paths, request_files
 from brisk.mechanism.schema import FORMAT_VERSION, BlockLogError
 
 __all__ = ["FINISHED", "REQUEST_COLUMNS", "RequestTable", "read_requests", "request_table"]
@@ -52,7 +50,6 @@ __all__ = ["FINISHED", "REQUEST_COLUMNS", "RequestTable", "read_requests", "requ
 FINISHED: tuple[str, ...] = ("eos", "length")
 _INT_COLUMNS = ("request_id", "prompt_tokens", "output_tokens", "forwards", "verify_rounds")
 REQUEST_COLUMNS: tuple[str, ...] = (*_INT_COLUMNS, "finished")
-PATTERN = "requests-*.parquet"
 REQUESTS_VERSION = 2
 """Version of the request table's meaning: 2, ``forwards`` includes the prefill."""
 _META_REQUESTS_VERSION = b"brisk.requests_version"
@@ -139,24 +136,7 @@ class RequestTable:
         return self.files[int(self.file_index[r])], int(self.file_row[r])
 
 
-def request_files(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The request files of the logs' directories, those of each rank folder in rank order for a
-    directory of rank folders (:func:`brisk.mechanism.io.log_folders`); a log given as a file
-    has none."""
-    if isinstance(paths, str | os.PathLike):
-        paths = [paths]
-    return [
-        f
-        for p in map(Path, paths)
-        if p.is_dir()
-        for folder in log_folders(p)
-        for f in sorted(folder.glob(PATTERN))
-    ]
-
-
-def read_requests(
-    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], M: int
-) -> RequestTable | None:
+def read_requests(paths: Paths, M: int) -> RequestTable | None:
     """The request rows of the logs, checked (M against each file's, the table's version, every
     row, unique ids); None when no log directory has a request file."""
     files = request_files(paths)
@@ -176,12 +156,12 @@ def read_requests(
             raise BlockLogError(str(file), "(schema metadata)", None, f"M = {got}, blocks have {M}")
         if meta.get(_META_REQUESTS_VERSION) != str(REQUESTS_VERSION).encode():
             got = (meta.get(_META_REQUESTS_VERSION) or b"absent").decode()
-            raise BlockLogError(
-                str(file), "(schema metadata)", None,
+            problem = (
                 f"brisk.requests_version {got}: a request table written before forwards counted "
                 "the prefill (which now commits the first token); its TPFs mean something else. "
-                "Decode again, or move its requests-*.parquet away to report the blocks alone",
-            )  # fmt: skip
+                "Decode again, or move its requests-*.parquet away to report the blocks alone"
+            )
+            raise BlockLogError(str(file), "(schema metadata)", None, problem)
         absent = [c for c in REQUEST_COLUMNS if c not in table.column_names]
         if absent:
             raise BlockLogError(str(file), absent[0], None, "missing")

@@ -37,11 +37,14 @@ from brisk.mechanism.schema import BlockLogError
 from brisk.mechanism.tally import RequestTally
 from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
 
-__all__ = ["COMPLETE_CYCLES", "RENEWAL", "WHOLE_RUN", "RunTPF", "run_tpf_of_log"]
+__all__ = ["ALL_ROUNDS", "COMPLETE_CYCLES", "RENEWAL", "WHOLE_RUN", "RunTPF", "run_tpf_of_log"]
 
 WHOLE_RUN = "TPF, whole run"
 COMPLETE_CYCLES = "TPF, complete cycles"
 RENEWAL = "TPF, renewal theory"
+ALL_ROUNDS = "TPF, renewal theory at every logged round"
+"""What a log without its request table still gives: eq:idlm_tpf_instantiation at the profile of
+every logged round, none of the run's TPFs above (its cold starts and prefills are unknown)."""
 RENEWAL_MEANS = "ISD's renewal formula at the complete cycles' acceptance profile"
 
 
@@ -75,8 +78,9 @@ class RunTPF:
         """The renewal interval is computed here, with the same draws everywhere."""
         cost = CostModel.isd(cycle_profile.M)
         renewal = cycle_profile.tpf_interval(cost, level, draws=draws, seed=seed)
-        return cls(requests, output_tokens, forwards, cycle_tokens, cycle_forwards,
-                   cycle_profile, renewal)  # fmt: skip
+        return cls(
+            requests, output_tokens, forwards, cycle_tokens, cycle_forwards, cycle_profile, renewal
+        )
 
     @property
     def whole_run(self) -> float:
@@ -90,18 +94,30 @@ class RunTPF:
         """(name, value, counts, what it is) for each TPF; the renewal line only when there
         are complete cycles."""
         rows = [
-            (WHOLE_RUN, f"{self.whole_run:.3f}",
-             f"{self.output_tokens:,} tokens ÷ {self.forwards:,} forwards",
-             "output tokens ÷ forwards, the prefill (which commits the first token) included"),
-            (COMPLETE_CYCLES, f"{self.complete_cycles:.3f}",
-             f"{self.cycle_tokens:,} tokens ÷ {self.cycle_forwards:,} forwards",
-             "verify rounds and the cold starts after their rejections; each request's prefill, "
-             "opening cold start and unfinished last cycle left out"),
-        ]  # fmt: skip
+            (
+                WHOLE_RUN,
+                f"{self.whole_run:.3f}",
+                f"{self.output_tokens:,} tokens ÷ {self.forwards:,} forwards",
+                "output tokens ÷ forwards, the prefill (which commits the first token) included",
+            ),
+            (
+                COMPLETE_CYCLES,
+                f"{self.complete_cycles:.3f}",
+                f"{self.cycle_tokens:,} tokens ÷ {self.cycle_forwards:,} forwards",
+                "verify rounds and the cold starts after their rejections; each request's prefill, "
+                "opening cold start and unfinished last cycle left out",
+            ),
+        ]
         if self.cycle_profile.n_blocks:
             t, pct = self.renewal, round(100 * self.renewal.level)
-            rows.append((RENEWAL, f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
-                         f"posterior median [{pct}% CI]", RENEWAL_MEANS))  # fmt: skip
+            rows.append(
+                (
+                    RENEWAL,
+                    f"{t.estimate:.3f} [{t.low:.3f}, {t.high:.3f}]",
+                    f"posterior median [{pct}% CI]",
+                    RENEWAL_MEANS,
+                )
+            )
         return rows
 
     def __str__(self) -> str:
@@ -120,10 +136,13 @@ class RunTPF:
             "cycle_forwards": self.cycle_forwards,
             "complete_cycles": _finite(self.complete_cycles),
             "renewal": {
-                "median": _finite(r.estimate), "low": _finite(r.low), "high": _finite(r.high),
-                "level": r.level, "plugin": _finite(r.plugin),
+                "median": _finite(r.estimate),
+                "low": _finite(r.low),
+                "high": _finite(r.high),
+                "level": r.level,
+                "plugin": _finite(r.plugin),
             },
-        }  # fmt: skip
+        }
 
 
 def _finite(x: float) -> float | None:
@@ -148,30 +167,46 @@ def run_tpf_of_log(
     blocks = np.where(has, tally.sums["blocks"][safe, 0], 0)
     hist = np.where(has[:, None], tally.sums["accept_len"][safe], 0)  # [n, M + 1]
     last_L = np.where(has, tally.last_accept_len[safe], M)
-    _agree(table, "verify_rounds", blocks != table.verify_rounds,
-           lambda r: f"{table.verify_rounds[r]}, but the log holds {blocks[r]} blocks of "
-                     f"request {table.request_id[r]}")  # fmt: skip
+    _agree(
+        table,
+        "verify_rounds",
+        blocks != table.verify_rounds,
+        lambda r: (
+            f"{table.verify_rounds[r]}, but the log holds {blocks[r]} blocks of "
+            f"request {table.request_id[r]}"
+        ),
+    )
     rejected = hist[:, :M].sum(axis=1)
     opening = 1 + (table.output_tokens >= 2)  # the prefill, and the cold start unless n = 1
     closed = table.forwards - table.verify_rounds - opening  # cold starts after the opening one
     still_open = rejected - closed  # 1: the last round rejected and the request ended there
     impossible = (still_open < 0) | (still_open > 1) | ((still_open == 1) & (last_L == M))
-    _agree(table, "forwards", impossible,
-           lambda r: f"{table.forwards[r]} forwards imply {closed[r]} cold starts after "
-                     f"rejections, but request {table.request_id[r]} has {rejected[r]} "
-                     f"rejections in the log")  # fmt: skip
+    _agree(
+        table,
+        "forwards",
+        impossible,
+        lambda r: (
+            f"{table.forwards[r]} forwards imply {closed[r]} cold starts after "
+            f"rejections, but request {table.request_id[r]} has {rejected[r]} "
+            f"rejections in the log"
+        ),
+    )
     lengths = np.arange(M + 1)
     cycle_hist = hist - still_open[:, None] * (lengths == last_L[:, None])
     tokens = (cycle_hist * np.where(lengths == M, M + 1, lengths + 2)).sum()
     forwards = (cycle_hist * np.where(lengths == M, 1, 2)).sum()
     at_least = np.cumsum(cycle_hist.sum(axis=0)[::-1])[::-1]
     return RunTPF.from_counts(
-        requests=len(table), output_tokens=int(table.output_tokens.sum()),
-        forwards=int(table.forwards.sum()), cycle_tokens=int(tokens),
+        requests=len(table),
+        output_tokens=int(table.output_tokens.sum()),
+        forwards=int(table.forwards.sum()),
+        cycle_tokens=int(tokens),
         cycle_forwards=int(forwards),
         cycle_profile=AcceptanceProfile(at_least[:-1].copy(), at_least[1:].copy()),
-        level=level, seed=seed, draws=draws,
-    )  # fmt: skip
+        level=level,
+        seed=seed,
+        draws=draws,
+    )
 
 
 def _agree(table: RequestTable, column: str, bad: Any, problem: Any) -> None:

@@ -51,7 +51,7 @@ decodes, the head only proposes) they differ after the head's first disagreement
 Versions. Version 3 records the verification (a file without it reads as
 :data:`UNKNOWN_VERIFICATION`) and adds the request table beside the parts
 (:mod:`brisk.mechanism.requests`). Version 2 added ``token_offset`` and ``head_block`` and
-writes Parquet page checksums (:class:`~brisk.mechanism.io.BlockLogWriter`). Readers still take
+writes Parquet page checksums (:class:`~brisk.mechanism.writer.BlockLogWriter`). Readers still take
 version 1 files: they read as ``token_offset = −1`` (unknown) and ``head_block = head_choice``
 (all version 1 recorded), and are validated as version 1 (no checksums to verify, no checks on
 the two columns). A log's parts
@@ -69,6 +69,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 __all__ = [
     "FORMAT_VERSION",
     "OPTIONAL_COLUMNS",
+    "PER_CANDIDATE_COLUMNS",
+    "PER_POSITION_COLUMNS",
     "READABLE_VERSIONS",
     "REQUIRED_COLUMNS",
     "UNKNOWN_VERIFICATION",
@@ -190,6 +192,10 @@ _OPTIONAL: tuple[tuple[str, pa.DataType], ...] = (
 
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(name for name, _, _, _ in _COLUMNS)
 OPTIONAL_COLUMNS: tuple[str, ...] = tuple(name for name, _ in _OPTIONAL)
+PER_CANDIDATE_COLUMNS = frozenset(name for name, _, kind, _ in _COLUMNS if kind == "MK")
+"""Columns of M·K values, read as [n, M, K]."""
+PER_POSITION_COLUMNS = frozenset(name for name, _, kind, _ in _COLUMNS if kind == "M")
+"""Columns of M values, read as [n, M]."""
 
 
 def required_columns(version: int = FORMAT_VERSION) -> tuple[str, ...]:

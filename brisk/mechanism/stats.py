@@ -1,4 +1,4 @@
-"""Equal-request averaging and the request-clustered bootstrap.
+"""Equal-request averaging and the request-clustered bootstrap; means across seeds.
 
 For a statistic with per-request numerator n_r and denominator d_r (event counts summed over
 the request's blocks):
@@ -13,17 +13,22 @@ the request's blocks):
 Resampling is canonical: requests are indexed in sorted request-id order and draw b uses the
 generator seeded with (seed, b), so the same set of requests gives the same intervals however
 its blocks were ordered or split into files. Every statistic of one report shares the draws.
+
+Across independent runs (seeds of a training arm, repeats of a benchmark) the unit is the run:
+:class:`Interval` is the mean of k per-run values with its Student-t interval.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Bootstrap", "Mean", "Rate", "RateArray"]
+__all__ = ["Bootstrap", "Interval", "Mean", "Rate", "RateArray"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -111,6 +116,52 @@ class Mean:
     excluded: int
 
     def as_dict(self) -> dict[str, Any]:
+        return {k: _json_number(v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of k per-seed values with a two-sided Student-t interval (NaN bounds when k = 1).
+
+    >>> iv = Interval.of([1.0, 2.0, 3.0], level=0.95)
+    >>> iv.mean, iv.k, iv.format(digits=1)
+    (2.0, 3, '2.0 [-0.5, 4.5]')
+    >>> Interval.of([2.5]).format()
+    '2.50'
+    """
+
+    mean: float
+    low: float
+    high: float
+    k: int
+
+    @classmethod
+    def of(cls, values: Sequence[float], level: float = 0.95) -> Interval:
+        """mean ± t_{(1 + level)/2, k − 1} · s / √k, s the sample standard deviation."""
+        from scipy import stats  # ~0.5 s to import: only when an interval is asked for
+
+        if not 0 < level < 1:
+            raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+        xs = [float(v) for v in values]
+        if not xs:
+            raise ValueError("values: need at least one value")
+        k = len(xs)
+        mean = sum(xs) / k
+        if k == 1:
+            return cls(mean, math.nan, math.nan, 1)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+        half = float(stats.t.ppf((1 + level) / 2, k - 1)) * sd / math.sqrt(k)
+        return cls(mean, mean - half, mean + half, k)
+
+    def format(self, scale: float = 1.0, digits: int = 2) -> str:
+        """``mean [low, high]`` scaled by ``scale``; the mean alone when k = 1."""
+        m = f"{self.mean * scale:.{digits}f}"
+        if self.k == 1:
+            return m
+        return f"{m} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields for JSON, as :meth:`Rate.as_dict`: a NaN bound (k = 1) becomes null."""
         return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 

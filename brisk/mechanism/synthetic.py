@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from brisk.mechanism.io import BlockLogWriter
+from brisk.mechanism.replay import same_state_accept
 from brisk.mechanism.schema import Verification
+from brisk.mechanism.writer import BlockLogWriter
 
 __all__ = ["SYNTHETIC_VERIFICATION", "synthetic_blocks", "synthetic_log", "synthetic_requests"]
 
@@ -115,17 +116,21 @@ def synthetic_requests(
     batches: Iterable[dict[str, npt.NDArray[Any]]], M: int
 ) -> dict[str, npt.NDArray[Any]]:
     """The request table (:mod:`brisk.mechanism.requests`) of synthetic blocks, as
-    :meth:`~brisk.mechanism.io.BlockLogWriter.write_requests` takes it: each request opened
+    :meth:`~brisk.mechanism.writer.BlockLogWriter.write_requests` takes it: each request opened
     with the prefill (output token 1, a forward) and a cold start (token 2, the first block's
     anchor), cold-started after every rejection but its last block's, and ended at its last
     block (at EOS)."""
     parts = []
     for cols in batches:
         L = cols["accept_len"].astype(np.int64)
-        parts.append({
-            "request_id": cols["request_id"], "block": cols["block_index"],
-            "offset": cols["token_offset"], "L": L,
-        })  # fmt: skip
+        parts.append(
+            {
+                "request_id": cols["request_id"],
+                "block": cols["block_index"],
+                "offset": cols["token_offset"],
+                "L": L,
+            }
+        )
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     order = np.lexsort((rows["block"], rows["request_id"]))
     ids, offset, L = (rows[k][order] for k in ("request_id", "offset", "L"))
@@ -289,8 +294,6 @@ def _same_state(
     u: npt.NDArray[np.float64],
     choice: npt.NDArray[np.int16],
 ) -> npt.NDArray[np.bool_]:
-    from brisk.mechanism.replay import same_state_accept
-
     idx = choice[..., None].astype(np.int64)
     qc = np.take_along_axis(q, idx, -1)[..., 0]
     pc = np.take_along_axis(p, idx, -1)[..., 0]

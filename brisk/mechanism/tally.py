@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from brisk.mechanism.columns import DEFAULT_BATCH_ROWS, BlockBatch
 from brisk.mechanism.coverage import coverage_features
-from brisk.mechanism.io import DEFAULT_BATCH_ROWS, BlockBatch, log_files, read_blocks
+from brisk.mechanism.discover import log_files
 from brisk.mechanism.likelihood import likelihood_features
+from brisk.mechanism.reader import read_blocks
 from brisk.mechanism.repetition import repetition_features
 from brisk.mechanism.replay import BlockState, replay_features
 from brisk.mechanism.schema import UNKNOWN_VERIFICATION, BlockLogError, LogShape, Verification

@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
+from brisk.mechanism import synthetic_blocks
+
 NAN = float("nan")
+
+# the small synthetic log of the checks, reader and writer tests: M, K, blocks, and the row
+# every value-level case corrupts
+SMALL_M, SMALL_K, SMALL_N, BAD_ROW = 7, 16, 40, 23
+
+
+def small_columns() -> dict[str, Any]:
+    """The columns of the small synthetic log (4 requests, seed 11)."""
+    return next(synthetic_blocks(SMALL_N, SMALL_M, SMALL_K, n_requests=4, seed=11))
+
+
+def write_parquet(path: Path, table: pa.Table) -> Path:
+    """``table`` as one Parquet file at ``path``, bypassing the writer."""
+    pq.write_table(table, path)
+    return path
+
+
+def set_bad(name: str, index: tuple[int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    """A mutation that sets ``name[BAD_ROW, *index]`` of the columns to ``value``."""
+
+    def mutate(c: dict[str, Any]) -> None:
+        c[name] = c[name].copy()
+        c[name][(BAD_ROW, *index)] = value
+
+    return mutate
 
 
 def hand_block(

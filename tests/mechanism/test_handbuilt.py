@@ -30,7 +30,7 @@ import pytest
 from brisk.cli import main
 from brisk.mechanism import BlockLogWriter, analyze, block_table, read_blocks, validate
 from brisk.mechanism.reference import reference_rates, reference_tally
-from brisk.mechanism.report import MechanismSummary
+from brisk.mechanism.summary import MechanismSummary
 from brisk.mechanism.tally import tally_blocks
 from tests.mechanism.logs import NAN, as_version_1, hand_block, stack
 

@@ -1,4 +1,4 @@
-"""Equal-request averaging, the clustered bootstrap, and the report's edges."""
+"""The report of a synthetic log: its numbers, table, notes and plots, and its edges."""
 
 from __future__ import annotations
 
@@ -10,36 +10,10 @@ import pytest
 from matplotlib.figure import Figure
 
 from brisk.cli import main
-from brisk.mechanism import BlockLogWriter, Bootstrap, analyze, synthetic_blocks
+from brisk.mechanism import BlockLogWriter, analyze, synthetic_blocks
 from brisk.mechanism.plots import plot_positions, plot_repetition
-from brisk.mechanism.report import NO_CORRECTOR, markdown, table_rows
-
-
-def test_equal_request_excludes_zero_denominators_and_pools_beside() -> None:
-    boot = Bootstrap(np.array([1, 2, 3, 4]), draws=500, seed=1)
-    r = boot.rates([[1], [0], [9], [0]], [[2], [0], [10], [4]])[0]
-    assert r.equal_request == pytest.approx((0.5 + 0.9 + 0.0) / 3, abs=0)
-    assert r.pooled == 10 / 16
-    assert (r.requests, r.excluded, r.numerator, r.denominator) == (3, 1, 10, 16)
-    assert 0 <= r.low <= r.equal_request <= r.high <= 1
-    (m,) = boot.means([3.0, 0.0, -1.0, 2.0], [3, 0, 1, 4])
-    assert (m.equal_request, m.pooled, m.excluded) == ((1 - 1 + 0.5) / 3, 4 / 8, 1)
-
-
-def test_bootstrap_is_seeded_and_resamples_whole_requests() -> None:
-    ids = np.arange(50)
-    a = Bootstrap(ids, draws=200, seed=7)
-    w = a.weights(0, 200)
-    assert np.all(w.sum(axis=1) == 50)
-    np.testing.assert_array_equal(w, Bootstrap(ids, draws=200, seed=7).weights(0, 200))
-    assert not np.array_equal(w, Bootstrap(ids, draws=200, seed=8).weights(0, 200))
-    # the interval of a rate whose requests all agree has zero width
-    r = a.rates(np.full((50, 1), 3), np.full((50, 1), 4))[0]
-    assert r.low == r.high == 0.75
-    with pytest.raises(ValueError, match="sorted unique"):
-        Bootstrap(np.array([3, 1]))
-    with pytest.raises(ValueError, match="num"):
-        a.rates(np.full((50, 1), 5), np.full((50, 1), 4))
+from brisk.mechanism.render import markdown, table_rows
+from brisk.mechanism.summary import NO_CORRECTOR
 
 
 @pytest.fixture(scope="module")

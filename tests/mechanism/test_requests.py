@@ -21,8 +21,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from brisk.cli import main
-from brisk.mechanism import BlockLogError, BlockLogWriter, analyze, log_files
-from brisk.mechanism.report import notes
+from brisk.mechanism import BlockLogError, BlockLogWriter, analyze
+from brisk.mechanism.render import notes
 from brisk.mechanism.runs import COMPLETE_CYCLES, RENEWAL, WHOLE_RUN
 from tests.mechanism.logs import NAN, hand_block
 
@@ -31,8 +31,16 @@ P_ALL = [[0.6, 0.2, 0.1]] * 3
 
 def block(request: int, index: int, L: int) -> dict[str, Any]:
     p = [[0.6, 0.2, 0.1] if i < L else [0.1, 0.6, 0.2] if i == L else [NAN] * 3 for i in range(3)]
-    return hand_block(request, index, L, p, [0.5] * 3, base=[0, 0, 0], head=[-1, -1, -1],
-                      token_offset=10 + 5 * index)  # fmt: skip
+    return hand_block(
+        request,
+        index,
+        L,
+        p,
+        [0.5] * 3,
+        base=[0, 0, 0],
+        head=[-1, -1, -1],
+        token_offset=10 + 5 * index,
+    )
 
 
 BLOCKS = [block(1, 0, 3), block(1, 1, 1), block(1, 2, 3), block(1, 3, 0), block(2, 0, 2)]
@@ -104,25 +112,45 @@ def test_requests_without_a_row_are_counted_and_left_out(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("change", "column", "row", "words"),
     [
-        pytest.param({"verify_rounds": [4, 2, 0, 0]}, "verify_rounds", 1, "holds 1 blocks",
-                     id="rounds-vs-blocks"),
-        pytest.param({"forwards": [6, 4, 1, 2]}, "forwards", 0, "imply 0 cold starts",
-                     id="too-few-forwards"),
+        pytest.param(
+            {"verify_rounds": [4, 2, 0, 0]},
+            "verify_rounds",
+            1,
+            "holds 1 blocks",
+            id="rounds-vs-blocks",
+        ),
+        pytest.param(
+            {"forwards": [6, 4, 1, 2]}, "forwards", 0, "imply 0 cold starts", id="too-few-forwards"
+        ),
         pytest.param({"forwards": [7, 4, 4, 2]}, "forwards", 2, "outside", id="forwards-range"),
-        pytest.param({"forwards": [7, 5, 1, 2]}, "forwards", 1, "outside",
-                     id="round-without-cold-start"),  # F = R + 1: no cold start before it
-        pytest.param({"output_tokens": [14, 6, 0, 2]}, "output_tokens", 2, "more than",
-                     id="no-output"),
-        pytest.param({"forwards": [7, 4, 2, 2]}, "output_tokens", 2, "fewer than its forwards",
-                     id="cold-start-after-the-last-token"),  # n = 1 ends at the prefill
-        pytest.param({"forwards": [7, 4, 1, 1]}, "output_tokens", 3, "more than",
-                     id="prefill-commits-one-token"),  # n = 2 needs the cold start
-        pytest.param({"finished": ["eos", "stop", "eos", "eos"]}, "finished", 1, "not one of",
-                     id="finished"),
-        pytest.param({"request_id": [1, 1, 3, 4]}, "request_id", 1, "already has a row",
-                     id="duplicate-id"),
+        pytest.param(
+            {"forwards": [7, 5, 1, 2]}, "forwards", 1, "outside", id="round-without-cold-start"
+        ),  # F = R + 1: no cold start before it
+        pytest.param(
+            {"output_tokens": [14, 6, 0, 2]}, "output_tokens", 2, "more than", id="no-output"
+        ),
+        pytest.param(
+            {"forwards": [7, 4, 2, 2]},
+            "output_tokens",
+            2,
+            "fewer than its forwards",
+            id="cold-start-after-the-last-token",
+        ),  # n = 1 ends at the prefill
+        pytest.param(
+            {"forwards": [7, 4, 1, 1]},
+            "output_tokens",
+            3,
+            "more than",
+            id="prefill-commits-one-token",
+        ),  # n = 2 needs the cold start
+        pytest.param(
+            {"finished": ["eos", "stop", "eos", "eos"]}, "finished", 1, "not one of", id="finished"
+        ),
+        pytest.param(
+            {"request_id": [1, 1, 3, 4]}, "request_id", 1, "already has a row", id="duplicate-id"
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_request_rows_name_file_column_and_row(
     tmp_path: Path, change: dict[str, Any], column: str, row: int, words: str
 ) -> None:
@@ -140,8 +168,14 @@ def test_a_rejection_must_be_closed_before_a_later_round(tmp_path: Path) -> None
     with BlockLogWriter(tmp_path / "log", M=3, K=3) as writer:
         for b in (block(5, 0, 1), block(5, 1, 3)):
             writer.write_block(**b)
-        row = {"request_id": [5], "prompt_tokens": [8], "output_tokens": [8], "forwards": [4],
-               "verify_rounds": [2], "finished": ["eos"]}  # fmt: skip
+        row = {
+            "request_id": [5],
+            "prompt_tokens": [8],
+            "output_tokens": [8],
+            "forwards": [4],
+            "verify_rounds": [2],
+            "finished": ["eos"],
+        }
         writer.write_requests(row)
     with pytest.raises(BlockLogError, match="1 rejections in the log") as err:
         analyze(tmp_path / "log", draws=5)
@@ -170,20 +204,6 @@ def test_request_rows_reach_disk_only_after_their_blocks(tmp_path: Path) -> None
     writer.close()
     names = sorted(p.name for p in (tmp_path / "log").iterdir())
     assert names == ["part-000000.parquet", "part-000001.parquet", "requests-000000.parquet"]
-
-
-def test_a_directory_without_parts_names_what_it_holds(tmp_path: Path) -> None:
-    folder = tmp_path / "logs"
-    folder.mkdir()
-    with pytest.raises(ValueError, match="no block-log parts") as err:
-        log_files(folder)
-    assert "holds" not in str(err.value)
-    write(tmp_path / "log")
-    (tmp_path / "log" / "part-000000.parquet").rename(folder / "x.parquet")
-    with pytest.raises(ValueError, match=r"part-\*\.parquet") as err:
-        log_files(folder)
-    assert "it holds x.parquet" in str(err.value)
-    assert log_files(folder / "x.parquet") == [folder / "x.parquet"]
 
 
 def test_validate_checks_the_request_table(

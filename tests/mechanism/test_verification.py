@@ -15,7 +15,7 @@ import pytest
 
 from brisk.cli import main
 from brisk.mechanism import BlockLogError, BlockLogWriter, analyze
-from brisk.mechanism.report import notes
+from brisk.mechanism.render import notes
 from brisk.mechanism.schema import Verification
 from tests.mechanism.logs import hand_block
 from tests.mechanism.test_handbuilt import blocks
@@ -88,8 +88,16 @@ def test_sampled_logs_are_checked_against_their_draft_law(tmp_path: Path, law: s
 def test_q_topk_renormalizes_over_the_candidates(tmp_path: Path) -> None:
     """q over C sums to 0.5: π = 2q. u·π(x) = 0.9·0.8 = 0.72 ≥ p = 0.5 rejects the accepted token,
     which u·q = 0.36 < 0.5 would have accepted: a q_topk log that says L = 1 is contradicted."""
-    row = hand_block(1, 0, 1, [[0.5, 0.2, 0.1], [0.1, 0.2, 0.1], [np.nan] * 3], [0.9, 0.5, 0.5],
-                     base=[0, 0, 0], head=[-1, -1, -1], q=(0.4, 0.05, 0.05))  # fmt: skip
+    row = hand_block(
+        1,
+        0,
+        1,
+        [[0.5, 0.2, 0.1], [0.1, 0.2, 0.1], [np.nan] * 3],
+        [0.9, 0.5, 0.5],
+        base=[0, 0, 0],
+        head=[-1, -1, -1],
+        q=(0.4, 0.05, 0.05),
+    )
     topk = analyze(write(tmp_path / "topk", [row], Verification("sampled", "q_topk", 1.0)), draws=5)
     full = analyze(write(tmp_path / "full", [row], Verification("sampled", "q", 1.0)), draws=5)
     assert (topk.replay.contradictions, full.replay.contradictions) == (1, 0)

@@ -1,6 +1,7 @@
-"""Logs in rank folders: the SGLang server's worker writes ``<log_blocks>/rank0/`` (one block-log
-folder per tensor-parallel rank). The parent folder reads as the log: its rank folders' parts and
-request rows, in rank order, through the API and ``brisk mechanism validate/report``."""
+"""Which files make up a log. A directory without parts names what it holds. Logs in rank
+folders: the SGLang server's worker writes ``<log_blocks>/rank0/`` (one block-log folder per
+tensor-parallel rank). The parent folder reads as the log: its rank folders' parts and request
+rows, in rank order, through the API and ``brisk mechanism validate/report``."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from tests.mechanism.test_requests import BLOCKS, REQUESTS, block, write
 # forwards; 1 + 1 + 4 = 6 tokens; one complete cycle of 4 tokens in 1 forward
 RANK1_BLOCKS = [block(11, 0, 3)]
 RANK1_REQUESTS: dict[str, Any] = {
-    "request_id": [11], "prompt_tokens": [8], "output_tokens": [6], "forwards": [3],
-    "verify_rounds": [1], "finished": ["length"],
-}  # fmt: skip
+    "request_id": [11],
+    "prompt_tokens": [8],
+    "output_tokens": [6],
+    "forwards": [3],
+    "verify_rounds": [1],
+    "finished": ["length"],
+}
 
 
 def write_rank(path: Path, blocks: list[dict[str, Any]], rows: dict[str, Any], M: int = 3) -> Path:
@@ -32,6 +37,20 @@ def write_rank(path: Path, blocks: list[dict[str, Any]], rows: dict[str, Any], M
             writer.write_block(**b)
         writer.write_requests({k: np.asarray(v) for k, v in rows.items()})
     return path
+
+
+def test_a_directory_without_parts_names_what_it_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="no block-log parts") as err:
+        log_files(folder)
+    assert "holds" not in str(err.value)
+    write(tmp_path / "log")
+    (tmp_path / "log" / "part-000000.parquet").rename(folder / "x.parquet")
+    with pytest.raises(ValueError, match=r"part-\*\.parquet") as err:
+        log_files(folder)
+    assert "it holds x.parquet" in str(err.value)
+    assert log_files(folder / "x.parquet") == [folder / "x.parquet"]
 
 
 def test_a_rank0_log_reads_through_its_parent(tmp_path: Path) -> None:
@@ -92,8 +111,11 @@ def test_ranks_that_disagree_name_the_file(tmp_path: Path) -> None:
     (parent / "rank1").mkdir()
     with BlockLogWriter(parent / "rank1", M=3, K=4) as writer:  # K = 4, rank 0 has K = 3
         q, p = np.array([0.4, 0.3, 0.2, 0.1]), np.array(other[0]["p"])
-        wider = {"cand_ids": np.arange(12).reshape(3, 4) + 10, "q": np.tile(q, (3, 1)),
-                 "p": np.pad(p, ((0, 0), (0, 1)))}  # fmt: skip
+        wider = {
+            "cand_ids": np.arange(12).reshape(3, 4) + 10,
+            "q": np.tile(q, (3, 1)),
+            "p": np.pad(p, ((0, 0), (0, 1))),
+        }
         writer.write_block(**(other[0] | wider))
     with pytest.raises(BlockLogError, match="K = 4, but") as err:
         analyze(parent, draws=5)
