@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from brisk.mechanism.io import BlockLogWriter
+from brisk.mechanism import BlockLogWriter
 from brisk.mechanism.schema import Verification
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class BlockRecord:
 
 
 class BlockLogger(BlockLogWriter):
-    """A :class:`brisk.mechanism.io.BlockLogWriter` at ``path`` that takes :class:`BlockRecord`."""
+    """A :class:`~brisk.mechanism.writer.BlockLogWriter` at ``path`` taking :class:`BlockRecord`."""
 
     collects = False  # the decoder keeps the head's inputs on its drafts for :meth:`log_round`
 

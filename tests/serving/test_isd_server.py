@@ -230,7 +230,7 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
     """One mechanism-format row per verify round, with SGLang's own counters (the rows'
     accepted drafts are the server's ``spec_num_correct_drafts``), and per request the accept
     lengths ``brisk decode`` logs for the same prompts, in order."""
-    from brisk.mechanism.io import read_blocks
+    from brisk.mechanism import read_blocks
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.isd.loop import decode
     from brisk.runtime.isd.options import ISDOptions
