@@ -234,13 +234,32 @@ def draw_next(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
 def verify_block(
     logits: Tensor, draft: Draft, temperature: float, u_accept: Tensor, u_next: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Accept length L ``[B]`` and next token ``[B]`` from logits ``[B, M+1, V]`` (module doc).
+    """Accept length L ``[B]`` and next token ``[B]`` of each row's draft: exact chain
+    verification, the verify round of the module docstring, from the logits ``[B, M+1, V]``
+    (p_1..p_M, then the bonus row p_{M+1}) with the acceptance uniforms ``u_accept [B, M]`` and
+    the correction's (or bonus token's) uniform ``u_next [B]``. The one verifier: :func:`step`
+    runs it, for brisk's decode loop and the server alike.
 
-    The same arithmetic as :func:`brisk.runtime.verify.verify_chain` with a candidate law, but π
-    is never expanded beyond the one row of the first rejection.
+    π_i is ``draft.law [B, M, K]`` over ``draft.cand_ids [B, M, K]`` (zero outside them), read
+    at ``draft.ranks``: the law x_i was drawn from, so it gives x_i positive mass. It may be q
+    restricted to its Top-K, the corrector's softmax over its candidates in any order, a one-hot
+    for an argmax draft (acceptance is then u < p_i(x_i) and the correction excludes x_i), or,
+    with K = V, any full law; it is never expanded beyond the one row of the first rejection.
     """
-    B, M1, _V = logits.shape
-    M = M1 - 1
+    if draft.tokens.ndim != 2:
+        raise ValueError(f"draft.tokens: expected shape [B, M], got {tuple(draft.tokens.shape)}")
+    B, M = draft.tokens.shape
+    # Shapes only: they are known on the host, so checking them costs no device synchronization.
+    for name, shape, leading in (
+        ("logits", logits.shape, (B, M + 1, logits.shape[-1])),
+        ("draft.ranks", draft.ranks.shape, (B, M)),
+        ("draft.cand_ids", draft.cand_ids.shape, (B, M, draft.cand_ids.shape[-1])),
+        ("draft.law", draft.law.shape, draft.cand_ids.shape),
+        ("u_accept", u_accept.shape, (B, M)),
+        ("u_next", u_next.shape, (B,)),
+    ):
+        if tuple(shape) != tuple(leading):
+            raise ValueError(f"{name}: expected shape {tuple(leading)}, got {tuple(shape)}")
     rows = torch.arange(B, device=logits.device)
     if temperature == 0:  # argmax p is the argmax of the logits: no softmax over the vocabulary
         top = logits.argmax(-1)
@@ -258,6 +277,8 @@ def verify_block(
         -1, draft.cand_ids[rows, at], draft.law.to(p.dtype)[rows, at]
     ) * (L < M)[:, None].to(p.dtype)
     residual = (target - pi_row).clamp(min=0)
+    # p = π exactly would make rejection impossible; rounding can still leave an all-zero
+    # residual, and then p is the right fallback (it is the law the residual approximates).
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target)
     return L, sample_inverse_cdf(residual, u_next)
 
