@@ -2,14 +2,16 @@
 
 The model is a randomly initialized Qwen3 with a 12-token vocabulary (id 11 is MASK) whose LM
 head is scaled up so next-token laws are peaked and context dependent. The exact law of the
-first three generated tokens is enumerated from plain autoregressive forwards of the clean
-stream (V² contexts), so ISD samples can be tested against it directly.
+first M + 2 generated tokens, the shortest output in which every draft position 1..M of the
+first block decides a token, is enumerated from plain autoregressive forwards of the clean
+stream (V^(M+1) contexts), so ISD samples can be tested against it directly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,8 @@ from brisk.runtime.isd import batched as isd_step
 
 V, MASK = 12, 11
 PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8])
-N_PER_PROMPT = 30_000  # 60,000 samples per case
+N_PER_PROMPT = 20_000  # 40,000 samples per case
+MIN_REACH = 500  # times every draft position decides an output token, per prompt and case
 
 
 def micro_backbone(seed: int = 0, sharpen: float = 25.0) -> HFBackbone:
@@ -66,21 +69,32 @@ def random_corrector(M: int, K: int) -> Corrector:
 
 
 @torch.no_grad()
-def exact_first_three(backbone: HFBackbone, prompt: list[int]) -> np.ndarray:
-    """J[a, b, c] = p(a | prompt) p(b | prompt a) p(c | prompt a b), by enumeration."""
-    model = backbone.model
-
-    def next_law(contexts: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(model(input_ids=contexts).logits[:, -1].double(), -1)
-
+def exact_law(backbone: HFBackbone, prompt: list[int], n: int) -> np.ndarray:
+    """J[y_1, …, y_n] = Π_t p(y_t | prompt, y_<t) ``[V**n]`` (C order), by enumerating the
+    V^(n−1) contexts."""
     base = torch.tensor(prompt)
-    p1 = next_law(base[None])[0]  # [V]
-    ctx2 = torch.cat([base.expand(V, -1), torch.arange(V)[:, None]], 1)
-    p2 = next_law(ctx2)  # [V, V]
-    pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-    ctx3 = torch.cat([base.expand(V * V, -1), pairs], 1)
-    p3 = next_law(ctx3).reshape(V, V, V)
-    return (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+    law, contexts = torch.ones(1, dtype=torch.float64), torch.zeros(1, 0, dtype=torch.long)
+    for t in range(n):
+        ids = torch.cat([base.expand(len(contexts), -1), contexts], 1)
+        p = torch.softmax(backbone.model(input_ids=ids).logits[:, -1].double(), -1)  # [V^t, V]
+        law = (law[:, None] * p).reshape(-1)
+        if t < n - 1:
+            every = torch.arange(V).repeat(len(contexts))[:, None]
+            contexts = torch.cat([contexts.repeat_interleave(V, 0), every], 1)
+    return law.numpy()
+
+
+@pytest.fixture(scope="module")
+def exact(backbone: HFBackbone) -> Callable[[list[int], int], np.ndarray]:
+    """:func:`exact_law` of the module's backbone, each (prompt, n) enumerated once."""
+    laws: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+
+    def law(prompt: list[int], n: int) -> np.ndarray:
+        if (key := (tuple(prompt), n)) not in laws:
+            laws[key] = exact_law(backbone, prompt, n)
+        return laws[key]
+
+    return law
 
 
 def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
@@ -92,6 +106,39 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum() - 1)
 
 
+@dataclass(frozen=True)
+class Exactness:
+    """The outputs of one prompt against their exact law: Pearson χ² and total variation.
+
+    χ² does not reject at 1e-3 when its survival function stays above it; TV stays below
+    ``tv_bound`` = τ + t, where τ = ½Σ sqrt(J(1−J)/n) bounds E[TV] (Jensen per cell) and
+    t = sqrt(ln(1e6)/2n) is the McDiarmid deviation that TV (1/n-Lipschitz in each sample)
+    exceeds with probability ≤ 1e-6."""
+
+    statistic: float
+    dof: int
+    tv: float
+    tv_bound: float
+
+    @classmethod
+    def of(cls, out: DecodeResult, law: np.ndarray) -> Exactness:
+        samples = np.array(out.tokens)
+        n, length = samples.shape
+        assert law.size == V**length, "every output has the law's length"
+        counts = np.bincount(np.ravel_multi_index(samples.T, (V,) * length), minlength=law.size)
+        statistic, dof = chi_square(counts.astype(float), n * law)
+        tv = 0.5 * np.abs(counts / n - law).sum()
+        tau = 0.5 * np.sqrt(law * (1 - law) / n).sum()
+        return cls(statistic, dof, float(tv), float(tau + math.sqrt(math.log(1e6) / (2 * n))))
+
+
+def output_length(stride: int) -> int:
+    """M + 2 tokens: the prefill commits token 1, a cold start token 2 and the first block's
+    drafts x_1..x_M land on tokens 3..M + 2, so every draft position 1..M decides an output
+    token (3 tokens reach position 1 only)."""
+    return stride + 1
+
+
 @pytest.mark.parametrize(
     ("stride", "head_kind"),
     [
@@ -101,45 +148,56 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     ],
 )
 def test_sampling_matches_autoregressive_law(
-    backbone: HFBackbone, stride: int, head_kind: str, request: pytest.FixtureRequest
+    backbone: HFBackbone,
+    exact: Callable[[list[int], int], np.ndarray],
+    stride: int,
+    head_kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Chi-square does not reject at 1e-3, and TV stays below τ + t where τ = ½Σ sqrt(J(1−J)/n)
-    bounds E[TV] (Jensen per cell) and t = sqrt(ln(1e6)/2n) is the McDiarmid deviation that TV
-    (1/n-Lipschitz in each sample) exceeds with probability ≤ 1e-6. The trained head is the one
-    distilled from this backbone's verifier (conftest ``micro_head``): its law π is far from q."""
+    """Outputs of M + 2 tokens follow the exact autoregressive law (:class:`Exactness`: χ²
+    over both prompts does not reject at 1e-3, TV below its bound per prompt), and every draft
+    position 1..M decided an output token at least ``MIN_REACH`` times per prompt. The trained
+    head is the one distilled from this backbone's verifier (conftest ``micro_head``): its law
+    π is far from q."""
     head = {
         "off": lambda: None,
         "random": lambda: random_corrector(stride - 1, K=4),
         "trained": lambda: request.getfixturevalue("micro_head")[1],
     }[head_kind]()
-    with_head = head is not None
-    options = ISDOptions(stride=stride, temperature=1.0, max_new_tokens=3)
+    length = output_length(stride)
+    options = ISDOptions(stride=stride, temperature=1.0, max_new_tokens=length)
     statistic, dof = 0.0, 0
     for k, prompt in enumerate(PROMPTS):
         seeds = range(k * N_PER_PROMPT, (k + 1) * N_PER_PROMPT)
         out = decode(
-            backbone, [prompt] * N_PER_PROMPT, options, corrector=head, seeds=seeds,
+            backbone,
+            [prompt] * N_PER_PROMPT,
+            options,
+            corrector=head,
+            seeds=seeds,
             batch_size=N_PER_PROMPT,
-        )  # fmt: skip
-        samples = np.array(out.tokens)
-        assert samples.shape == (N_PER_PROMPT, 3)
-        counts = np.bincount(np.ravel_multi_index(samples.T, (V, V, V)), minlength=V**3)
-        law = exact_first_three(backbone, prompt).ravel()
-        s, d = chi_square(counts.astype(float), N_PER_PROMPT * law)
-        statistic, dof = statistic + s, dof + d
-        tv = 0.5 * np.abs(counts / N_PER_PROMPT - law).sum()
-        tau = 0.5 * np.sqrt(law * (1 - law) / N_PER_PROMPT).sum()
-        assert tv < tau + math.sqrt(math.log(1e6) / (2 * N_PER_PROMPT)), (prompt, tv, tau)
-        if with_head:  # the head really changed the proposals
+        )
+        assert out.lengths == [length] * N_PER_PROMPT
+        reached = out.output_profile().reached
+        assert len(reached) == stride - 1
+        assert min(reached) >= MIN_REACH, (prompt, reached)
+        check = Exactness.of(out, exact(prompt, length))
+        statistic, dof = statistic + check.statistic, dof + check.dof
+        assert check.tv < check.tv_bound, (prompt, check)
+        if head is not None:  # the head really changed the proposals
             assert out.profile().n_blocks > 0
     assert stats.chi2.sf(statistic, dof) > 1e-3, (statistic, dof)
 
 
 def test_the_exactness_check_catches_the_argmax_shortcut(
-    backbone: HFBackbone, monkeypatch: pytest.MonkeyPatch
+    backbone: HFBackbone,
+    exact: Callable[[list[int], int], np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Negative control: drafting the argmax but verifying as if it were drawn from q (the
-    I-DLM fork's sampling shortcut) must fail the same checks."""
+    I-DLM fork's sampling shortcut) must fail the same checks. At N = 2 the M + 2 = 3 tokens
+    reach the one draft position and the law has V³ cells; at N ≥ 3 the extra output tokens
+    widen the TV bound about as much as the shortcut moves TV."""
     original = isd_step.propose
 
     def argmax_drafts(*args: object, **kwargs: object) -> isd_step.Draft:
@@ -147,15 +205,52 @@ def test_the_exactness_check_catches_the_argmax_shortcut(
         return replace(draft, ranks=torch.zeros_like(draft.ranks), tokens=draft.cand_ids[..., 0])
 
     monkeypatch.setattr(isd_step, "propose", argmax_drafts)
-    n, prompt = 10_000, PROMPTS[0]
-    options = ISDOptions(stride=3, temperature=1.0, max_new_tokens=3)
-    samples = np.array(decode(backbone, [prompt] * n, options, seeds=range(n), batch_size=n).tokens)
-    counts = np.bincount(np.ravel_multi_index(samples.T, (V, V, V)), minlength=V**3)
-    law = exact_first_three(backbone, prompt).ravel()
-    statistic, dof = chi_square(counts.astype(float), n * law)
-    assert stats.chi2.sf(statistic, dof) < 1e-6
-    tv = 0.5 * np.abs(counts / n - law).sum()
-    assert tv > 0.5 * np.sqrt(law * (1 - law) / n).sum() + math.sqrt(math.log(1e6) / (2 * n))
+    n, prompt, length = 10_000, PROMPTS[0], output_length(2)
+    options = ISDOptions(stride=2, temperature=1.0, max_new_tokens=length)
+    check = Exactness.of(
+        decode(backbone, [prompt] * n, options, seeds=range(n), batch_size=n), exact(prompt, length)
+    )
+    assert stats.chi2.sf(check.statistic, check.dof) < 1e-6, check
+    assert check.tv > check.tv_bound, check
+
+
+def test_the_exactness_check_catches_a_verifier_that_accepts_past_position_one(
+    backbone: HFBackbone,
+    exact: Callable[[list[int], int], np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutation: the verifier accepts draft positions ≥ 2 whatever p says (their uniforms set
+    to 0, so x_i is accepted iff p_i(x_i) > 0). On the outputs of the N3-head-off case the same
+    checks must reject: χ² at 1e-6 and TV above its bound. The 3-token outputs the χ² tests
+    used to decode cannot see it: their tokens are the real verifier's, one for one."""
+    original = isd_step.verify_block
+
+    def accept_past_one(
+        logits: torch.Tensor,
+        draft: isd_step.Draft,
+        temperature: float,
+        u_accept: torch.Tensor,
+        u_next: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        u_accept = u_accept.clone()
+        u_accept[:, 1:] = 0.0
+        return original(logits, draft, temperature, u_accept, u_next)
+
+    prompt, length = PROMPTS[0], output_length(3)
+    short = ISDOptions(stride=3, temperature=1.0, max_new_tokens=3)
+    real = decode(backbone, [prompt] * 2000, short, seeds=range(2000), batch_size=2000).tokens
+    monkeypatch.setattr(isd_step, "verify_block", accept_past_one)
+    mutated = decode(backbone, [prompt] * 2000, short, seeds=range(2000), batch_size=2000)
+    assert mutated.tokens == real
+    assert mutated.output_profile().reached.tolist() == [2000, 0]
+
+    n = 10_000
+    options = ISDOptions(stride=3, temperature=1.0, max_new_tokens=length)
+    out = decode(backbone, [prompt] * n, options, seeds=range(n), batch_size=n)
+    assert out.output_profile().reached[1] >= MIN_REACH
+    check = Exactness.of(out, exact(prompt, length))
+    assert stats.chi2.sf(check.statistic, check.dof) < 1e-6, check
+    assert check.tv > check.tv_bound, check
 
 
 @torch.no_grad()
