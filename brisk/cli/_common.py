@@ -183,15 +183,23 @@ def task_from_args(args: Any) -> TaskSpec:
 
 
 def add_config_arguments(
-    parser: Any, cls: type, *, exclude: Sequence[str] = (), rename: dict[str, str] | None = None,
+    parser: Any,
+    cls: type,
+    *,
+    exclude: Sequence[str] = (),
+    rename: dict[str, str] | None = None,
     dest_prefix: str = "cfg_",
-) -> None:  # fmt: skip
+    negatable: bool = True,
+) -> None:
     """One flag per scalar field of the config dataclass ``cls`` (nested configs excluded), its
     help the field's documentation (:func:`brisk.runtime.configs.field_docs`) and its default
     ``None``, "not given" (a config file or the dataclass supplies the value). Spelling:
     ``batch_size`` → ``--batch-size`` (``rename`` maps a field to another flag name, e.g.
-    ``out_dir`` → ``out``); booleans take ``--x`` / ``--no-x``, literals their choices, tuples
-    comma-separated values. :func:`config_overrides` reads them back."""
+    ``out_dir`` → ``out``); booleans take ``--x`` / ``--no-x`` (``--x`` alone unless
+    ``negatable``: a command without a config file, whose booleans all default to False, has
+    no use for ``--no-x``, which would also make ``--n`` of its subcommands an ambiguous
+    prefix), literals their choices, tuples comma-separated values. :func:`config_overrides`
+    reads them back."""
     from brisk.runtime.configs import field_docs
 
     docs, hints = field_docs(cls), get_type_hints(cls)
@@ -204,8 +212,10 @@ def add_config_arguments(
         text = docs.get(f.name, "")
         help_ = f"{text} (default: {default!r})" if text else f"default: {default!r}"
         kwargs: dict[str, Any] = {"dest": dest_prefix + f.name, "default": None, "help": help_}
-        if tp is bool:
+        if tp is bool and negatable:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif tp is bool:
+            kwargs.update(action="store_const", const=True)
         elif get_origin(tp) is Literal:
             kwargs["choices"] = get_args(tp)
         elif get_origin(tp) is tuple:
@@ -218,9 +228,12 @@ def add_config_arguments(
 
 
 def _scalar(tp: Any) -> Callable[[str], Any]:
-    """A flag's parser for ``tp``: int, float, str, or a union with literals (``"auto"``)."""
+    """A flag's parser for ``tp``: int, float, str, ``str | None``, or a union of numbers with
+    literals (``"auto"``)."""
     if get_origin(tp) in (Union, UnionType):
         arms = get_args(tp)
+        if str in arms:
+            return str  # a path or a name (str | None): the flag's text as given
         literals = [a for arg in arms if get_origin(arg) is Literal for a in get_args(arg)]
         numbers = [arm for arm in arms if arm in (int, float)]
 

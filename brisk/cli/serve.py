@@ -2,11 +2,13 @@
 
 The command line and environment come from :func:`brisk.runtime.serving.launch.server_launch`
 (``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins; ``--stride N``
-decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and ``--corrector`` adds
-the head); arguments after ``--`` go to SGLang unchanged and override. ``--device`` and
-``--dtype`` default to what ``brisk decode`` takes (:func:`brisk.runtime.loader.placement`: the
-GPU in bfloat16 where CUDA exists, else the CPU in float32), said once on stderr. The launcher
-replaces this process, so Ctrl-C and signals reach SGLang directly.
+decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and the other ISD
+flags, one per field of :class:`~brisk.runtime.serving.options.BriskISDOptions`, set its
+options: ``--corrector`` adds the head); arguments after ``--`` go to SGLang unchanged and
+override. ``--device`` and ``--dtype`` default to what ``brisk decode`` takes
+(:func:`brisk.runtime.loader.placement`: the GPU in bfloat16 where CUDA exists, else the CPU in
+float32), said once on stderr. The launcher replaces this process, so Ctrl-C and signals reach
+SGLang directly.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import os
 import sys
 from pathlib import Path
 from typing import Literal
+
+from brisk.cli._common import add_config_arguments, config_overrides
+from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 __all__ = ["register"]
 
@@ -41,18 +46,28 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="float32, bfloat16 or float16 (default: as brisk decode, bfloat16 on a GPU, "
         "float32 on the CPU)",
     )
-    s.add_argument("--stride", type=int, default=None,
-                   help="decode with ISD at stride N (SGLang algorithm BRISK_ISD); "
-                   "default: plain autoregressive decoding")  # fmt: skip
-    s.add_argument("--corrector", type=Path, default=None,
-                   help="a corrector checkpoint for ISD's proposals (needs --stride)")  # fmt: skip
-    s.add_argument("--temperature", type=float, default=None,
-                   help="ISD's decoding temperature (0: greedy, the default); every request "
-                   "must ask for it")  # fmt: skip
-    s.add_argument("--dry-run", action="store_true",
-                   help="print the command and the variables it sets; start nothing")  # fmt: skip
-    s.add_argument("sglang_args", nargs=argparse.REMAINDER,
-                   help="-- then arguments for sglang.launch_server")  # fmt: skip
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command and the variables it sets; start nothing",
+    )
+    s.add_argument(
+        "sglang_args", nargs=argparse.REMAINDER, help="-- then arguments for sglang.launch_server"
+    )
+    isd = s.add_argument_group(
+        "ISD (SGLang algorithm BRISK_ISD)",
+        "--stride turns ISD on; the other options need it. Every request must ask for the "
+        "server's temperature.",
+    )
+    isd.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="decode with ISD at stride N (default: plain autoregressive decoding)",
+    )
+    add_config_arguments(
+        isd, BriskISDOptions, exclude=("stride",), dest_prefix="isd_", negatable=False
+    )
     s.set_defaults(run=_serve)
 
 
@@ -109,22 +124,24 @@ def _placement(args: argparse.Namespace) -> tuple[Literal["cpu", "cuda"], str]:
 
 
 def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:
-    """``BRISK_ISD``'s options from the flags, checked here (one line naming the flag) so a
-    bad value never reaches SGLang's start-up."""
+    """``BRISK_ISD``'s options from the flags (those given, for ``$BRISK_ISD_CONFIG``), checked
+    here (one line naming the flag) so a bad value never reaches SGLang's start-up."""
+    given = config_overrides(args, BriskISDOptions, "isd_")
     if args.stride is None:
-        for name in ("corrector", "temperature"):
-            if getattr(args, name) is not None:
-                raise ValueError(f"--{name}: needs --stride (ISD decoding)")
+        if given:
+            raise ValueError(f"--{_flag(next(iter(given)))}: needs --stride (ISD decoding)")
         return None
-    from brisk.runtime.serving.options import BriskISDOptions, OptionError
-
-    isd: dict[str, object] = {"stride": args.stride}
-    if args.corrector is not None:
-        isd["corrector"] = str(args.corrector.resolve())
-    if args.temperature is not None:
-        isd["temperature"] = args.temperature
+    isd: dict[str, object] = {"stride": args.stride, **given}
+    for name in ("corrector", "log_blocks"):  # SGLang's processes may resolve them elsewhere
+        if name in given:
+            isd[name] = str(Path(given[name]).resolve())
     try:
         BriskISDOptions.from_mapping(isd)
     except OptionError as err:
-        raise ValueError(f"--{err.args[0]}") from None
+        name, _, rest = str(err).partition(":")
+        raise ValueError(f"--{_flag(name)}:{rest}") from None
     return isd
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

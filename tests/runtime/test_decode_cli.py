@@ -22,6 +22,7 @@ from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
 from brisk.runtime.tiny.tokenizer import char_tokenizer
+from tests.runtime.graders import GRADER
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +195,23 @@ def test_command_modules_import_without_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True)  # fmt: skip
     assert done.stdout.strip() == "set()"
+
+
+def test_the_summary_counts_the_graders_errors(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A grader that raises on the odd answers 1, 3, 5 of five: the printed accuracy says so,
+    with the first error; the same rows graded by --grader exact say nothing of errors."""
+    rows = [{"prompt": f"Q: {a}+1=?\n", "answer": a + 1} for a in range(5)]
+    prompts, plain = tmp_path / "graded.jsonl", tmp_path / "plain.jsonl"
+    prompts.write_text("".join(json.dumps({**r, "grader": GRADER}) + "\n" for r in rows))
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["decode", "--model", str(checkpoint), "--max-new-tokens", "8"]
+    assert main([*argv, "--prompts", str(prompts)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "of 5; 3 grader errors, counted wrong (first: " in printed
+    assert "cannot grade answer 1" in printed
+    assert main([*argv, "--prompts", str(plain), "--grader", "exact"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "answer accuracy: " in printed
+    assert "grader errors" not in printed

@@ -130,3 +130,66 @@ def test_an_architecture_that_cannot_be_served_causally_is_one_line(
         "causal LM (not a transformers causal LM class, and not one brisk runs as its causal "
         "twin: SDARForCausalLM)"
     )
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``brisk serve … --dry-run`` in this process (it starts nothing): status, stdout,
+    stderr."""
+    from brisk.cli import main
+
+    capsys.readouterr()
+    status = main(["serve", *args, "--dry-run"])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def isd_config(stdout: str) -> dict[str, object]:
+    """The ``$BRISK_ISD_CONFIG`` a dry run sets."""
+    (word,) = (w for w in shlex.split(stdout) if w.startswith("BRISK_ISD_CONFIG="))
+    config: dict[str, object] = json.loads(word.partition("=")[2])
+    return config
+
+
+def test_the_isd_flags_are_the_algorithms_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each ISD flag given, and only those, reaches ``$BRISK_ISD_CONFIG`` (paths absolute);
+    the server reads the rest from the options' defaults."""
+    model = ["--model", str(checkpoint(tmp_path / "m")), "--device", "cpu", "--stride", "4"]
+    given = ["--temperature", "1", "--top-k", "8", "--seed", "3", "--impl", "naive"]
+    status, out, err = dry_run(capsys, *model, *given, "--log-blocks", "logs")
+    assert status == 0, err
+    assert isd_config(out) == {
+        "stride": 4,
+        "temperature": 1.0,
+        "top_k": 8,
+        "seed": 3,
+        "impl": "naive",
+        "log_blocks": str(Path("logs").resolve()),
+    }
+    status, out, err = dry_run(capsys, *model)
+    assert (status, isd_config(out)) == (0, {"stride": 4})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "1"], "--temperature: needs --stride (ISD decoding)"),
+        (["--shadow"], "--shadow: needs --stride (ISD decoding)"),
+        (["--stride", "1"], "--stride: need an integer N ≥ 2, got 1"),
+        (["--stride", "4", "--top-k", "0"], "--top-k: need an integer K ≥ 1"),
+        (["--stride", "4", "--temperature", "-1"], "--temperature: need a number ≥ 0, got -1.0"),
+        (["--stride", "4", "--shadow"], "--shadow: needs a corrector to run beside the base"),
+        (["--stride", "4", "--corrector", "/nope"], "--corrector: /nope holds no corrector"),
+        (["--stride", "4", "--impl", "cuda"], "--impl: invalid choice: 'cuda'"),
+    ],
+)
+def test_a_bad_isd_flag_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    model = ["--model", str(checkpoint(tmp_path / "m")), "--device", "cpu"]
+    status, out, err = dry_run(capsys, *model, *args)
+    assert (status, out) == (2, "")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"brisk: error: {message}")

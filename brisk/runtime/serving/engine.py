@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brisk.runtime.serving.launch import ISD_CONFIG_ENV, Device, server_arguments
+from brisk.runtime.serving.options import BriskISDOptions
 
 __all__ = ["engine_kwargs", "isd_engine"]
 
@@ -44,14 +45,14 @@ def engine_kwargs(flags: Sequence[str]) -> dict[str, Any]:
 def isd_engine(
     model: str | os.PathLike[str],
     *,
-    stride: int | None = 4,
+    stride: int | None = BriskISDOptions.stride,
     device: Device = "cpu",
     options: Mapping[str, object] | None = None,
     extra_args: Sequence[str] = (),
     **kwargs: Any,
 ) -> Any:
-    """An ``sglang.Engine`` serving ``model`` with ISD at ``stride`` (None: SGLang's plain
-    decoding), on ``device``.
+    """An ``sglang.Engine`` serving ``model`` with ISD at ``stride`` (by default the options'
+    stride; None: SGLang's plain decoding), on ``device``.
 
     ``options`` are ``BRISK_ISD``'s other options (``temperature``, ``corrector``, ``seed``, …,
     as in :class:`~brisk.runtime.serving.options.BriskISDOptions`), checked here so a bad one
@@ -62,8 +63,6 @@ def isd_engine(
     """
     isd: dict[str, object] | None = None
     if stride is not None:
-        from brisk.runtime.serving.options import BriskISDOptions
-
         isd = {**(options or {}), "stride": stride}
         BriskISDOptions.from_mapping(isd)
     elif options:

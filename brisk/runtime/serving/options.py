@@ -1,6 +1,9 @@
-"""The options of the ``BriskISD`` SGLang algorithm, read from ``--dllm-algorithm-config x.yaml``.
+"""The options of the ``BRISK_ISD`` SGLang algorithm, read from ``$BRISK_ISD_CONFIG`` (a YAML or
+JSON file, or a JSON object: :func:`brisk.runtime.serving.worker.load_options`).
 
-Every key is checked here, before the server loads a model: an unknown key, a wrong type or a
+The decode's own fields are :class:`~brisk.runtime.decode_options.DecodeOptions`', declared once
+for ``brisk decode`` and the server; ``brisk serve``'s ISD flags are derived from these. Every
+key is checked here, before the server loads a model: an unknown key, a wrong type or a
 corrector built for another M is one line naming the option (:class:`OptionError`).
 """
 
@@ -10,7 +13,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
+
+from brisk.runtime.decode_options import DecodeOptions, ISDOptions
 
 __all__ = ["BriskISDOptions", "OptionError"]
 
@@ -19,63 +24,51 @@ class OptionError(ValueError):
     """A ``BriskISD`` option the server cannot start with; the message names the option."""
 
 
-@dataclass(frozen=True)
-class BriskISDOptions:
-    """``stride`` N (blocks of M = N − 1 proposals; SGLang's block is 2N − 1 slots),
-    ``temperature`` (0: greedy; every request must ask for the same), ``top_k`` K when no
-    corrector sets it, ``corrector`` a checkpoint directory (``Corrector.from_pretrained``),
-    ``shadow`` (run the head beside the base for the logs, decode head-off), ``impl`` of the
-    head (``auto``: the fused Triton step on CUDA), ``log_blocks`` a directory for the block log
-    (Parquet, the ``brisk mechanism`` format), ``seed`` for requests that bring none.
-    """
+IMPL = Literal["auto", "naive", "triton"]
 
-    stride: int = 4
-    temperature: float = 0.0
-    top_k: int = 16
-    corrector: str | None = None
-    shadow: bool = False
-    impl: str = "auto"
+
+@dataclass(frozen=True)
+class BriskISDOptions(DecodeOptions):
+    """:class:`~brisk.runtime.decode_options.DecodeOptions` (``stride`` N, SGLang's block being
+    2N − 1 slots; ``temperature``, which every request must ask for; ``top_k`` K when no
+    corrector sets it; ``shadow``) and the server's own options below."""
+
+    error: ClassVar[type[ValueError]] = OptionError
+
+    corrector: str | None = None  # a corrector checkpoint directory (Corrector.from_pretrained)
+    impl: IMPL = "auto"  # the head's step (auto: Triton on CUDA)
+    # a directory for the block log (Parquet, the brisk mechanism format), written by TP rank 0
     log_blocks: str | None = None
-    seed: int = 0
+    seed: int = 0  # the seed of requests that bring none
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, what: str) -> None:
-            if not ok:
-                raise OptionError(f"{name}: {what}, got {getattr(self, name)!r}")
-
-        def is_int(x: object) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
-
-        need(is_int(self.stride) and self.stride >= 2, "stride", "need an integer N ≥ 2")
-        need(
-            isinstance(self.temperature, int | float)
-            and not isinstance(self.temperature, bool)
-            and self.temperature >= 0,
-            "temperature",
-            "need a number ≥ 0",
+        super().__post_init__()
+        path = self.corrector is None or isinstance(self.corrector, str)
+        self.need(path, "corrector", "need a path")
+        self.need(self.impl in get_args(IMPL), "impl", "need auto, naive or triton")
+        logs = self.log_blocks is None or isinstance(self.log_blocks, str)
+        self.need(logs, "log_blocks", "need a path")
+        self.need(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool),
+            "seed",
+            "need an integer",
         )
-        need(is_int(self.top_k) and self.top_k >= 1, "top_k", "need an integer ≥ 1")
-        need(self.corrector is None or isinstance(self.corrector, str), "corrector", "need a path")
-        need(isinstance(self.shadow, bool), "shadow", "need true or false")
-        need(self.impl in ("auto", "naive", "triton"), "impl", "need auto, naive or triton")
-        need(
-            self.log_blocks is None or isinstance(self.log_blocks, str), "log_blocks", "need a path"
-        )
-        need(is_int(self.seed), "seed", "need an integer")
         if self.shadow and self.corrector is None:
             raise OptionError("shadow: needs a corrector to run beside the base")
         if self.corrector is not None and not (Path(self.corrector) / "config.json").is_file():
             raise OptionError(f"corrector: {self.corrector} holds no corrector checkpoint")
+
+    def decode_options(self, **changes: Any) -> ISDOptions:
+        """The :class:`ISDOptions` of this server's decode step: the shared fields, ``changes``
+        on top (the corrector's K as ``top_k``)."""
+        shared = {f.name: getattr(self, f.name) for f in fields(DecodeOptions)}
+        return ISDOptions(**{**shared, **changes})
 
     def corrector_config(self) -> dict[str, Any]:
         """The corrector checkpoint's config (M, K, hidden_size, vocab_size, …)."""
         if self.corrector is None:
             raise OptionError("corrector: not set")
         return dict(json.loads((Path(self.corrector) / "config.json").read_text()))
-
-    @property
-    def M(self) -> int:
-        return self.stride - 1
 
     @property
     def block_size(self) -> int:

@@ -60,7 +60,6 @@ from brisk.runtime.blocklog import verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
 from brisk.runtime.isd.loop import log_verified
-from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.serving.chain import PoolStates, chain_attention, chain_layout, verify_mask
 from brisk.runtime.serving.common import (
     ModelHeads,
@@ -194,8 +193,7 @@ class BriskISDWorker(BaseSpecWorker):
         self.vocab = int(self.model_runner.model_config.vocab_size)
         self.corrector = Corrector.from_pretrained(opt.corrector) if opt.corrector else None
         K = self.corrector.config.K if self.corrector is not None else opt.top_k
-        self.isd = ISDOptions(stride=opt.stride, temperature=opt.temperature, shadow=opt.shadow,
-                              top_k=K)  # fmt: skip
+        self.isd = opt.decode_options(top_k=K)
         self.logger = rank_logger(opt.log_blocks, opt.M, K) if opt.log_blocks else None
         if self.logger is not None:
             self.logger.declare(verification_for(self.isd, self.corrector))

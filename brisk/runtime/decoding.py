@@ -1,0 +1,326 @@
+"""Decoding a prompt file with ISD: what ``brisk decode`` runs, as library functions.
+
+A prompt file is JSON Lines, one request per object ``{"prompt": str, "answer": ..., "grader":
+str, "id": ...}`` (all but the prompt optional), or plain text with one prompt per line
+(:func:`read_prompts`). Then:
+
+- :func:`prepare_decode` loads the checkpoint (:func:`brisk.runtime.loader.load_model`, the one
+  loader) and the corrector, encodes the prompts (:mod:`brisk.runtime.prompts`), fits the
+  options to the model's positions (:func:`brisk.runtime.loader.fit_budget`) and opens the
+  block log: every check done before anything is decoded;
+- :func:`decode_requests` decodes, and as each request finishes makes its row (completion text,
+  forwards, tokens, TPF, accepted-length histogram and, with an answer, the grade by the row's
+  grader), appends it to ``.<name>.partial`` beside ``out`` (a run killed outright keeps them)
+  and, at the end, writes ``out`` atomically in prompt order. ``KeyboardInterrupt`` inside the
+  decode stops it (Ctrl-C, or :meth:`brisk._interrupt.StopSignals.abortable`): the block log is
+  closed and what finished is written;
+- :func:`summarize` gives the figures ``brisk decode`` prints beside the run's TPF lines:
+  mean output length, rejection and answer accuracy with the grader's error count.
+
+Errors are one ``ValueError`` naming ``brisk decode``'s flag, as the loader's do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from transformers import PreTrainedTokenizerBase
+
+from brisk._atomic import atomic_write_text
+from brisk._interrupt import StopSignals
+from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.corrector import Corrector
+from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
+from brisk.runtime.loader import fit_budget, load_model
+from brisk.runtime.prompts import completion_text, encode_prompt
+from brisk.runtime.tasks.graders import grade_all, resolve_grader
+from brisk.runtime.tasks.sources import read_json_lines, read_lines
+from brisk.theory.profile import AcceptanceProfile
+
+__all__ = [
+    "DEFAULT_GRADER",
+    "DecodeJob",
+    "DecodeSummary",
+    "Decoded",
+    "check_output_file",
+    "decode_requests",
+    "prepare_decode",
+    "read_prompts",
+    "rejection",
+    "summarize",
+    "write_jsonl",
+]
+
+DEFAULT_GRADER = "gsm8k"  # normalized answer matching: for rows with an answer and no grader
+
+
+def read_prompts(path: Path) -> list[dict[str, Any]]:
+    """Requests from ``path``; anything malformed is an error naming the file and line."""
+    if not path.exists():
+        raise ValueError(f"--prompts: {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"--prompts: {path} is not a file")
+    try:
+        if path.suffix in {".jsonl", ".json"}:
+            items = read_json_lines(path)
+        else:
+            items = [(number, {"prompt": line}) for number, line in read_lines(path)]
+    except ValueError as err:
+        raise ValueError(f"--prompts: {err}") from None
+    for number, item in items:
+        where = f"--prompts: {path} line {number}"
+        if "prompt" not in item:
+            raise ValueError(f'{where}: no "prompt" field (keys: {", ".join(item) or "none"})')
+        if "grader" in item:
+            try:
+                resolve_grader(item["grader"])
+            except ValueError as err:
+                raise ValueError(f'{where}: "grader": {err}') from None
+        if not isinstance(item["prompt"], str):
+            raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
+    if not items:
+        raise ValueError(f"--prompts: {path} holds no prompts")
+    return [item for _, item in items]
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Fail before any work if ``path`` cannot be written as a file."""
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag}: directory {parent} is not writable")
+
+
+def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Write all rows, atomically: readers see the old file or the whole new one."""
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    """Requests ready to decode: the model, the corrector (or None), the options fitted to the
+    model, the encoded prompts and the block log (or None)."""
+
+    requests: list[dict[str, Any]]
+    prompts: list[list[int]]
+    options: ISDOptions
+    tokenizer: PreTrainedTokenizerBase
+    backbone: HFBackbone
+    corrector: Corrector | None
+    corrector_path: Path | None
+    logger: BlockLogger | None
+
+
+def prepare_decode(
+    model: Path,
+    requests: Sequence[dict[str, Any]],
+    options: ISDOptions,
+    *,
+    corrector: Path | None = None,
+    log_blocks: Path | None = None,
+    budget_given: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
+    mask_token_id: int | None = None,
+    trust_remote_code: bool = False,
+) -> DecodeJob:
+    """Load ``model`` and ``corrector``, encode the requests' prompts and check the options
+    against both: the EOS becomes the tokenizer's, and a budget not given (``budget_given``) is
+    lowered to what fits the model's positions (said on stderr). The block log opens last, so
+    a failed check leaves no directory behind."""
+    loaded = load_model(
+        model,
+        device=device,
+        dtype=dtype,
+        mask_token_id=mask_token_id,
+        trust_remote_code=trust_remote_code,
+    )
+    head = None
+    if corrector is not None:
+        try:
+            head = Corrector.from_pretrained(
+                corrector, backbone=loaded.backbone, device=loaded.placement.device
+            )
+        except ValueError as err:
+            raise _named("--corrector", err) from None
+        if head.config.M != options.M:
+            raise ValueError(
+                f"--stride: the corrector at {corrector} was trained for stride N = "
+                f"{head.config.M + 1} (M = {head.config.M}), got --stride {options.stride}"
+            )
+    options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
+    prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
+    options = fit_budget(options, loaded.backbone.max_positions, prompts, budget_given=budget_given)
+    logger = None
+    if log_blocks is not None:
+        K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)
+        try:
+            logger = BlockLogger(log_blocks, options.M, K)
+        except ValueError as err:
+            raise _named("--log-blocks", err) from None
+    return DecodeJob(
+        list(requests), prompts, options, loaded.tokenizer, loaded.backbone, head, corrector, logger
+    )
+
+
+def _named(flag: str, err: ValueError) -> ValueError:
+    """``err`` naming ``flag`` instead of the argument the runtime named (``path: …``)."""
+    head, sep, rest = str(err).partition(": ")
+    return ValueError(f"{flag}: {rest}" if sep and head.isidentifier() else f"{flag}: {err}")
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The decode's result (None when it was interrupted) and the finished requests' rows, in
+    prompt order."""
+
+    result: DecodeResult | None
+    rows: list[dict[str, Any]]
+
+
+def decode_requests(
+    job: DecodeJob,
+    *,
+    seed: int = 0,
+    batch_size: int = 64,
+    grader: str = "",
+    out: Path | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    stop: StopSignals | None = None,
+) -> Decoded:
+    """Decode the job's requests (request r with seed ``seed + r``) and save the rows (module
+    docstring). A row with an answer is graded by its own grader, else ``grader``, else
+    :data:`DEFAULT_GRADER`; a grader that raises counts as wrong and the row keeps its
+    ``grader_error``. With ``stop`` the decode runs inside ``stop.abortable()`` and the saving
+    after it does not, so a second signal cannot cut it short."""
+    done: dict[int, dict[str, Any]] = {}
+    partial = _Partial(out) if out is not None else None
+
+    def on_finish(r: int, output: RequestOutput) -> None:
+        row = _row(job, r, output, grader)
+        done[r] = row
+        if partial is not None:
+            partial.add(row)
+        if on_row is not None:
+            on_row(row)
+
+    result = None
+    try:
+        with stop.abortable() if stop is not None else nullcontext():
+            result = decode(
+                job.backbone,
+                job.prompts,
+                job.options,
+                corrector=job.corrector,
+                seeds=[seed + r for r in range(len(job.prompts))],
+                logger=job.logger,
+                batch_size=batch_size,
+                on_finish=on_finish,
+            )
+    except KeyboardInterrupt:
+        pass  # save what finished
+    finally:
+        if job.logger is not None:
+            job.logger.close()
+        if partial is not None:
+            partial.close()
+    rows = [done[r] for r in sorted(done)]
+    if out is not None and (result is not None or rows):
+        write_jsonl(out, rows)
+    if partial is not None:
+        partial.remove()
+    return Decoded(result, rows)
+
+
+def _row(job: DecodeJob, r: int, output: RequestOutput, grader: str) -> dict[str, Any]:
+    request = job.requests[r]
+    row = {
+        "id": request.get("id", r),
+        "sample": request.get("sample", 0),
+        "prompt": request["prompt"],
+        "completion": completion_text(job.tokenizer, output.tokens),
+        "forwards": output.forwards,
+        "tokens": len(output.tokens),
+        "tpf": output.tpf,
+        "accept_hist": output.histogram(job.options.M),
+    }
+    if "answer" in request:
+        name = request.get("grader") or grader or DEFAULT_GRADER
+        graded = grade_all(name, [row["completion"]], [request["answer"]], workers=1)
+        row["correct"] = graded.correct[0] is True
+        if graded.errors:
+            row["grader_error"] = graded.first_error
+    return row
+
+
+class _Partial:
+    """Finished rows appended to ``.<name>.partial`` beside ``out``, in finish order."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out.with_name(f".{out.name}.partial")
+        self.file: IO[str] | None = self.path.open("w")
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class DecodeSummary:
+    """The figures of a finished decode beside its TPF lines (``DecodeResult.run_tpf``)."""
+
+    requests: int
+    mean_length: float  # output tokens per request, EOS included
+    rejection: float  # rejected ÷ reached proposal positions, pooled (the paper's Reject %)
+    graded: int  # rows with an answer
+    correct: int
+    grader_errors: int  # graded rows whose grader raised (counted as wrong)
+    first_grader_error: str | None
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.graded if self.graded else math.nan
+
+
+def summarize(result: DecodeResult, rows: Sequence[dict[str, Any]]) -> DecodeSummary:
+    """:class:`DecodeSummary` of a decode's result and its rows."""
+    graded = [r for r in rows if "correct" in r]
+    errors = [r["grader_error"] for r in graded if "grader_error" in r]
+    lengths = result.lengths
+    return DecodeSummary(
+        requests=len(rows),
+        mean_length=sum(lengths) / len(lengths) if lengths else math.nan,
+        rejection=rejection(result.profile()),
+        graded=len(graded),
+        correct=sum(r["correct"] for r in graded),
+        grader_errors=len(errors),
+        first_grader_error=errors[0] if errors else None,
+    )
+
+
+def rejection(profile: AcceptanceProfile) -> float:
+    """Rejected ÷ reached proposal positions, pooled over positions (the paper's Reject %)."""
+    reached = int(profile.reached.sum())
+    return (reached - int(profile.accepted.sum())) / reached if reached else math.nan
