@@ -5,6 +5,7 @@ paper's shape."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
+from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.experiment import (
     CheckpointEval,
     Interval,
@@ -22,9 +24,11 @@ from brisk.runtime.experiment import (
     plot_summaries,
     summarize,
 )
+from brisk.runtime.experiment.evaluate import TimedCorrector
 from brisk.runtime.tiny.model import TinyModelConfig, build_model
 from brisk.runtime.tiny.task import TaskConfig, make_split
 from brisk.runtime.tiny.tokenizer import char_tokenizer
+from tests.runtime.graders import GRADER
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +135,62 @@ def test_checkpoint_numbers_follow_their_definitions(checkpoint: Path) -> None:
     assert (a.output_tokens, a.forwards, a.reached) != (c.output_tokens, c.forwards, c.reached)
     with pytest.raises(ValueError, match="answers: expected 12"):
         evaluate_checkpoint(checkpoint, prompts, answers[:3], seed=0, **kw)  # type: ignore[arg-type]
+
+
+def test_the_head_is_timed_without_touching_the_callers_object(checkpoint: Path) -> None:
+    """The corrector's selection time is recorded (head_s > 0, so tokens/s without it is the
+    larger) by a stand-in: the caller's head keeps its class's own ``select``. Head-off, the
+    negative control, records none."""
+    head = Corrector(CorrectorConfig.small(64, len(char_tokenizer()), M=3, K=8))
+    select = head.select
+    problems = make_split(TaskConfig.trivial(), "test", 6, seed=0)
+    prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
+    kw = dict(arm="head", seed=0, stride=4, temperature=1.0, max_new_tokens=8)
+    on = evaluate_checkpoint(checkpoint, prompts, answers, corrector=head, **kw)  # type: ignore[arg-type]
+    assert "select" not in vars(head)
+    assert head.select == select
+    assert type(head) is Corrector
+    assert on.head_s > 0
+    assert on.tokens_per_s_net > on.tokens_per_s
+    off = evaluate_checkpoint(checkpoint, prompts, answers, **kw)  # type: ignore[arg-type]
+    assert off.head_s == 0
+
+
+def test_timed_corrector_adds_up_the_selections_only() -> None:
+    class Head:
+        config = "the head's config"
+
+        def select(self, seconds: float) -> str:
+            time.sleep(seconds)
+            return "chosen"
+
+        def __call__(self, seconds: float) -> str:
+            time.sleep(seconds)
+            return "refined"
+
+    timed = TimedCorrector(Head())
+    assert [timed.select(0.02), timed.select(0.03)] == ["chosen", "chosen"]
+    assert timed(0.05) == "refined"  # a shadow run's teacher-forced call: not the selection
+    assert 0.05 <= timed.seconds < 0.1
+    assert timed.config == "the head's config"
+
+
+def test_grader_errors_are_counted_in_the_evaluation_and_its_summary(checkpoint: Path) -> None:
+    """A grader that raises on odd answers: exactly that many errors (counted wrong), the
+    first one's message kept, and the arm's summary adds them up over seeds."""
+    problems = make_split(TaskConfig.trivial(), "test", 10, seed=0)
+    prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
+    odd = sum(int(a) % 2 for a in answers)
+    assert 0 < odd < len(answers)
+    kw = dict(arm="base", stride=4, max_new_tokens=4, grader=GRADER)
+    evals = [evaluate_checkpoint(checkpoint, prompts, answers, seed=s, **kw) for s in (0, 1)]  # type: ignore[arg-type]
+    assert [e.grader_errors for e in evals] == [odd, odd]
+    assert "cannot grade answer" in str(evals[0].first_grader_error)
+    assert evals[0].to_dict()["grader_errors"] == odd
+    (summary,) = summarize(evals)
+    assert summary.grader_errors == 2 * odd
+    assert summary.to_dict()["grader_errors"] == 2 * odd
+    control = evaluate_checkpoint(
+        checkpoint, prompts, answers, seed=0, arm="base", stride=4, max_new_tokens=4
+    )  # the default grader raises on none
+    assert (control.grader_errors, control.first_grader_error) == (0, None)

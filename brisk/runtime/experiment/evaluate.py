@@ -12,7 +12,10 @@ temperature T) and scored by :func:`evaluate_checkpoint`:
   cycles** (the renewal quantity of eq:idlm_tpf_instantiation),
 - **tokens/s**: output tokens ÷ decoding wall seconds on this machine; with a corrector also
   the same without the head's own time (``tokens_per_s_net``: what a free head would give) and
-  that time (``head_s``).
+  that time (``head_s``, measured by :class:`TimedCorrector`, which stands in for the caller's
+  head);
+- **grader errors**: answers whose grader raised (counted wrong), and what the first said, so an
+  accuracy never hides them.
 
 :func:`summarize` turns the per-seed numbers of each arm into a mean with a Student-t interval
 across seeds (seeds are the replication unit: each is a separately trained model), and
@@ -28,7 +31,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ArmSummary", "CheckpointEval", "Interval", "evaluate_checkpoint", "summarize"]
+from brisk.mechanism.stats import Interval
+
+__all__ = [
+    "ArmSummary",
+    "CheckpointEval",
+    "Interval",
+    "TimedCorrector",
+    "evaluate_checkpoint",
+    "summarize",
+]
 
 METRICS = ("accuracy", "rejection", "accept_length", "tpf_run", "tpf_cycles", "tokens_per_s")
 
@@ -52,9 +64,35 @@ class CheckpointEval:
     accepted: tuple[int, ...]
     head_s: float = 0.0  # seconds spent in the corrector's selection (0 head-off)
     tokens_per_s_net: float = math.nan  # output tokens ÷ (wall − head_s)
+    grader_errors: int = 0  # answers whose grader raised (counted as wrong in accuracy)
+    first_grader_error: str | None = None  # what the first of them said
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class TimedCorrector:
+    """Stands in for a corrector in :func:`~brisk.runtime.isd.decode` and times its selection:
+    ``seconds`` adds up the wall time of every :meth:`select` call (the head's own work: CPU
+    kernels run synchronously); everything else, the teacher-forced call of a shadow run
+    included, is the wrapped head's, untimed. The caller's head is never changed."""
+
+    def __init__(self, head: Any) -> None:
+        self.head = head
+        self.seconds = 0.0
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.head.select(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.head(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # config, impl, tables, …: the head's own
+        return getattr(self.head, name)
 
 
 def evaluate_checkpoint(
@@ -105,42 +143,40 @@ def evaluate_checkpoint(
     if shadow and (corrector is None or log_blocks is None):
         raise ValueError("shadow: needs a corrector and log_blocks")
     options = isd_options(
-        tokenizer, stride=stride, temperature=temperature, max_new_tokens=max_new_tokens,
-        shadow=shadow, score_blocks=shadow,
-    )  # fmt: skip
+        tokenizer,
+        stride=stride,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        shadow=shadow,
+        score_blocks=shadow,
+    )
     encoded = encode_prompts(tokenizer, prompts)
     n = len(encoded)
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     logger = BlockLogger(log_blocks, options.M, K) if log_blocks is not None else None
-    head_s = 0.0
-    if corrector is not None:  # time the head's own work (CPU: synchronous)
-        select = corrector.select
-
-        def timed_select(*args: Any, **kwargs: Any) -> Any:
-            nonlocal head_s
-            t = time.perf_counter()
-            out = select(*args, **kwargs)
-            head_s += time.perf_counter() - t
-            return out
-
-        corrector.select = timed_select
-        if hasattr(corrector, "tables"):  # fold the head's tables before the clock starts
-            corrector.tables(backbone)
+    head = TimedCorrector(corrector) if corrector is not None else None
+    if corrector is not None and hasattr(corrector, "tables"):
+        corrector.tables(backbone)  # fold the head's tables before the clock starts
     start = time.perf_counter()
-    try:
-        with torch.inference_mode():
-            result = decode(backbone, encoded, options, corrector=corrector,
-                            seeds=[seed * n + r for r in range(n)], request_ids=list(range(n)),
-                            logger=logger, batch_size=batch_size)  # fmt: skip
-    finally:
-        if corrector is not None:
-            del corrector.select  # the class's method again
+    with torch.inference_mode():
+        result = decode(
+            backbone,
+            encoded,
+            options,
+            corrector=head,  # type: ignore[arg-type]  # the head's stand-in (TimedCorrector)
+            seeds=[seed * n + r for r in range(n)],
+            request_ids=list(range(n)),
+            logger=logger,
+            batch_size=batch_size,
+        )
     wall = time.perf_counter() - start
+    head_s = head.seconds if head is not None else 0.0
     if logger is not None:
         logger.close()
     requests = result.requests
     texts = completion_texts(tokenizer, result)
-    correct = [c is True for c in grade_all(grader, texts, list(answers), workers=1).correct]
+    grades = grade_all(grader, texts, list(answers), workers=1)
+    correct = [c is True for c in grades.correct]
     lengths = np.concatenate([np.asarray(r.accept_lengths, int) for r in requests])
     reached = sum((r.profile(options.M).reached for r in requests), np.zeros(options.M, int))
     accepted = sum((r.profile(options.M).accepted for r in requests), np.zeros(options.M, int))
@@ -165,51 +201,28 @@ def evaluate_checkpoint(
         accepted=tuple(int(x) for x in accepted),
         head_s=head_s,
         tokens_per_s_net=tokens / (wall - head_s) if wall > head_s else math.nan,
+        grader_errors=grades.errors,
+        first_grader_error=grades.first_error,
     )
 
 
 @dataclass(frozen=True)
-class Interval:
-    """Mean of k per-seed values with a two-sided Student-t interval (NaN bounds when k = 1)."""
-
-    mean: float
-    low: float
-    high: float
-    k: int
-
-    @classmethod
-    def of(cls, values: Sequence[float], level: float = 0.95) -> Interval:
-        from scipy import stats
-
-        if not 0 < level < 1:
-            raise ValueError(f"level: must lie in (0, 1), got {level!r}")
-        xs = [float(v) for v in values]
-        if not xs:
-            raise ValueError("values: need at least one value")
-        k = len(xs)
-        mean = sum(xs) / k
-        if k == 1:
-            return cls(mean, math.nan, math.nan, 1)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
-        half = float(stats.t.ppf((1 + level) / 2, k - 1)) * sd / math.sqrt(k)
-        return cls(mean, mean - half, mean + half, k)
-
-    def format(self, scale: float = 1.0, digits: int = 2) -> str:
-        m = f"{self.mean * scale:.{digits}f}"
-        if self.k == 1:
-            return m
-        return f"{m} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
-
-
-@dataclass(frozen=True)
 class ArmSummary:
+    """An arm's metrics across its seeds, and its seeds' grader errors added up."""
+
     arm: str
     seeds: tuple[int, ...]
     metrics: dict[str, Interval]
+    grader_errors: int = 0  # answers whose grader raised, over every seed (counted as wrong)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "seeds": list(self.seeds),
-                **{k: asdict(v) for k, v in self.metrics.items()}}  # fmt: skip
+        metrics = {k: asdict(v) for k, v in self.metrics.items()}
+        return {
+            "arm": self.arm,
+            "seeds": list(self.seeds),
+            **metrics,
+            "grader_errors": self.grader_errors,
+        }
 
 
 def summarize(
@@ -225,5 +238,5 @@ def summarize(
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"evals: arm {arm!r} has seed(s) evaluated twice: {sorted(seeds)}")
         values = {m: Interval.of([getattr(e, m) for e in rows], level) for m in metrics}
-        out.append(ArmSummary(arm, tuple(seeds), values))
+        out.append(ArmSummary(arm, tuple(seeds), values, sum(e.grader_errors for e in rows)))
     return out

@@ -146,12 +146,16 @@ class EvalReport:
     n_problems: int
     proposal_accuracy: dict[int, list[float]]  # stride N → per-position accuracy [M]
     samples: list[tuple[str, str]]  # (prompt, generated response) for a few problems
+    grader_errors: int = 0  # answers whose grader raised (counted as wrong in accuracy)
+    first_grader_error: str | None = None  # what the first of them said
 
     def to_dict(self) -> dict[str, object]:
         return {
             "accuracy": self.accuracy,
             "n_problems": self.n_problems,
             "proposal_accuracy": {str(k): v for k, v in self.proposal_accuracy.items()},
+            "grader_errors": self.grader_errors,
+            "first_grader_error": self.first_grader_error,
         }
 
 
@@ -165,7 +169,8 @@ def evaluate(
 ) -> EvalReport:
     """Greedy answer accuracy and MASK-stream accuracy at each stride. ``max_new`` defaults to
     what the model's positions leave after the longest prompt (at most 256 tokens); ``task``
-    (its ``grade``) grades the answers, by default the ``gsm8k`` grader."""
+    (its ``grade``) grades the answers, by default the ``gsm8k`` grader. A grader that raises
+    counts the answer wrong, and the report counts it (``grader_errors``)."""
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
     if max_new is None:
         room = (backbone.max_positions or 10**9) - max((len(p) for p in prompts), default=0)
@@ -182,4 +187,6 @@ def evaluate(
         n_problems=len(problems),
         proposal_accuracy={N: proposal_accuracy(backbone, tokenizer, problems, N) for N in strides},
         samples=[(p.prompt, t) for p, t in zip(problems[:3], texts[:3], strict=False)],
+        grader_errors=grades.errors,
+        first_grader_error=grades.first_error,
     )
