@@ -50,16 +50,18 @@ def test_batched_step_equals_the_single_request_reference(
     head = random_corrector(stride - 1, K=4).double() if with_head else None
     options = ISDOptions(stride=stride, temperature=temperature, max_new_tokens=24, eos_token_id=3)
     seeds, ids = [1000 + 7 * i for i in range(12)], [50 + i for i in range(12)]
-    batched = decode(backbone64, prompts, options, corrector=head, seeds=seeds, request_ids=ids,
-                     batch_size=5)  # fmt: skip
+    batched = decode(
+        backbone64, prompts, options, corrector=head, seeds=seeds, request_ids=ids, batch_size=5
+    )
     for i, prompt in enumerate(prompts):
-        ref = reference_decode(backbone64, prompt, options, corrector=head, seed=seeds[i],
-                               request_id=ids[i])  # fmt: skip
+        ref = reference_decode(
+            backbone64, prompt, options, corrector=head, seed=seeds[i], request_id=ids[i]
+        )
         got = batched.requests[i]
         assert got.tokens == ref.tokens, i
         assert got.accept_lengths == ref.accept_lengths, i
-        assert (got.forwards, got.committed, got.finished) == (ref.forwards, ref.committed,
-                                                               ref.finished), i  # fmt: skip
+        counts = (got.forwards, got.committed, got.finished)
+        assert counts == (ref.forwards, ref.committed, ref.finished), i
     rounds = [L for r in batched.requests for L in r.accept_lengths]
     assert len(rounds) > 20  # verify rounds really ran
 
@@ -79,8 +81,8 @@ def test_each_uniform_the_output_uses_is_fresh(
 
     monkeypatch.setattr("brisk.runtime.isd.batched.counter_uniforms", recording)
     prompts = [[1, 2], [3, 4, 5], [6]]
-    out = decode(backbone, prompts, ISDOptions(stride=4, temperature=1.0, max_new_tokens=12),
-                 seeds=[5, 5, 6], request_ids=[0, 1, 0])  # fmt: skip
+    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=12)
+    out = decode(backbone, prompts, options, seeds=[5, 5, 6], request_ids=[0, 1, 0])
     # The loop tabulates every counter a request may reach; the step reads row `counter`.
     assert len(keys) == len(set(keys))
     for (seed, req), r in zip([(5, 0), (5, 1), (6, 0)], out.requests, strict=True):
@@ -185,8 +187,10 @@ def test_a_chunked_prefill_decodes_as_one_forward_does(
     together: 1 token means one slot per row per forward) give the tokens, accept lengths and
     counts of the one-forward prefill (float64 micro model: no rounding can flip a decision)."""
     g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, MASK, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 13, (6,), generator=g)]  # fmt: skip
+    prompts = [
+        torch.randint(0, MASK, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 13, (6,), generator=g)
+    ]
     options = ISDOptions(stride=4, temperature=temperature, max_new_tokens=16, eos_token_id=3)
     whole = decode(backbone64, prompts, options, batch_size=6)
     chunked = decode(backbone64, prompts, options, batch_size=6, prefill_chunk=chunk)
