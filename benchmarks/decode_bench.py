@@ -40,13 +40,12 @@ from transformers import DynamicCache
 from brisk.runtime.backbone import HFBackbone, cache_keyword
 from brisk.runtime.isd import ISDOptions, decode
 from brisk.runtime.loader import load_model
-from brisk.runtime.tiny.task import make_split
 from brisk.runtime.train.config import BaseTrainConfig
 
 
 def prompts_of(model_dir: Path, n: int, tokenizer: Any) -> list[list[int]]:
     cfg = BaseTrainConfig.load(model_dir / "train_config.json")
-    problems = make_split(cfg.task, "test", n, cfg.eval_seed)
+    problems = cfg.task.build(split="test", n=n, seed=cfg.eval_seed).problems()
     bos = tokenizer.bos_token_id
     return [[bos, *tokenizer.encode(p.prompt, add_special_tokens=False)] for p in problems]
 

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from brisk.runtime.train.distributed import Dist, autocast, load_for_training
-from brisk.runtime.train.flex import set_attention, training_forward
+from brisk.runtime.train.forward import set_attention, training_forward
 from brisk.runtime.train.idlm import IGNORE, build_batch, weighted_loss
 
 M = 7

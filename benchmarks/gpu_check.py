@@ -243,7 +243,8 @@ def flex_step(smoke: bool) -> tuple[bool, str]:
     import torch._dynamo as dynamo
 
     from brisk.runtime.train.distributed import Dist, autocast, prepare
-    from brisk.runtime.train.flex import padded_length, set_attention, training_forward
+    from brisk.runtime.train.flex import padded_length
+    from brisk.runtime.train.forward import set_attention, training_forward
     from brisk.runtime.train.idlm import build_batch
     from brisk.runtime.train.vocab import stream_losses
 

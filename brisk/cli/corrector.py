@@ -65,7 +65,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError("--events: corrector training needs an event store (train corrector "
                          "collect makes one)")  # fmt: skip
     from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.corrector_events import EventStore
+    from brisk.runtime.train.event_store import EventStore
 
     try:
         store = EventStore.open(cfg.events)

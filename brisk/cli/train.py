@@ -44,7 +44,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b.set_defaults(run=run_base)
 
     a = commands.add_parser(
-        "ar", help="AR pre-training of the tiny model on the broad corpus (before conversion)"
+        "ar", help="AR pre-training of a model preset on a corpus (before conversion)"
     )
     a.add_argument("--config", type=Path, default=None,
                    help="TOML or JSON config (default: the converted preset)")  # fmt: skip
@@ -145,13 +145,15 @@ def run_ar(args: argparse.Namespace) -> int:
     overrides = config_overrides(args, PretrainConfig)
     cfg = config_from_args(PretrainConfig, args.config, overrides, {"out_dir": "out"})
     if args.export_corpus is not None:
-        from brisk.runtime.tiny.broad import export_corpus
+        from brisk.worlds.arithmetic.broad import export_corpus
 
         if args.examples < 1:
             raise ValueError(f"--examples: must be an integer ≥ 1, got {args.examples}")
         if args.export_corpus.is_dir():
             raise ValueError(f"--export-corpus: {args.export_corpus} is a directory")
-        export_corpus(cfg.corpus, args.export_corpus, args.examples, args.export_seed)
+        if cfg.corpus.name != "broad":
+            raise ValueError(f"--export-corpus: writes the broad corpus, not {cfg.corpus.name!r}")
+        export_corpus(cfg.corpus.settings, args.export_corpus, args.examples, args.export_seed)
         print(f"wrote {args.examples} examples to {args.export_corpus}")
         return 0
     from brisk.runtime.train.pretrain import train_ar
@@ -344,7 +346,8 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
 def run_experiment_proposal(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
+    from brisk.runtime.experiment.proposal import run_experiment
+    from brisk.runtime.experiment.proposal_config import ExperimentConfig
     from brisk.runtime.loader import placement
 
     try:

@@ -9,7 +9,12 @@ their documentation. The base gives every config the same behaviour:
   never silently trains the default;
 - :meth:`Config.to_dict` and :meth:`Config.replace` (the field's own checks run again);
 - :func:`field_docs` reads the fields' comments, which the command line turns into flags and
-  their help (``brisk.cli._common.add_config_arguments``): a field is declared once.
+  their help (``brisk.cli._common.add_config_arguments``): a field is declared once;
+- fields shared by several configs live in a base dataclass of their own, which checks them in
+  its ``__post_init__`` and calls ``super().__post_init__()``: every config's checks run, each
+  written once (:class:`Config` ends the chain);
+- a :class:`Registered` field names something a registry holds (a task, a model preset) and
+  carries its settings, whose class is the one registered under that name.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import textwrap
 import tomllib
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Self, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["Config", "field_docs", "load_config", "parse_config"]
+__all__ = ["Config", "NoSettings", "Registered", "field_docs", "load_config", "parse_config"]
 
 
 class Config:
@@ -47,11 +52,84 @@ class Config:
         assert isinstance(config, cls)
         return config
 
+    def __post_init__(self) -> None:
+        """The end of the chain of checks (module docstring): nothing left to check."""
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+        """The settings as :meth:`from_dict` reads them (a :class:`Registered` field as one
+        table: its name beside its settings)."""
+        data = _as_dict(self)
+        assert isinstance(data, dict)
+        return data
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var, no-any-return]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSettings(Config):
+    """The settings of a registered thing that has none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """Something a registry holds by name (a task, a model preset) with its settings; in TOML
+    and JSON one table, ``name`` beside the settings' own keys::
+
+        [task]
+        name = "arithmetic"
+        max_operands = 6
+
+    The settings' class is the one registered under the name (:meth:`entry`, which a subclass
+    answers from its registry), so every key is checked against it as any config's are. A table
+    without ``name`` names what the field's default names: tables written before names were
+    recorded read as they were meant. Attributes the class lacks are read from the settings
+    (``cfg.model.max_positions``).
+    """
+
+    name: str
+    settings: Config
+
+    kind: ClassVar[str] = "thing"  # what the registry holds, for errors ("task", "model")
+
+    @classmethod
+    def entry(cls, name: str) -> tuple[type[Config], dict[str, Any]]:
+        """The settings class registered as ``name`` and its named presets (settings
+        factories); a ``ValueError`` naming the registered ones for an unknown name."""
+        raise NotImplementedError
+
+    @classmethod
+    def named(cls, name: str, preset: str = "", **changes: Any) -> Self:
+        """``name`` with the settings of its ``preset`` (empty: the settings' defaults), then
+        ``changes``."""
+        settings_class, presets = cls.entry(name)
+        if preset and preset not in presets:
+            known = ", ".join(presets) or "none"
+            raise ValueError(f"{cls.kind}: {name} has no preset {preset!r} (presets: {known})")
+        settings = presets[preset]() if preset else settings_class()
+        return cls(name, settings.replace(**changes) if changes else settings)
+
+    @classmethod
+    def parse(cls, data: object, prefix: str, default: str) -> Self:
+        """From a table (``name`` defaulting to ``default``), every settings key checked."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{prefix.rstrip('.')}: expected a table of settings")
+        settings = dict(data)
+        name = settings.pop("name", default)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{prefix}name: expected the name of a {cls.kind}, got {name!r}")
+        settings_class, _ = cls.entry(name)
+        parsed = _parse(settings_class, settings, prefix)
+        assert isinstance(parsed, Config)
+        return cls(name, parsed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.settings.to_dict()}
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr == "settings":  # copy and pickle probe before init
+            raise AttributeError(attr)
+        return getattr(self.settings, attr)
 
 
 def parse_config(cls: type, data: object, prefix: str = "") -> object:
@@ -121,16 +199,43 @@ def _parse(cls: type, data: object, prefix: str) -> object:
     if not isinstance(data, dict):
         raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a table of settings")
     types = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key, value in data.items():
-        if key not in known:
-            raise ValueError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
-        values[key] = _value(value, types[key], f"{prefix}{key}")
+        if key not in fields:
+            raise ValueError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(fields))})")
+        tp = types[key]
+        if isinstance(tp, type) and issubclass(tp, Registered):
+            default = _default(fields[key])
+            name = default.name if isinstance(default, Registered) else ""
+            values[key] = tp.parse(value, f"{prefix}{key}.", name)
+        else:
+            values[key] = _value(value, tp, f"{prefix}{key}")
     try:
         return cls(**values)
     except ValueError as err:
         raise ValueError(f"{prefix}{err}") from None  # the nested config's own checks
+
+
+def _default(field: dataclasses.Field[Any]) -> object:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _as_dict(value: object) -> object:
+    """``dataclasses.asdict``, a :class:`Registered` value flattened into one table."""
+    if isinstance(value, Registered):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return type(value)(_as_dict(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_dict(v) for k, v in value.items()}
+    return value
 
 
 class _Mismatch(Exception):

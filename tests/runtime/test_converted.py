@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from brisk.runtime.tiny.broad import FAMILIES, BroadConfig, broad_corpus, export_corpus
-from brisk.runtime.tiny.task import TaskConfig, make_split
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.runtime.tasks.task import NamedTask
+from brisk.worlds.arithmetic.broad import FAMILIES, BroadConfig, broad_corpus, export_corpus
+from brisk.worlds.arithmetic.task import TaskConfig, make_split
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
 TRIVIAL = BroadConfig(target=TaskConfig.trivial(), weights=(0.6, 0.1, 0.06, 0.06, 0.06, 0.06, 0.06))
+CORPUS = NamedTask("broad", TRIVIAL)  # brisk train ar's [corpus]: the broad task, these settings
 
 
 def test_broad_corpus_families_tokenize_and_hold_out_the_target() -> None:
@@ -61,7 +63,7 @@ def test_converted_base_micro(tmp_path: Path) -> None:
     from brisk.runtime.train.pretrain_config import PretrainConfig
 
     # Stage 1: AR pre-training on the broad corpus around the trivial world.
-    ar_cfg = PretrainConfig.smoke(str(tmp_path / "ar")).replace(corpus=TRIVIAL, steps=80)
+    ar_cfg = PretrainConfig.smoke(str(tmp_path / "ar")).replace(corpus=CORPUS, steps=80)
     ar = train_ar(ar_cfg, show_progress=False, resume=False)
     losses = [r["loss"] for r in ar.history if r["event"] == "train"]
     assert sum(losses[-3:]) / 3 < 0.6 * losses[0], losses
@@ -116,8 +118,7 @@ def test_ar_resume_is_exact(tmp_path: Path) -> None:
     from brisk.runtime.train.pretrain import train_ar
     from brisk.runtime.train.pretrain_config import PretrainConfig
 
-    cfg = PretrainConfig.smoke(str(tmp_path / "a")).replace(corpus=TRIVIAL, steps=12,
-                                                            save_every=6)  # fmt: skip
+    cfg = PretrainConfig.smoke(str(tmp_path / "a")).replace(corpus=CORPUS, steps=12, save_every=6)
     whole = train_ar(cfg, show_progress=False, resume=False)
     again = tmp_path / "b"
     again.mkdir()

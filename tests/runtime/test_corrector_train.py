@@ -16,8 +16,9 @@ from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd import DecodeResult
 from brisk.runtime.train.corrector import event_batch, head_loss, train_corrector
-from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import CollectOptions, EventStore, collect_from_checkpoint
+from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector_events import collect_from_checkpoint
+from brisk.runtime.train.event_store import EventStore
 from tests.runtime.conftest import micro_prompts
 
 MICRO_COLLECT = CollectOptions(problems=60, samples=5, stride=4, top_k=8, max_new_tokens=24)
@@ -164,8 +165,8 @@ def test_evaluation_times_the_head(
     """A head trained on the tiny world's events loads with from_pretrained and decodes; its
     own time is measured apart from the rest."""
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
-    from brisk.runtime.tiny.task import make_split
     from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.worlds.arithmetic.task import make_split
 
     cfg = CorrectorTrainConfig(events=str(micro_events.path), out_dir=str(tmp_path / "head"),
                                K=8, epochs=1, head="small")  # fmt: skip

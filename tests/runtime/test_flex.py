@@ -46,9 +46,9 @@ from brisk.runtime.train.flex import (
     idlm_mask_mod,
     pad_streams,
     padded_length,
-    training_forward,
     use_flex,
 )
+from brisk.runtime.train.forward import training_forward
 from brisk.runtime.train.idlm import (
     IGNORE,
     IDLMBatch,

@@ -7,8 +7,6 @@ import math
 import pytest
 import torch
 
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
 from brisk.runtime.train.idlm import (
     IGNORE,
     block_diffusion_mask,
@@ -16,6 +14,8 @@ from brisk.runtime.train.idlm import (
     idlm_forward,
     idlm_loss,
 )
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
 MASK_ID, PAD_ID = 3, 0
 

@@ -40,8 +40,9 @@ from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
 from brisk.runtime.train.base import train_base
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.corrector import train_corrector
-from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import CollectOptions, EventStore, collect_from_checkpoint
+from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector_events import collect_from_checkpoint
+from brisk.runtime.train.event_store import EventStore
 from brisk.runtime.train.proposal import train_proposal
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import read_dataset

@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from brisk.runtime.tiny.grader import grade
 from brisk.runtime.train.selfgen import (
     META_KEY,
     checkpoint_hash,
@@ -25,6 +24,7 @@ from brisk.runtime.train.selfgen import (
     read_provenance,
 )
 from brisk.theory import AcceptanceProfile
+from brisk.worlds.arithmetic.grader import grade
 from tests.runtime.conftest import MICRO_SELFGEN
 
 

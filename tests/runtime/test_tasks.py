@@ -16,8 +16,8 @@ import pytest
 from brisk.runtime.tasks import PromptFormat, Source, Task, get_task, grade_all, read_records
 from brisk.runtime.tasks.code import run_program
 from brisk.runtime.tasks.graders import gsm8k, math, numeric
-from brisk.runtime.tiny.tasks import ArithmeticTask
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.tasks import ArithmeticTask
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
 
 @pytest.fixture(scope="module")

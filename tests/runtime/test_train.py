@@ -11,10 +11,10 @@ from transformers import AutoTokenizer
 
 from brisk.cli import main
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.tiny.task import TaskConfig, make_split
 from brisk.runtime.train.base import TrainResult, train_base
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.evaluate import evaluate
+from brisk.worlds.arithmetic.task import TaskConfig, make_split
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """What every ablation command shares: the plan's checks, the checkpoint it starts from, the
-worker pool that runs its arm × seed jobs, and how it stops.
+held-out evaluation every row gets, the worker pool that runs its arm × seed jobs, and how it
+stops.
 
 An experiment resumes by being rerun: every step whose output exists is skipped, and the step
 that was cut short continues where it stopped (training from its newest checkpoint, data from
@@ -12,10 +13,12 @@ workers are told too) and ends the experiment with one line saying what stays
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
@@ -23,12 +26,50 @@ from typing import Any
 from brisk._hf import quiet_transformers
 from brisk._interrupt import (
     Interrupted,
+    StopSignals,
     signals_blocked,
     stop_signals,
     worker_stop_signals,
 )
+from brisk.runtime.configs import Config
+from brisk.runtime.tasks.spec import TaskSpec
 
-__all__ = ["check_plan", "ensure_checkpoint", "experiment_step", "run_jobs"]
+__all__ = [
+    "EvalSection",
+    "HeldOut",
+    "check_plan",
+    "ensure_checkpoint",
+    "evaluate_held_out",
+    "experiment_step",
+    "held_out_problems",
+    "job_dir",
+    "job_line",
+    "run_jobs",
+]
+
+
+@dataclass(frozen=True)
+class EvalSection(Config):
+    """``[eval]``: the held-out problems every row of an ablation is decoded on, and how."""
+
+    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, test split
+    problems: int = 200
+    temperature: float = 1.0
+    max_new_tokens: int = 160
+    problem_seed: int = 1
+    batch_size: int = 100
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """What :func:`evaluate_held_out` decodes: ``section``'s problems of the world of the
+    checkpoint ``world`` at ``stride``, on ``device`` in ``dtype``."""
+
+    world: str
+    section: EvalSection
+    stride: int
+    device: str
+    dtype: str
 
 
 def check_plan(
@@ -157,6 +198,44 @@ def job_dir(
     return run, None
 
 
+def evaluate_held_out(
+    held_out: HeldOut,
+    checkpoint: Path,
+    run: Path,
+    name: str,
+    seed: int,
+    stop: StopSignals,
+    corrector: Any = None,
+) -> Any:
+    """The evaluation every row of an ablation's table gets: ``held_out``'s problems decoded
+    from ``checkpoint`` with decode seed ``seed`` (head on with ``corrector``), every verify
+    round logged to ``run/blocks``; a signal stops it at once (rerun whole: only ``eval.json``
+    marks a job done)."""
+    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+
+    e = held_out.section
+    problems, grader = held_out_problems(held_out.world, e.problems, e.problem_seed, e.task)
+    blocks = run / "blocks"
+    shutil.rmtree(blocks, ignore_errors=True)
+    with stop.abortable():
+        return evaluate_checkpoint(
+            checkpoint,
+            [p.prompt for p in problems],
+            [p.answer for p in problems],
+            arm=name,
+            seed=seed,
+            stride=held_out.stride,
+            temperature=e.temperature,
+            max_new_tokens=e.max_new_tokens,
+            batch_size=e.batch_size,
+            log_blocks=blocks,
+            grader=grader,
+            corrector=corrector,
+            device=held_out.device,
+            dtype=held_out.dtype,
+        )
+
+
 def held_out_problems(
     checkpoint: str | Path, n: int, seed: int, task: Any = None
 ) -> tuple[list[Any], str]:
@@ -164,8 +243,6 @@ def held_out_problems(
     ``task`` (a :class:`~brisk.runtime.tasks.spec.TaskSpec`), by default the test split of the
     world the checkpoint was trained on (its ``train_config.json``)."""
     from transformers import AutoTokenizer
-
-    from brisk.runtime.tasks.spec import TaskSpec
 
     spec = task if task is not None else TaskSpec()
     resolved = spec.resolve(n=n, seed=seed, split="test", checkpoint=checkpoint)

@@ -40,6 +40,7 @@ from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import (
+    EvalSection,
     check_plan,
     ensure_checkpoint,
     experiment_step,
@@ -48,9 +49,7 @@ from brisk.runtime.experiment.common import (
     job_line,
     run_jobs,
 )
-from brisk.runtime.experiment.proposal import EvalSection
-from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import CollectOptions
+from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
 __all__ = [
     "ARMS",

@@ -1,6 +1,6 @@
 """The head-on row of the proposal ablation: the paper's full method, proposal training plus the
 prefix-conditioned corrector, on the best arm's backbone (``[head]`` of
-:class:`~brisk.runtime.experiment.proposal.ExperimentConfig`).
+:class:`~brisk.runtime.experiment.proposal_config.ExperimentConfig`).
 
 **The best arm** (:func:`choose_arm`): among the trained rows at the largest budget (every trained
 row when the config has no budgets), those whose mean accuracy over seeds is at most δ below the
@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
+from brisk.runtime.experiment.common import evaluate_held_out, job_dir
+from brisk.runtime.experiment.corrector import collect_once, train_head
+from brisk.runtime.experiment.proposal_config import ExperimentConfig
 
 if TYPE_CHECKING:
     from brisk.runtime.experiment.evaluate import ArmSummary
-    from brisk.runtime.experiment.proposal import ExperimentConfig
 
 __all__ = ["ACCURACY_SLACK", "choose_arm", "head_job", "row_name"]
 
@@ -102,10 +104,6 @@ def _collect_train_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.runtime.experiment.common import job_dir
-    from brisk.runtime.experiment.corrector import collect_once, train_head
-    from brisk.runtime.experiment.proposal import evaluate_held_out
-
     torch.set_num_threads(1)
     run, done = job_dir(cfg.out_dir, arm, seed, kind="head")
     if done is not None:
@@ -119,7 +117,7 @@ def _collect_train_evaluate(
     head, train_info = train_head(tcfg)
     events_meta = json.loads((events / "_events.json").read_text())
     # the arms' evaluation exactly, with the head on
-    ev = evaluate_held_out(cfg, backbone, run, row_name(arm), seed, stop, corrector=head)
+    ev = evaluate_held_out(cfg.held_out, backbone, run, row_name(arm), seed, stop, corrector=head)
     result = {
         "eval": ev.to_dict(),
         "train": train_info,

@@ -39,142 +39,34 @@ once) and ends the command with one line saying what stays; rerunning it continu
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import (
-    check_plan,
     ensure_checkpoint,
+    evaluate_held_out,
     experiment_step,
-    held_out_problems,
     job_dir,
     job_line,
     run_jobs,
 )
+from brisk.runtime.experiment.headon import choose_arm, head_job, row_name
+from brisk.runtime.experiment.proposal_config import (
+    ARMS,
+    Arm,
+    ExperimentConfig,
+    HeadSection,
+    arm_named,
+    budget_label,
+    split_job,
+)
 from brisk.runtime.experiment.theory import ArmTheory, arm_theory, theory_markdown
-from brisk.runtime.tasks.spec import TaskSpec
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
-from brisk.runtime.train.selfgen import SelfGenOptions
 
-__all__ = ["ARMS", "Arm", "ExperimentConfig", "HeadSection", "run_experiment"]
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    data: str  # "base" for the untrained base
-    weights: str
-    profile: str
-    labels: tuple[str, str]  # (training data, W.) columns of the table
-
-
-ARMS: tuple[Arm, ...] = (
-    Arm("base", "base", "-", "-", ("Base (no continued training)", "–")),
-    Arm("reference-dynamic", "reference", "brisk", "dynamic", ("Open-source (reference)", "D")),
-    Arm("selfgen-all-dynamic", "selfgen-all", "brisk", "dynamic", ("Self-gen. (all)", "D")),
-    Arm("selfgen-correct-uniform", "selfgen-correct", "uniform", "dynamic",
-        ("Self-gen. (corr.)", "U")),
-    Arm("selfgen-correct-dynamic", "selfgen-correct", "brisk", "dynamic",
-        ("Self-gen. (corr.)", "D")),
-    Arm("selfgen-correct-static", "selfgen-correct", "brisk", "static",
-        ("Self-gen. (corr.)", "S")),
-    Arm("selfgen-correct-dpace", "selfgen-correct", "dpace", "dynamic",
-        ("Self-gen. (corr.)", "D-PACE")),
-    Arm("selfgen-correct-decay", "selfgen-correct", "decay", "dynamic",
-        ("Self-gen. (corr.)", "decay")),
-)  # fmt: skip
-BRISK_ARM = "selfgen-correct-dynamic"
-
-
-@dataclass(frozen=True)
-class EvalSection:
-    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the base's world, test split
-    problems: int = 200
-    temperature: float = 1.0
-    max_new_tokens: int = 160
-    problem_seed: int = 1
-    batch_size: int = 100
-
-
-@dataclass(frozen=True)
-class HeadSection(Config):
-    """``[head]``: the head-on row (module docstring), with the corrector experiment's own
-    configs: ``[head.collect]`` is ``brisk train corrector collect``'s (its stride is the
-    experiment's), ``[head.train]`` ``brisk train corrector``'s (events, out_dir and seed are
-    set per job). A config without ``[head]`` has no head-on row."""
-
-    enabled: bool = True  # a [head] section asks for the row; false: none, as without [head]
-    collect: CollectOptions = field(default_factory=lambda: CollectOptions(problems=2000))
-    train: CorrectorTrainConfig = field(default_factory=CorrectorTrainConfig)
-
-    def __post_init__(self) -> None:
-        if self.collect.top_k < self.train.K:
-            raise ValueError(f"collect.top_k: {self.collect.top_k} < train.K = {self.train.K} "
-                             "(the events must hold the head's candidates)")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ExperimentConfig(Config):
-    out_dir: str = "runs/paper/ablation"
-    base: str = "runs/paper/base/final"
-    base_config: str = "configs/paper_base.toml"
-    stride: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
-    arms: tuple[str, ...] = tuple(a.name for a in ARMS)
-    workers: int = 2
-    # token budgets in epochs of the base's correct self-generated responses, the same for every
-    # arm (token-matched; each budget a row per arm); empty: [train] token_budget
-    budgets: tuple[float, ...] = ()
-    theory_samples: int = 200  # common samples of the theory tables (0: no theory tables)
-    # where every job runs (auto: the GPU where one exists) and the dtype models decode in
-    # (auto: bfloat16 on a GPU, float32 on the CPU); [train] and [head.train] run there too
-    device: str = "auto"
-    dtype: str = "auto"
-    # the training configs themselves, each arm and seed changing what it must with replace:
-    # [selfgen] is brisk train selfgen's (its stride is the experiment's), [train] brisk train
-    # proposal's (init, dataset, out_dir, data, weights, profile, seed, stride and temperature
-    # are set per job)
-    selfgen: SelfGenOptions = field(default_factory=SelfGenOptions)
-    train: ProposalTrainConfig = field(default_factory=ProposalTrainConfig)
-    eval: EvalSection = field(default_factory=EvalSection)
-    # the head-on row: off unless the file has a [head] section (HeadSection)
-    head: HeadSection = field(default_factory=lambda: HeadSection(enabled=False))
-
-    def __post_init__(self) -> None:
-        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
-        if self.head.enabled and all(a == "base" for a in self.arms):
-            raise ValueError("head: the head-on row needs a trained arm (arms has only 'base')")
-        if any(not b > 0 for b in self.budgets) or len(set(self.budgets)) != len(self.budgets):
-            raise ValueError(f"budgets: need distinct epochs > 0, got {self.budgets!r}")
-        if self.theory_samples < 0:
-            raise ValueError(f"theory_samples: must be ≥ 0, got {self.theory_samples!r}")
-
-    def job_names(self) -> list[str]:
-        """The table's rows: each arm, or each arm at each budget (``arm@5ep``); the base arm
-        is trained for no budget."""
-        if not self.budgets:
-            return list(self.arms)
-        return [a if a == "base" else f"{a}@{b:g}ep" for a in self.arms
-                for b in (self.budgets if a != "base" else (0,))]  # fmt: skip
-
-
-def _split(name: str) -> tuple[str, float | None]:
-    """``arm@5ep`` → (arm, 5.0); a plain arm → (arm, None)."""
-    arm, _, budget = name.partition("@")
-    return arm, float(budget.removesuffix("ep")) if budget else None
-
-
-def _budget_label(name: str) -> str:
-    epochs = _split(name)[1]
-    return "–" if epochs is None else f"{epochs:g} ep"
+__all__ = ["ARMS", "Arm", "ExperimentConfig", "HeadSection", "epoch_tokens", "run_experiment"]
 
 
 def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
@@ -193,10 +85,6 @@ def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
         seq, prompt_len = encode_example(ex.prompt, ex.response, tokenizer)
         total += len(seq) - prompt_len
     return total
-
-
-def _arm(name: str) -> Arm:
-    return next(a for a in ARMS if a.name == name)
 
 
 def _job(
@@ -218,8 +106,8 @@ def _train_and_evaluate(
     from brisk.runtime.train.proposal import train_proposal
 
     torch.set_num_threads(1)
-    arm_name, epochs = _split(name)
-    arm = _arm(arm_name)
+    arm_name, epochs = split_job(name)
+    arm = arm_named(arm_name)
     run, done = job_dir(cfg.out_dir, name, seed)
     if done is not None:
         return done
@@ -234,33 +122,9 @@ def _train_and_evaluate(
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
             train_proposal(pcfg, resume=True, show_progress=False)
-    ev = evaluate_held_out(cfg, checkpoint, run, name, seed, stop)
+    ev = evaluate_held_out(cfg.held_out, checkpoint, run, name, seed, stop)
     atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
     return ev.to_dict()
-
-
-def evaluate_held_out(
-    cfg: ExperimentConfig, checkpoint: Path, run: Path, name: str, seed: int,
-    stop: StopSignals, corrector: Any = None,
-) -> Any:  # fmt: skip
-    """The evaluation every row of the table gets: ``cfg.eval``'s held-out problems decoded
-    from ``checkpoint`` at the experiment's stride with decode seed ``seed`` (head on with
-    ``corrector``), every verify round logged to ``run/blocks``; a signal stops it at once
-    (rerun whole: only ``eval.json`` marks a job done)."""
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
-
-    problems, grader = held_out_problems(cfg.base, cfg.eval.problems, cfg.eval.problem_seed,
-                                         cfg.eval.task)  # fmt: skip
-    blocks = run / "blocks"
-    shutil.rmtree(blocks, ignore_errors=True)
-    with stop.abortable():
-        return evaluate_checkpoint(
-            checkpoint, [p.prompt for p in problems], [p.answer for p in problems], arm=name,
-            seed=seed, stride=cfg.stride, temperature=cfg.eval.temperature,
-            max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-            log_blocks=blocks, grader=grader, corrector=corrector, device=cfg.device,
-            dtype=cfg.dtype,
-        )  # fmt: skip
 
 
 def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[str, Any]:
@@ -304,7 +168,7 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
 
     # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).
     names = cfg.job_names()
-    jobs = [(a, seed) for a in sorted(names, key=lambda a: -(_split(a)[1] or 0))
+    jobs = [(a, seed) for a in sorted(names, key=lambda a: -(split_job(a)[1] or 0))
             if a != "base" for seed in cfg.seeds]  # fmt: skip
     jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
     t = time.monotonic()
@@ -344,7 +208,6 @@ def _head_on(
     """Choose the best arm (:func:`~brisk.runtime.experiment.headon.choose_arm`) and run its
     head-on job of every seed in the worker pool; returns the choice and the jobs' results."""
     from brisk.runtime.experiment.evaluate import summarize
-    from brisk.runtime.experiment.headon import choose_arm, head_job, row_name
 
     names = cfg.job_names()
     summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names
@@ -371,7 +234,6 @@ def _summarize(
     head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     from brisk.runtime.experiment.evaluate import summarize
-    from brisk.runtime.experiment.headon import row_name
     from brisk.runtime.experiment.table import markdown_table, plot_summaries
 
     out = Path(cfg.out_dir)
@@ -381,7 +243,7 @@ def _summarize(
     labels: dict[str, tuple[str, ...]] = {a.name: a.labels for a in ARMS}
     if cfg.budgets:
         headers += ("Budget",)
-        labels = {n: (*_arm(_split(n)[0]).labels, _budget_label(n)) for n in names}
+        labels = {n: (*arm_named(split_job(n)[0]).labels, budget_label(n)) for n in names}
     head_arm = head["arm"] if head is not None else None
     head_rows = []  # the head-on row's evaluations, one per seed
     head_note = ""

@@ -4,8 +4,8 @@ Every command that samples, trains or evaluates on problems takes one (``--task`
 beside it, or a ``[selfgen.task]`` / ``[eval.task]`` table in an experiment's config):
 
 - **empty** (the default): the world the checkpoint was trained on, read from its
-  ``train_config.json`` (the built-in arithmetic world; its ``train`` or ``test`` split as the
-  command needs);
+  ``train_config.json`` (:func:`~brisk.runtime.tasks.task.checkpoint_task`; its ``train`` or
+  ``test`` split as the command needs);
 - **a registered task** by name (``arithmetic``, with ``preset`` ``tiny`` / ``paper`` /
   ``trivial``);
 - **a data file or directory** (``path``): a :class:`~brisk.runtime.tasks.sources.Source` with
@@ -34,7 +34,7 @@ from brisk.runtime.configs import Config
 from brisk.runtime.tasks.formats import PromptFormat
 from brisk.runtime.tasks.graders import Grades
 from brisk.runtime.tasks.sources import Source, read_records
-from brisk.runtime.tasks.task import Problem, Task, get_task, rebuild_task
+from brisk.runtime.tasks.task import Problem, Task, checkpoint_task, get_task, rebuild_task
 
 __all__ = [
     "ResolvedTask",
@@ -127,17 +127,7 @@ def _world(
         return task  # type: ignore[no-any-return]
     if checkpoint is None:
         raise ValueError("task: no task given and no checkpoint to read its world from")
-    from brisk.runtime.train.config import BaseTrainConfig
-
-    cfg_file = Path(checkpoint) / "train_config.json"
-    if not cfg_file.is_file():
-        raise ValueError(
-            f"--task: {checkpoint} has no train_config.json (not a brisk arithmetic-world "
-            "checkpoint), so the problems must be named: --task PATH or a registered name"
-        )
-    world = BaseTrainConfig.load(cfg_file).task
-    task = get_task("arithmetic", preset="tiny", **options)
-    return dataclasses.replace(task, config=world)  # type: ignore[no-any-return]
+    return checkpoint_task(checkpoint).build(**options)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -4,21 +4,35 @@
 prompts (:class:`~brisk.runtime.tasks.formats.PromptFormat`) and names a grader
 (:mod:`~brisk.runtime.tasks.graders`). What a grader receives as the answer is the record's
 ``answer`` field, or for the ``code`` grader the record's ``prompt``, ``test`` and
-``entry_point``. Named tasks live in a registry (:func:`register_task`, :func:`get_task`); the
-built-in arithmetic world registers itself as ``arithmetic``.
+``entry_point``. Named tasks live in a registry (:func:`register_task`, :func:`get_task`), which
+worlds fill (:mod:`brisk.runtime.registry`: the arithmetic world registers ``arithmetic`` and
+``broad``); a training config names one with its settings (:class:`NamedTask`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
+from brisk.runtime.configs import Config, NoSettings, Registered
+from brisk.runtime.registry import Registry
 from brisk.runtime.tasks.formats import PromptFormat
 from brisk.runtime.tasks.graders import Grades, grade_all, resolve_grader
 from brisk.runtime.tasks.sources import Source, read_records
 
-__all__ = ["Problem", "Task", "get_task", "register_task", "task_names"]
+__all__ = [
+    "NamedTask",
+    "Problem",
+    "Task",
+    "checkpoint_task",
+    "get_task",
+    "rebuild_task",
+    "register_task",
+    "task_names",
+]
 
 
 @dataclass(frozen=True)
@@ -76,42 +90,86 @@ class Task:
         return grade_all(self.grader, responses, [p.answer for p in problems], workers)
 
 
-_REGISTRY: dict[str, Callable[..., Any]] = {}
-_REBUILD: dict[str, Callable[[dict[str, Any]], Any]] = {}
+@dataclass(frozen=True)
+class RegisteredTask:
+    """A registered task: ``factory(**options)`` builds it (options such as ``split``, ``n``,
+    ``seed``, ``grader``, ``preset`` and ``settings``, an instance of ``settings``), ``rebuild``
+    makes it again from its ``describe()``."""
+
+    factory: Callable[..., Any]
+    rebuild: Callable[[dict[str, Any]], Any] | None = None
+    settings: type[Config] = NoSettings
+    presets: Mapping[str, Callable[[], Config]] = field(default_factory=dict)
+
+
+TASKS: Registry[RegisteredTask] = Registry("task")
 
 
 def register_task(
-    name: str, factory: Callable[..., Any],
+    name: str,
+    factory: Callable[..., Any],
     rebuild: Callable[[dict[str, Any]], Any] | None = None,
-) -> None:  # fmt: skip
+    settings: type[Config] = NoSettings,
+    presets: Mapping[str, Callable[[], Config]] | None = None,
+) -> None:
     """Make ``factory(**options)`` available as the task ``name``; ``rebuild`` makes a task
-    again from its ``describe()`` (what provenance records)."""
-    _REGISTRY[name] = factory
-    if rebuild is not None:
-        _REBUILD[name] = rebuild
+    again from its ``describe()`` (what provenance records); ``settings`` is the class of what
+    a training config's ``[task]`` table sets (passed to ``factory`` as ``settings=``) and
+    ``presets`` named settings (``preset=``)."""
+    TASKS.register(name, RegisteredTask(factory, rebuild, settings, dict(presets or {})))
 
 
 def rebuild_task(description: dict[str, Any]) -> Any:
     """The registered task a ``describe()`` record names, made again from it."""
-    _load_builtin()
     name = description.get("name")
-    if name not in _REBUILD:
+    rebuild = TASKS.get(str(name)).rebuild if isinstance(name, str) else None
+    if rebuild is None:
         raise ValueError(f"task: cannot rebuild a task described as {name!r}")
-    return _REBUILD[str(name)](description)
+    return rebuild(description)
 
 
 def task_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return TASKS.names()
 
 
 def get_task(name: str, **options: Any) -> Any:
     """The registered task ``name`` built with ``options``."""
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise ValueError(f"task: no task {name!r} (registered: {', '.join(sorted(_REGISTRY))})")
-    return _REGISTRY[name](**options)
+    return TASKS.get(name).factory(**options)
 
 
-def _load_builtin() -> None:
-    import brisk.runtime.tiny.tasks  # noqa: F401  registers "arithmetic"
+@dataclass(frozen=True)
+class NamedTask(Registered):
+    """A registered task by name with its settings (``[task]``: ``name = "arithmetic"`` beside
+    the settings' keys, e.g. ``max_operands``)."""
+
+    kind: ClassVar[str] = "task"
+
+    @classmethod
+    def entry(cls, name: str) -> tuple[type[Config], dict[str, Any]]:
+        task = TASKS.get(name)
+        return task.settings, dict(task.presets)
+
+    def build(self, **options: Any) -> Any:
+        """The task with these settings (``options``: ``split``, ``n``, ``seed``, …)."""
+        return get_task(self.name, settings=self.settings, **options)
+
+
+def checkpoint_task(checkpoint: str | Path) -> NamedTask:
+    """The task a brisk base checkpoint was trained on: the ``[task]`` table of its
+    ``train_config.json`` (without ``name``: the arithmetic world, as configs recorded it before
+    names were). Errors name the file."""
+    file = Path(checkpoint) / "train_config.json"
+    if not file.is_file():
+        raise ValueError(
+            f"--task: {checkpoint} has no train_config.json (not a brisk arithmetic-world "
+            "checkpoint), so the problems must be named: --task PATH or a registered name"
+        )
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(config, dict) or not isinstance(config.get("task"), dict):
+            raise ValueError("task: no [task] table (not a base model's training config)")
+        return NamedTask.parse(config["task"], "task.", "arithmetic")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: invalid JSON: {err.msg}") from None
+    except ValueError as err:
+        raise ValueError(f"{file}: {err}") from None

@@ -1,7 +1,8 @@
-"""I-DLM training of a base model (``brisk train base --config FILE``): the preset tiny model on
-the arithmetic world, or a user's causal LM (``init``, with ``add_mask_token`` if it has no MASK
-token: the I-DLM conversion recipe) on the world or on a user's prompts and responses
-(``data``: a file task whose records have ``prompt`` and ``response`` fields).
+"""I-DLM training of a base model (``brisk train base --config FILE``): a model preset (the tiny
+Qwen3) on a registered world's corpus (the arithmetic world), or a user's causal LM (``init``,
+with ``add_mask_token`` if it has no MASK token: the I-DLM conversion recipe) on the world or on
+a user's prompts and responses (``data``: a file task whose records have ``prompt`` and
+``response`` fields).
 
 One loop, read top to bottom: draw a batch of training problems, build ``[x_t | x_0]`` for the
 curriculum's current stride, take an AdamW step, log, now and then evaluate and checkpoint.
@@ -17,10 +18,8 @@ newest one to the same parameters, bit for bit on CPU, as a run that was never s
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
-import math
 import random
 import shutil
 import time
@@ -40,8 +39,6 @@ from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.architectures import training_token_ids
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.loader import training_placement
-from brisk.runtime.presets import build_preset, preset_tokenizer
-from brisk.runtime.tasks.task import get_task
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.distributed import (
     Dist,
@@ -54,7 +51,7 @@ from brisk.runtime.train.distributed import (
     save_sharded,
 )
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
-from brisk.runtime.train.flex import set_attention, training_forward
+from brisk.runtime.train.forward import set_attention, training_forward
 from brisk.runtime.train.idlm import IGNORE, auto_alpha, build_batch, label_counts
 from brisk.runtime.train.packing import pack_batch
 from brisk.runtime.train.resume import (
@@ -90,14 +87,6 @@ def adamw(model: Any, lr: float, weight_decay: float) -> torch.optim.AdamW:
          {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.98),
     )  # fmt: skip
-
-
-def _lr(cfg: BaseTrainConfig, step: int) -> float:
-    """Linear warmup, then cosine decay from ``lr`` to ``min_lr``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
 def save_checkpoint(
@@ -167,10 +156,10 @@ def _check_fits(seqs: list[list[int]], limit: int, option: str, step: int) -> No
 
 
 def _tokenizer(cfg: BaseTrainConfig) -> Any:
-    """The preset's character tokenizer, or ``cfg.init``'s (with the MASK token added when
-    asked: every rank adds it the same way, so the ids agree)."""
+    """The model preset's tokenizer, or ``cfg.init``'s (with the MASK token added when asked:
+    every rank adds it the same way, so the ids agree)."""
     if not cfg.init:
-        return preset_tokenizer("tiny")
+        return cfg.model.tokenizer()
     from transformers import AutoTokenizer
 
     from brisk.runtime.backbone import MASK_TOKEN
@@ -188,13 +177,13 @@ def _tokenizer(cfg: BaseTrainConfig) -> Any:
 
 
 def _model(cfg: BaseTrainConfig, tokenizer: Any, start: Path | None) -> Any:
-    """The preset tiny model, or the checkpoint ``cfg.init`` (its embeddings grown to the
-    tokenizer's MASK token when asked), on the CPU in fp32, with the weights of the checkpoint
-    ``start`` it resumes from."""
+    """A fresh model of the preset ``cfg.model``, or the checkpoint ``cfg.init`` (its embeddings
+    grown to the tokenizer's MASK token when asked), on the CPU in fp32, with the weights of the
+    checkpoint ``start`` it resumes from."""
     from brisk.runtime.architectures import add_mask_token, load_causal_lm
 
     if not cfg.init:
-        model = build_preset("tiny", cfg.model)[0]
+        model = cfg.model.build()[0]
     else:
         model = load_causal_lm(cfg.init, False, torch.float32)
         if cfg.add_mask_token:
@@ -205,9 +194,9 @@ def _model(cfg: BaseTrainConfig, tokenizer: Any, start: Path | None) -> Any:
 
 
 def _world(cfg: BaseTrainConfig, split: str, n: int, seed: int) -> Any:
-    """The arithmetic world of ``cfg.task`` (the registered task, its settings replaced)."""
-    return dataclasses.replace(get_task("arithmetic", split=split, n=n, seed=seed),
-                               config=cfg.task)  # fmt: skip
+    """``n`` problems of ``split`` of the world ``cfg.task`` (a registered task), drawn with
+    ``seed``."""
+    return cfg.task.build(split=split, n=n, seed=seed)
 
 
 def _pairs(cfg: BaseTrainConfig, tokenizer: Any) -> Iterator[tuple[Any, str]]:
@@ -247,7 +236,7 @@ def _train(
     device, precision_name = training_placement(cfg.device, cfg.precision,
                                                 distributed=dist.group)  # fmt: skip
     out = Path(cfg.out_dir)
-    start = start_checkpoint(out, resume, cfg.to_dict())
+    start = start_checkpoint(out, resume, cfg)
     dist.barrier()  # every rank reads the directory before rank 0 writes to it
     if dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -386,7 +375,7 @@ def _train(
                                                offset=offset, device=device,
                                                dense_mask=cfg.attention == "dense"))  # fmt: skip
             for group in optimizer.param_groups:
-                group["lr"] = _lr(cfg, step)
+                group["lr"] = cfg.lr_at_step(step)
 
             # The step's loss CE_noisy + α·CE_clean over the global batch: its denominators are
             # label counts (known before any forward), α (auto) the CE ratio measured at the
@@ -429,7 +418,7 @@ def _train(
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
                 sums, slot_n = dist.sum(slots)
                 log({
-                    "event": "train", "step": step, "stride": N, "lr": _lr(cfg, step),
+                    "event": "train", "step": step, "stride": N, "lr": cfg.lr_at_step(step),
                     "loss": loss_value, "ce_noisy": ce_noisy, "ce_clean": ce_clean,
                     "alpha": used, "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
                     "elapsed_s": time.monotonic() - t0,

@@ -1,32 +1,64 @@
 """Configuration of base-model training: one frozen :class:`~brisk.runtime.configs.Config`.
 
-A config file mirrors the dataclass; ``[task]`` and ``[model]`` sections fill the nested configs::
+A config file mirrors the dataclass; ``[task]`` and ``[model]`` name a registered task and model
+preset with their settings (:class:`~brisk.runtime.tasks.task.NamedTask`,
+:class:`~brisk.runtime.presets.NamedModel`)::
 
     steps = 2000
     strides = [2, 4, 8]
     [task]
+    name = "arithmetic"
     max_operands = 3
     [model]
+    name = "tiny"
     hidden_size = 128
 
-Unknown keys are an error naming the key, so a typo never silently trains the default.
+A table without ``name`` is the arithmetic world's and the tiny preset's (configs written before
+names were). Unknown keys are an error naming the key, so a typo never silently trains the
+default.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from brisk.runtime.configs import Config, load_config
+from brisk.runtime.configs import load_config
+from brisk.runtime.presets import NamedModel
 from brisk.runtime.tasks.spec import TaskSpec
-from brisk.runtime.tiny.model import TinyModelConfig
-from brisk.runtime.tiny.task import TaskConfig
+from brisk.runtime.tasks.task import NamedTask
+from brisk.runtime.train.fields import IDLMLoss, Placement, Run, Schedule, at_least, positive
 
-__all__ = ["BaseTrainConfig", "load_config"]
+__all__ = ["BaseTrainConfig", "StepRun", "load_config"]
 
 
 @dataclass(frozen=True)
-class BaseTrainConfig(Config):
+class StepRun(Run, Schedule):
+    """A run of ``steps`` optimizer steps (base and AR pre-training): warmup, logging,
+    checkpoints, the held-out evaluation after training and the wall-clock budget."""
+
+    steps: int = 2000
+    warmup_steps: int = 50  # steps of linear warmup before the cosine decay
+    log_every: int = 25
+    save_every: int = 500  # steps between resumable checkpoints (0: only the final one)
+    final_eval_problems: int = 200  # held-out problems decoded after training (0: none)
+    eval_seed: int = 1  # which held-out problems (the test split's seed)
+    max_minutes: float = 14.0  # wall-clock budget; training stops early and saves when exceeded
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "steps", "log_every")
+        at_least(self, 0, "warmup_steps", "save_every", "final_eval_problems")
+        positive(self, "max_minutes")
+        super().__post_init__()
+
+    def lr_at_step(self, step: int) -> float:
+        """Linear warmup over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        return self.cosine((step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1))
+
+
+@dataclass(frozen=True)
+class BaseTrainConfig(StepRun, Placement, IDLMLoss):
     """I-DLM training of a base model: by default the preset tiny model on the arithmetic
     world; with ``init`` a user's causal LM (the I-DLM conversion recipe), with ``data`` a
     user's prompts and responses."""
@@ -36,80 +68,38 @@ class BaseTrainConfig(Config):
     add_mask_token: bool = False  # give `init` a MASK token if it has none (embeddings grow)
     # training pairs: empty, the world's base corpus; else a task with prompt and response fields
     data: TaskSpec = field(default_factory=TaskSpec)
-    seed: int = 0
-    task: TaskConfig = field(default_factory=TaskConfig.tiny)
-    model: TinyModelConfig = field(default_factory=TinyModelConfig.tiny)
-    steps: int = 2000
+    # the world: its train split is the base corpus (without data), its test split held out
+    task: NamedTask = field(default_factory=lambda: NamedTask.named("arithmetic", "tiny"))
+    model: NamedModel = field(default_factory=lambda: NamedModel.named("tiny"))
     batch_size: int = 32
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    alpha: float | Literal["auto"] = "auto"
     # Stride curriculum (I-DLM: 2 → 3 → 4): equal shares of the steps, in this order.
     strides: tuple[int, ...] = (2, 4, 8)
-    # Shift block starts at random each step so every response position acts as an ISD anchor.
-    random_block_offset: bool = True
-    # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
-    attention: Literal["dense", "flex", "flex-compiled"] = "dense"
-    fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
-    # where one process trains: cpu, cuda, cuda:1 (auto: the GPU where one exists); under
-    # torchrun each rank trains on its own GPU (LOCAL_RANK) or the CPU
-    device: str = "auto"
-    # bf16: bf16 compute, fp32 weights and reductions (auto: bf16 on a GPU, fp32 on the CPU)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    activation_checkpointing: bool = False  # recompute each decoder layer in the backward
-    micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
     # pack examples end to end in rows of this many tokens (0: one example per row; needs flex)
     pack_tokens: int = 0
-    log_every: int = 25
     eval_every: int = 0
     eval_problems: int = 100
-    final_eval_problems: int = 200
-    eval_seed: int = 1
-    save_every: int = 500
-    # One thread: on a shared 2-core machine two OpenMP threads oversubscribe and run slower.
-    threads: int = 1
-    max_minutes: float = 14.0  # wall-clock budget; training stops early and saves when exceeded
 
     def __post_init__(self) -> None:
         # Types are checked where configs are parsed (from_dict); these are the value ranges.
-        for name in ("steps", "batch_size", "log_every", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be ≥ 1, got {getattr(self, name)!r}")
-        for name in ("warmup_steps", "eval_every", "eval_problems", "final_eval_problems",
-                     "save_every", "weight_decay", "micro_batch_size",
-                     "pack_tokens"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
-        for name in ("lr", "grad_clip", "max_minutes"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        if not 0 < self.min_lr <= self.lr:
-            raise ValueError(f"min_lr: need 0 < min_lr ≤ lr ({self.lr!r}), got {self.min_lr!r}")
+        at_least(self, 1, "batch_size")
+        at_least(self, 0, "eval_every", "eval_problems", "pack_tokens")
         if not self.strides or any(n < 2 for n in self.strides):
             raise ValueError(f"strides: need strides N ≥ 2, got {self.strides}")
-        if self.alpha != "auto" and not (isinstance(self.alpha, int | float) and self.alpha >= 0):
-            raise ValueError(f"alpha: expected a number ≥ 0 or 'auto', got {self.alpha!r}")
-        if self.attention not in ("dense", "flex", "flex-compiled"):
-            raise ValueError(
-                f"attention: expected one of dense, flex, flex-compiled, got {self.attention!r}"
-            )
         if self.pack_tokens and self.attention == "dense":
-            raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled "
-                             "(the dense mask has no document ids)")  # fmt: skip
+            raise ValueError(
+                "pack_tokens: packed rows need attention = flex or flex-compiled (the dense mask "
+                "has no document ids)"
+            )
         if self.pack_tokens and self.pack_tokens > self.model.max_positions and not self.init:
             raise ValueError(
                 f"pack_tokens: {self.pack_tokens} is longer than the model's "
                 f"{self.model.max_positions} positions (model.max_positions)"
             )
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision: expected auto, fp32 or bf16, got {self.precision!r}")
         if self.add_mask_token and not self.init:
             raise ValueError("add_mask_token: only a checkpoint given as init gets one added")
         if self.data.name:
             raise ValueError("data: a data file (path) with prompt and response fields")
+        super().__post_init__()
 
     @classmethod
     def tiny(cls) -> BaseTrainConfig:
@@ -122,8 +112,8 @@ class BaseTrainConfig(Config):
         the 2-core CPU, both threads)."""
         return cls(
             out_dir="runs/paper/base",
-            task=TaskConfig.paper(),
-            model=TinyModelConfig(max_positions=256),
+            task=NamedTask.named("arithmetic", "paper"),
+            model=NamedModel.named("tiny", max_positions=256),
             steps=1650,
             eval_problems=200,
             threads=2,
@@ -135,8 +125,8 @@ class BaseTrainConfig(Config):
         """A few seconds on the trivial task with the micro model (the test suite's budget)."""
         return cls(
             out_dir=out_dir,
-            task=TaskConfig.trivial(),
-            model=TinyModelConfig.micro(),
+            task=NamedTask.named("arithmetic", "trivial"),
+            model=NamedModel.named("tiny", "micro"),
             steps=200,
             batch_size=32,
             warmup_steps=10,

@@ -45,7 +45,7 @@ from torch import Tensor
 from brisk._interrupt import stop_signals
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import EventStore
+from brisk.runtime.train.event_store import EventStore
 from brisk.runtime.train.resume import (
     METRICS,
     STATE,
@@ -286,7 +286,7 @@ def train_corrector(
         backbone = load_backbone(store, device=cfg.device, dtype=cfg.dtype)
     store.check_backbone(backbone)
     out = Path(cfg.out_dir)
-    begin = start_checkpoint(out, resume, cfg.to_dict())
+    begin = start_checkpoint(out, resume, cfg)
     out.mkdir(parents=True, exist_ok=True)
     train_idx, val_idx = split_requests(store, cfg)
     with cpu_settings(cfg.threads), stop_signals() as stop:

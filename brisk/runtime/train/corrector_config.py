@@ -9,11 +9,10 @@ through the first rejection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from brisk.runtime.configs import Config
-from brisk.runtime.tasks.spec import TaskSpec
+from brisk.runtime.train.fields import Optimizer, ProblemSampling, Run, at_least, counts, one_of
 
 __all__ = ["FEATURE_DTYPES", "HEAD_SIZES", "TARGETS", "CollectOptions", "CorrectorTrainConfig"]
 
@@ -26,12 +25,11 @@ HEAD_SIZES: tuple[str, ...] = ("paper", "small")
 
 
 @dataclass(frozen=True)
-class CorrectorTrainConfig(Config):
+class CorrectorTrainConfig(Run, Optimizer):
     """Verifier-distilled corrector training on a store of policy-reached events."""
 
     events: str = ""  # event store (``brisk train corrector collect``)
     out_dir: str = "runs/corrector"
-    seed: int = 0
     K: int = 16  # candidates per position (≤ the store's K: the leading K are used)
     # verifier: CE against p restricted to and renormalized over C_i (the paper's);
     # top1: hard CE against the verifier's top-1 within C_i (an ablation)
@@ -43,64 +41,36 @@ class CorrectorTrainConfig(Config):
     epochs: int = 4
     batch_size: int = 256  # events per step
     lr: float = 3e-4
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
     val_fraction: float = 0.1  # share of requests held out for the validation loss
     log_every: int = 10
     eval_every: int = 0  # steps between validation passes (0: once per epoch)
     save_every: int = 0  # steps between checkpoints (0: only the final one)
-    threads: int = 1
     # where the frozen backbone and the head run, and the backbone's dtype (auto: the GPU in
     # bfloat16 where one exists, else the CPU in float32; the head trains in float32)
     device: str = "auto"
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("K", "epochs", "batch_size", "log_every", "threads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
-        for name in ("eval_every", "save_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be ≥ 0, got {getattr(self, name)!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr: must be > 0, got {self.lr!r}")
+        counts(self, "K", "epochs", "batch_size", "log_every")
+        at_least(self, 0, "eval_every", "save_every")
         if not self.beta >= 0:
             raise ValueError(f"beta: must be ≥ 0, got {self.beta!r}")
-        if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip: must be > 0, got {self.grad_clip!r}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction: must lie in (0, 1), got {self.val_fraction!r}")
-        for name, allowed in (("target", TARGETS), ("head", HEAD_SIZES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
+        one_of(self, "target", TARGETS)
+        one_of(self, "head", HEAD_SIZES)
+        super().__post_init__()
 
 
 @dataclass(frozen=True)
-class CollectOptions(Config):
+class CollectOptions(ProblemSampling):
     """Which training problems to decode, and how (the deployed decoder, head off)."""
 
-    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
-    problems: int = 1000
-    samples: int = 2  # responses per problem
-    stride: int = 8
-    temperature: float = 1.0
+    samples: int = 2
     top_k: int = 32  # candidates kept per position: serves heads with K ≤ top_k
-    max_new_tokens: int = 160
-    problem_seed: int = 0  # which training problems (the train split: never the held-out ones)
-    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·samples + r
-    batch_size: int = 128
     feature_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        from brisk.runtime.train.selfgen import check_sampling_options
-
-        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "batch_size",
-                                      "top_k"))  # fmt: skip
         if self.feature_dtype not in FEATURE_DTYPES:
             raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
-
-    def decode_seed(self, problem: int, sample: int) -> int:
-        return self.seed * 10**6 + problem * self.samples + sample
+        super().__post_init__()

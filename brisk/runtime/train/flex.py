@@ -20,7 +20,8 @@ so the two masks cannot disagree. Without documents the second factor is dropped
 only the per-tile verdicts (empty / partial / full for each ``BLOCK × BLOCK`` tile), so no
 ``[2L, 2L]`` tensor exists on this path: memory is ``O(stripe · 2L)`` while building and
 ``O((2L/BLOCK)²)`` after. :func:`flex_forward` runs a Hugging Face model with that mask through
-transformers' attention interface:
+transformers' attention interface (:mod:`brisk.runtime.train.forward` chooses between the dense
+mask, this one and packed rows for a training run):
 
 - ``compile=True``: ``"brisk_flex_compiled"``, ``torch.compile(flex_attention,
   dynamic=False)`` (the fused Triton kernels on CUDA; inductor's C++ template on CPU, forward
@@ -64,10 +65,9 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_mask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 
-from brisk.runtime.train.idlm import IDLMBatch, idlm_forward, may_attend, stream_outputs
+from brisk.runtime.train.idlm import IDLMBatch, may_attend, stream_outputs
 
 __all__ = [
-    "ATTENTIONS",
     "COMPILED_FLEX",
     "EAGER_FLEX",
     "MaskMod",
@@ -75,12 +75,11 @@ __all__ = [
     "bucket",
     "flex_forward",
     "flex_idlm_forward",
+    "flex_stream_outputs",
     "idlm_block_mask",
     "idlm_mask_mod",
     "pad_streams",
     "padded_length",
-    "set_attention",
-    "training_forward",
     "use_flex",
 ]
 
@@ -335,7 +334,7 @@ def pad_streams(input_ids: Tensor, position_ids: Tensor, Lp: int) -> tuple[Tenso
     return ids, pos
 
 
-def _idlm_flex(
+def flex_stream_outputs(
     net: Any, batch: IDLMBatch, pad: bool, hidden: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Noisy and clean logits ``[B, L, V]`` (``hidden``: last hidden states ``[B, L, H]``) of
@@ -357,47 +356,4 @@ def flex_idlm_forward(
     ``batch.attention_mask`` (which is not read): noisy and clean logits, each ``[B, L, V]``.
     ``pad`` (default: ``compile``) pads the streams to :func:`padded_length`."""
     with use_flex(model, compile):
-        return _idlm_flex(model, batch, compile if pad is None else pad)
-
-
-# What a training run's `attention` setting may be: the model's own attention with the dense
-# [2L, 2L] mask, flex eager (torch's unfused reference: parity, CPU), flex compiled (the fused
-# kernels: CUDA).
-ATTENTIONS: tuple[str, ...] = ("dense", "flex", "flex-compiled")
-
-
-def set_attention(model: PreTrainedModel, attention: str) -> str:
-    """Make ``model`` run the training ``attention`` (:data:`ATTENTIONS`) from now on and return
-    the attention implementation it had (decoding and evaluation need that one back); a
-    compiled flex backward needs CUDA (an error naming the setting otherwise)."""
-    before = str(model.config._attn_implementation)
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention: expected one of {', '.join(ATTENTIONS)}, got {attention!r}")
-    if attention == "flex-compiled" and next(model.parameters()).device.type != "cuda":
-        raise ValueError("attention: flex-compiled needs a CUDA device (compiled flex has no "
-                         "CPU backward); use flex on CPU")  # fmt: skip
-    if attention != "dense":
-        model.set_attn_implementation(COMPILED_FLEX if attention == "flex-compiled" else EAGER_FLEX)
-    return before
-
-
-def training_forward(
-    net: Any, batch: Any, attention: str, *, hidden: bool = False
-) -> tuple[Tensor, Tensor]:
-    """Noisy and clean logits ``[B, L, V]`` of ``net`` (a model, or its DDP wrapper, prepared
-    with :func:`set_attention`) on an :class:`~brisk.runtime.train.idlm.IDLMBatch` (the dense
-    mask, or its ``BlockMask`` twin built here) or a packed batch
-    (:class:`~brisk.runtime.train.packing.PackedBatch`: its ``BlockMask``, flex only). Under
-    ``flex-compiled`` the sequence length (the row count of a packed batch) is padded to a
-    rung of the compiled shapes (module docstring) and the padding cut off again. With
-    ``hidden`` the streams' last hidden states ``[B, L, H]`` instead (what the training loops
-    take: :func:`brisk.runtime.train.vocab.stream_losses` applies the LM head in chunks)."""
-    from brisk.runtime.train.packing import PackedBatch, packed_logits
-
-    if isinstance(batch, PackedBatch):
-        if attention == "dense":
-            raise ValueError("pack_tokens: packed rows need attention = flex or flex-compiled")
-        return packed_logits(net, batch, pad=attention == "flex-compiled", hidden=hidden)
-    if attention == "dense":
-        return idlm_forward(net, batch, hidden=hidden)
-    return _idlm_flex(net, batch, pad=attention == "flex-compiled", hidden=hidden)
+        return flex_stream_outputs(model, batch, compile if pad is None else pad)

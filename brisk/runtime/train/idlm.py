@@ -170,7 +170,7 @@ def idlm_forward(
     hidden states ``[B, L, H]``, :func:`stream_outputs`)."""
     if batch.attention_mask is None:
         raise ValueError("batch: built without its dense mask (dense_mask=False): use the flex "
-                         "forward (brisk.runtime.train.flex.training_forward)")  # fmt: skip
+                         "forward (brisk.runtime.train.forward.training_forward)")  # fmt: skip
     return stream_outputs(
         model, batch.L, hidden=hidden, input_ids=batch.input_ids,
         position_ids=batch.position_ids, attention_mask=batch.attention_mask,

@@ -1,5 +1,6 @@
-"""AR pre-training of the tiny model as an ordinary causal LM on the broad corpus
-(``brisk train ar --config FILE``): the first half of an I-DLM-style converted base (issue 23).
+"""AR pre-training of a model preset as an ordinary causal LM on a task's corpus (``brisk train ar
+--config FILE``; by default the tiny model on the arithmetic world's broad corpus): the first
+half of an I-DLM-style converted base (issue 23).
 
 The second half is ``brisk train base --init <this run>/final`` on the same corpus with a short
 budget (``configs/converted_base.toml``): the I-DLM conversion recipe, which leaves the MASK
@@ -16,13 +17,12 @@ One loop, read top to bottom: draw a batch from the corpus stream, take an AdamW
 and then checkpoint. Checkpoints, resume and the run-directory rules are those of ``brisk train
 base`` (:mod:`brisk.runtime.train.resume`): ``checkpoint-<step>/`` holds the trainer state,
 ``final/`` the model, tokenizer and ``train_config.json``, each written atomically. The tiny
-tokenizer already holds ``<|MASK|>``; its embedding is never trained here, like a reserved token
-of a released AR model, until the conversion uses it.
+preset's tokenizer already holds ``<|MASK|>``; its embedding is never trained here, like a
+reserved token of a released AR model, until the conversion uses it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -38,10 +38,7 @@ from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.presets import build_preset
-from brisk.runtime.tasks.task import get_task
-from brisk.runtime.tiny.broad import Example, broad_corpus
-from brisk.runtime.train.base import TrainResult, _lr, adamw, cpu_settings, save_checkpoint
+from brisk.runtime.train.base import TrainResult, adamw, cpu_settings, save_checkpoint
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
 from brisk.runtime.train.idlm import IGNORE
 from brisk.runtime.train.pretrain_config import PretrainConfig
@@ -85,8 +82,9 @@ def ar_loss(model: Any, batch: ARBatch) -> Tensor:
     return F.cross_entropy(logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE)
 
 
-def encode(example: Example, tokenizer: Any) -> list[int]:
-    """``[bos, prompt, response, eos]`` token ids of a corpus example."""
+def encode(example: Any, tokenizer: Any) -> list[int]:
+    """``[bos, prompt, response, eos]`` token ids of a corpus example (its ``prompt`` and
+    ``response``)."""
     return encode_example(example.prompt, example.response, tokenizer)[0]
 
 
@@ -104,15 +102,15 @@ def _train(
     cfg: PretrainConfig, show_progress: bool, resume: bool, stop: StopSignals
 ) -> TrainResult:
     out = Path(cfg.out_dir)
-    start = start_checkpoint(out, resume, cfg.to_dict())
+    start = start_checkpoint(out, resume, cfg)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     done = 0
 
-    # Model and data: the preset tiny model; the corpus stream is a function of the seed, so a
-    # resumed run skips the step · batch_size examples already drawn.
-    model, tokenizer = build_preset("tiny", cfg.model)
+    # Model and data: a fresh model of the preset; the corpus stream is a function of the seed,
+    # so a resumed run skips the step · batch_size examples already drawn.
+    model, tokenizer = cfg.model.build()
     pad_id = tokenizer.pad_token_id
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
 
@@ -126,7 +124,8 @@ def _train(
     else:
         n_params = sum(p.numel() for p in model.parameters())
         metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    stream = islice(broad_corpus(cfg.corpus, cfg.seed), done * cfg.batch_size, None)
+    corpus = cfg.corpus.build(split="train", n=1, seed=cfg.seed).corpus(cfg.seed)
+    stream = islice(corpus, done * cfg.batch_size, None)
 
     def save(path: Path) -> Path:
         return save_checkpoint(model, tokenizer, cfg, path, state={
@@ -148,10 +147,11 @@ def _train(
                                      metrics)  # fmt: skip
 
             # Step: next-token CE over whole examples, cosine schedule as `train base`.
-            batch = ar_batch([encode(next(stream), tokenizer) for _ in range(cfg.batch_size)],
-                             pad_id)  # fmt: skip
+            pairs = [next(stream) for _ in range(cfg.batch_size)]  # (example, response)
+            seqs = [encode_example(ex.prompt, response, tokenizer)[0] for ex, response in pairs]
+            batch = ar_batch(seqs, pad_id)
             for group in optimizer.param_groups:
-                group["lr"] = _lr(cfg, step)
+                group["lr"] = cfg.lr_at_step(step)
             loss = ar_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -160,7 +160,7 @@ def _train(
             done = step + 1
 
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                metrics.write({"event": "train", "step": step, "lr": _lr(cfg, step),
+                metrics.write({"event": "train", "step": step, "lr": cfg.lr_at_step(step),
                                "loss": loss.item(),
                                "elapsed_s": time.monotonic() - t0})  # fmt: skip
             progress.update(bar, advance=1, info=f"loss {loss.item():.3f}")
@@ -188,12 +188,10 @@ def _train(
 
 
 def _evaluate(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
-    """Greedy answer accuracy of the causal LM on held-out problems of the target world (the
-    MASK stream is untrained here, so no proposal accuracy)."""
-    world = dataclasses.replace(
-        get_task("arithmetic", split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed),
-        config=cfg.corpus.target,
-    )
+    """Greedy answer accuracy of the causal LM on the corpus task's held-out problems (the
+    broad corpus's: its target world's; the MASK stream is untrained here, so no proposal
+    accuracy)."""
+    world = cfg.corpus.build(split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed)
     model.eval()
     return evaluate(HFBackbone(model, tokenizer.mask_token_id), tokenizer, world.problems(),
                     strides=())  # fmt: skip

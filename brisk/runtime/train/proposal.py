@@ -73,7 +73,7 @@ from brisk.runtime.train.distributed import (
     save_sharded,
 )
 from brisk.runtime.train.evaluate import encode_example
-from brisk.runtime.train.flex import set_attention, training_forward
+from brisk.runtime.train.forward import set_attention, training_forward
 from brisk.runtime.train.idlm import (
     IGNORE,
     IDLMBatch,
@@ -264,7 +264,7 @@ def _train(
 
     # Where to start: the init checkpoint, or the newest checkpoint of this run. Every rank
     # reads the directory before rank 0 writes to it.
-    start = start_checkpoint(out, resume, cfg.to_dict(), "proposal_config.json")
+    start = start_checkpoint(out, resume, cfg, "proposal_config.json")
     dist.barrier()
     torch.manual_seed(cfg.seed)
     # Under FSDP rank 0 alone reads the weights; the others receive their shards.

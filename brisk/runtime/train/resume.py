@@ -11,6 +11,7 @@ continued with the configuration it was started with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from brisk._interrupt import Interrupted
+from brisk.runtime.configs import Config
 
 __all__ = [
     "METRICS",
@@ -59,7 +61,7 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any], prefix: str =
 
 
 def start_checkpoint(
-    out: Path, resume: bool, config: dict[str, Any], config_file: str = "train_config.json"
+    out: Path, resume: bool, config: Config, config_file: str = "train_config.json"
 ) -> Path | None:
     """Where a training run into ``out`` starts (None: from scratch), by the rules every training
     command shares; a refusal is a ``ValueError`` naming the directory and the way out.
@@ -68,7 +70,8 @@ def start_checkpoint(
     - without ``resume``, a directory that holds a run (``metrics.jsonl``, a checkpoint) is
       refused: nothing is overwritten silently;
     - with ``resume``, the newest complete checkpoint, whose saved ``config_file`` must equal
-      ``config`` but for ``out_dir`` and where it runs (``device``, ``dtype``: a run may
+      ``config`` (read as ``config``'s class reads it: a file of an older brisk in its own
+      words) but for ``out_dir`` and where it runs (``device``, ``dtype``: a run may
       move to another machine; the differences are named); with none (an empty or new
       directory, or a run killed before its first checkpoint) the run starts from scratch, so a
       script may always pass ``--resume``; checkpoints without a trainer state (written by an
@@ -96,7 +99,12 @@ def start_checkpoint(
         )
     if start is not None:
         saved = json.loads((start / config_file).read_text())
-        current = json.loads(json.dumps(config))  # as it reads back: tuples are lists
+        # In today's words (e.g. a [task] table saved before tables were named); settings this
+        # brisk no longer reads are compared as they are, and named.
+        with contextlib.suppress(ValueError):
+            saved = type(config).from_dict(saved).to_dict()
+        saved = json.loads(json.dumps(saved))
+        current = json.loads(json.dumps(config.to_dict()))  # as it reads back: tuples are lists
         free = dict.fromkeys(("out_dir", "device", "dtype"))
         changes = config_changes({**saved, **free}, {**current, **free})
         if changes:

@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,8 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
-from brisk.runtime.configs import Config
-from brisk.runtime.tasks.spec import ResolvedTask, TaskSpec, task_from_description
+from brisk.runtime.tasks.spec import ResolvedTask, task_from_description
+from brisk.runtime.train.fields import ProblemSampling, counts
 
 __all__ = [
     "SelfGenOptions",
@@ -61,42 +61,15 @@ FORMAT = "brisk-selfgen/2"  # 2: the task described (a world or a data file); 1:
 
 
 @dataclass(frozen=True)
-class SelfGenOptions(Config):
+class SelfGenOptions(ProblemSampling):
     """What to sample: ``problems`` problems of ``task`` (seed ``problem_seed``), ``samples``
-    each."""
+    each, written ``chunk`` problems per part."""
 
-    task: TaskSpec = field(default_factory=TaskSpec)  # empty: the checkpoint's world, train split
-    problems: int = 1000
-    samples: int = 4
-    stride: int = 8
-    temperature: float = 1.0
-    top_k: int = 16
-    max_new_tokens: int = 160
-    problem_seed: int = 0
-    seed: int = 0  # response r of problem i decodes with seed seed·10⁶ + i·R + r
     chunk: int = 64  # problems per part (the unit of resumption)
-    batch_size: int = 128
 
     def __post_init__(self) -> None:
-        check_sampling_options(self, ("problems", "samples", "max_new_tokens", "chunk",
-                                      "batch_size", "top_k"))  # fmt: skip
-
-    def decode_seed(self, problem: int, sample: int) -> int:
-        return self.seed * 10**6 + problem * self.samples + sample
-
-
-def check_sampling_options(options: Any, counts: Sequence[str]) -> None:
-    """Options that sample from the deployed decoder: ``counts`` are integers ≥ 1, ``stride``
-    an integer ≥ 2, ``temperature`` ≥ 0 (errors name the field)."""
-    for name in counts:
-        value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
-    stride = options.stride
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 2:
-        raise ValueError(f"stride: need an integer N ≥ 2, got {stride!r}")
-    if not options.temperature >= 0:
-        raise ValueError(f"temperature: must be ≥ 0, got {options.temperature!r}")
+        counts(self, "chunk")
+        super().__post_init__()
 
 
 def _hash_files(files: Sequence[Path]) -> str:

@@ -7,31 +7,49 @@ replays it: a call copies its B rows into the smallest bucket ≥ B (the padding
 valid ids and zeros, and their outputs are dropped) and returns the first B rows. Capture
 needs CUDA tensors; the folded tables are computed before the first capture so that nothing
 inside a graph allocates them.
+
+The graphs take the head as what it offers (:class:`Head`), not as the module class above this
+package: kernels never import the module layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from brisk.runtime.backbone import Backbone
-    from brisk.runtime.corrector import Corrector, CorrectorSelection
 
-__all__ = ["DEFAULT_BUCKETS", "CorrectorGraphs"]
+__all__ = ["DEFAULT_BUCKETS", "CorrectorGraphs", "Head"]
 
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+
+class Head(Protocol):
+    """What the graphs need of a corrector head (:class:`brisk.runtime.corrector.Corrector`):
+    its sizes, its weights' device and dtype (``w_c``), the folded tables and ``select``, whose
+    result is a dataclass of ``[B, …]`` tensors."""
+
+    config: Any
+    w_c: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def tables(self, backbone: Backbone) -> tuple[Tensor, Tensor]: ...
+
+    def select(self, backbone: Backbone, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass
 class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
     inputs: dict[str, Tensor]
-    output: CorrectorSelection
+    output: Any  # the head's selection, a dataclass of static [bucket, …] tensors
     tables: tuple[Tensor, Tensor]  # the folded tables the graph reads (kept alive here)
 
 
@@ -45,7 +63,7 @@ class CorrectorGraphs:
 
     def __init__(
         self,
-        head: Corrector,
+        head: Head,
         backbone: Backbone,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         impl: str = "triton",
@@ -86,7 +104,7 @@ class CorrectorGraphs:
         with torch.inference_mode(False):  # static buffers callers may fill in any mode
             inputs = self._buffers(bucket, H, dtype, dev)
 
-        def run() -> CorrectorSelection:
+        def run() -> Any:
             return self.head.select(
                 self.backbone, inputs["anchor_hidden"], inputs["anchor_ids"],
                 inputs["mask_hidden"], inputs["cand_logits"], inputs["cand_ids"], temperature,
@@ -131,10 +149,8 @@ class CorrectorGraphs:
         temperature: float = 0.0,
         u: Tensor | None = None,
         impl: str | None = None,
-    ) -> CorrectorSelection:
+    ) -> Any:
         """:meth:`Corrector.select` by graph replay (same arguments and result)."""
-        from brisk.runtime.corrector import CorrectorSelection
-
         if backbone is not self.backbone:
             raise ValueError("backbone: the graphs were captured for another backbone")
         B = anchor_ids.shape[0]
@@ -159,7 +175,6 @@ class CorrectorGraphs:
                                  f"{list(value.shape)}")  # fmt: skip
             cap.inputs[name][:B].copy_(value)
         cap.graph.replay()
-        out = cap.output
-        return CorrectorSelection(*(t[:B].clone() for t in (out.tokens, out.ranks, out.cand_ids,
-                                                           out.cand_logits, out.probs,
-                                                           out.refined)))  # fmt: skip
+        out = cap.output  # the static buffers: the next replay overwrites them
+        rows = {f.name: getattr(out, f.name)[:B].clone() for f in dataclasses.fields(out)}
+        return dataclasses.replace(out, **rows)

@@ -6,7 +6,7 @@ that the character tokenizer can already write, so a model pre-trained on the mi
 more than the target task, and a short conversion on the same mixture leaves its MASK stream
 behind its causal stream. Every example is a (prompt, response) pair; the families:
 
-- ``chains``: the target world's own base corpus (:func:`~brisk.runtime.tiny.task.solutions`,
+- ``chains``: the target world's own base corpus (:func:`~brisk.worlds.arithmetic.task.solutions`,
   train split), e.g. ``Q: 17+5-8=?\\n`` → ``17 plus 5 is 22\\n...\\n#### 14``;
 - ``variants``: other arithmetic the target never asks: wider digit ranges, multiplication,
   swapped additions and the reference corpus's styles, prompted ``Calc: 23*4+17=?\\n``;
@@ -18,6 +18,10 @@ behind its causal stream. Every example is a (prompt, response) pair; the famili
 Held-out problems of the target world never appear: a ``chains`` or ``variants`` problem is kept
 only in the train split of the target's hash split (``_split_of`` with the target's
 ``test_fraction``), which depends on the expression alone.
+
+Registered as the task ``broad`` (:class:`BroadTask`): its corpus is the mixture, its problems
+and grader are the target world's, so ``brisk train ar`` names it like any task
+(``[corpus]`` of its config) and evaluates on the target's held-out problems.
 """
 
 from __future__ import annotations
@@ -30,12 +34,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.configs import Config
-from brisk.runtime.tiny.task import TaskConfig, _split_of, generate, sample_response, solutions
+from brisk.runtime.configs import Config, parse_config
+from brisk.runtime.tasks.graders import Grades
+from brisk.runtime.tasks.task import Problem
+from brisk.worlds.arithmetic.task import (
+    Split,
+    TaskConfig,
+    _split_of,
+    generate,
+    sample_response,
+    solutions,
+)
+from brisk.worlds.arithmetic.tasks import ArithmeticTask
 
-__all__ = ["FAMILIES", "BroadConfig", "Example", "broad_corpus", "export_corpus"]
+__all__ = ["FAMILIES", "BroadConfig", "BroadTask", "Example", "broad_corpus", "export_corpus"]
 
 FAMILIES = ("chains", "variants", "copy", "reverse", "count", "sort", "digits")
 _ALPHABET = string.ascii_lowercase + string.digits
@@ -70,6 +85,7 @@ class BroadConfig(Config):
             )
         if self.max_chars < 1:
             raise ValueError(f"max_chars: must be ≥ 1, got {self.max_chars!r}")
+        super().__post_init__()
 
     def variants(self) -> TaskConfig:
         """The other arithmetic: up to three-digit operands and steps, multiplication, half the
@@ -166,3 +182,56 @@ def export_corpus(cfg: BroadConfig, path: str | Path, n: int, seed: int) -> Path
     rows = (json.dumps(dataclasses.asdict(e)) for e in islice(broad_corpus(cfg, seed), n))
     atomic_write_text(Path(path), "".join(r + "\n" for r in rows))
     return Path(path)
+
+
+@dataclass(frozen=True)
+class BroadTask:
+    """The broad corpus as a task: :meth:`corpus` streams the mixture, the problems, references
+    and grader are those of the target world (``n`` of its ``split`` drawn with ``seed``)."""
+
+    config: BroadConfig = field(default_factory=BroadConfig)
+    split: Split = "test"
+    n: int = 200
+    seed: int = 1
+    grader: str = "gsm8k"
+
+    @classmethod
+    def build(cls, settings: BroadConfig | None = None, **options: Any) -> BroadTask:
+        return cls(settings if settings is not None else BroadConfig(), **options)
+
+    @property
+    def target(self) -> ArithmeticTask:
+        return ArithmeticTask(self.config.target, self.split, self.n, self.seed, self.grader)
+
+    def corpus(self, seed: int) -> Iterator[tuple[Example, str]]:
+        """Endless (example, response) pairs of the mixture (:func:`broad_corpus`)."""
+        return ((example, example.response) for example in broad_corpus(self.config, seed))
+
+    def problems(self, tokenizer: Any = None) -> list[Problem]:
+        return self.target.problems(tokenizer)
+
+    def references(self, problems: list[Problem], samples: int) -> list[list[str]]:
+        return self.target.references(problems, samples)
+
+    def grade(
+        self, problems: list[Problem], responses: list[str], workers: int | None = None
+    ) -> Grades:
+        return self.target.grade(problems, responses, workers)
+
+    def describe(self) -> dict[str, Any]:
+        """What rebuilds this task (:meth:`from_description`): the mixture's settings."""
+        return {
+            "name": "broad",
+            "config": self.config.to_dict(),
+            "split": self.split,
+            "n": self.n,
+            "seed": self.seed,
+            "grader": self.grader,
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> BroadTask:
+        config = parse_config(BroadConfig, description["config"], "task.config.")
+        assert isinstance(config, BroadConfig)
+        options = {k: description[k] for k in ("split", "n", "seed", "grader")}
+        return cls(config, **options)

@@ -1,20 +1,21 @@
-"""Tiny Qwen3 presets: the same architecture as the I-DLM checkpoints, small enough for a CPU."""
+"""The model preset ``tiny``: Qwen3, the same architecture as the I-DLM checkpoints, small enough
+for a CPU, with the character tokenizer."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from brisk.runtime.presets import register_preset
+from brisk.runtime.configs import Config
 
 if TYPE_CHECKING:  # transformers loads when a model is built, not when a config is read
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-__all__ = ["TinyModelConfig", "build_model", "qwen3_config"]
+__all__ = ["TinyModelConfig", "build_model", "qwen3_config", "tiny_preset", "tiny_tokenizer"]
 
 
 @dataclass(frozen=True)
-class TinyModelConfig:
+class TinyModelConfig(Config):
     """Shape of a randomly initialized Qwen3 (untied embeddings, like I-DLM's checkpoints)."""
 
     hidden_size: int = 128
@@ -28,6 +29,7 @@ class TinyModelConfig:
     def __post_init__(self) -> None:
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError("heads: hidden_size must divide by heads, heads by kv_heads")
+        super().__post_init__()
 
     @classmethod
     def tiny(cls) -> TinyModelConfig:
@@ -38,9 +40,6 @@ class TinyModelConfig:
     def micro(cls) -> TinyModelConfig:
         """For unit tests: 2 layers, hidden 64; trains in seconds."""
         return cls(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate_size=128)
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def qwen3_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
@@ -75,17 +74,19 @@ def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwe
     return Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
 
 
-def _tiny_preset(cfg: TinyModelConfig) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
-    from brisk.runtime.tiny.tokenizer import char_tokenizer
+# The tokenizer module imports transformers: loaded when a model or tokenizer is built, so that
+# registering the world (any registry lookup, the command line's among them) stays cheap.
+
+
+def tiny_preset(cfg: TinyModelConfig) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
+    """The preset's build: a fresh model of ``cfg`` and the character tokenizer."""
+    from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
     tokenizer = char_tokenizer()
     return build_model(cfg, tokenizer), tokenizer
 
 
-def _tiny_tokenizer() -> PreTrainedTokenizerFast:
-    from brisk.runtime.tiny.tokenizer import char_tokenizer
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
     return char_tokenizer()
-
-
-register_preset("tiny", _tiny_preset, _tiny_tokenizer)

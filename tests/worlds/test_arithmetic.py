@@ -1,4 +1,4 @@
-"""The tiny world: task splits, grader robustness, tokenizer round trip."""
+"""The arithmetic world: task splits, grader robustness, tokenizer round trip."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from brisk.runtime.tiny.grader import extract_answer, grade, normalize_answer
-from brisk.runtime.tiny.task import (
+from brisk.worlds.arithmetic.grader import extract_answer, grade, normalize_answer
+from brisk.worlds.arithmetic.task import (
     STYLES,
     VERBS,
     TaskConfig,
@@ -23,7 +23,7 @@ from brisk.runtime.tiny.task import (
     sample_response,
     solutions,
 )
-from brisk.runtime.tiny.tokenizer import CHARS, MASK, char_tokenizer
+from brisk.worlds.arithmetic.tokenizer import CHARS, MASK, char_tokenizer
 
 
 def test_solutions_are_gsm8k_shaped_and_correct() -> None:

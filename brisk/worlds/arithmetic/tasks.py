@@ -1,5 +1,6 @@
-"""The arithmetic world as a registered task (``get_task("arithmetic", ...)``): its problems, their
-integer answers and the ``gsm8k`` grader, through the same interface as a user's data."""
+"""The arithmetic world as a task (registered as ``arithmetic``: ``get_task("arithmetic", ...)``):
+its problems, their integer answers and the ``gsm8k`` grader, through the same interface as a
+user's data."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk.runtime.tasks.graders import Grades, grade_all
-from brisk.runtime.tasks.task import Problem, register_task
-from brisk.runtime.tiny.task import Split, TaskConfig, make_split, sample_response, solutions
+from brisk.runtime.tasks.task import Problem
+from brisk.worlds.arithmetic.task import Split, TaskConfig, make_split, sample_response, solutions
 
-__all__ = ["ArithmeticTask"]
+__all__ = ["PRESETS", "ArithmeticTask"]
 
 PRESETS = {"tiny": TaskConfig.tiny, "paper": TaskConfig.paper, "trivial": TaskConfig.trivial}
 
@@ -39,8 +40,12 @@ class ArithmeticTask:
     grader: str = "gsm8k"
 
     @classmethod
-    def build(cls, preset: str = "tiny", **options: Any) -> ArithmeticTask:
-        """The task of a named world (``tiny``, ``paper``, ``trivial``)."""
+    def build(
+        cls, preset: str = "tiny", settings: TaskConfig | None = None, **options: Any
+    ) -> ArithmeticTask:
+        """The task of a named world (``tiny``, ``paper``, ``trivial``), or of ``settings``."""
+        if settings is not None:
+            return cls(settings, **options)
         if preset not in PRESETS:
             raise ValueError(f"preset: need one of {', '.join(PRESETS)}, got {preset!r}")
         return cls(PRESETS[preset](), **options)
@@ -96,5 +101,3 @@ class ArithmeticTask:
         atomic_write_text(Path(path), "".join(r + "\n" for r in rows))
         return Path(path)
 
-
-register_task("arithmetic", ArithmeticTask.build, ArithmeticTask.from_description)

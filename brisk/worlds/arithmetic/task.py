@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from brisk.runtime.configs import Config
+
 __all__ = [
     "STYLES",
     "VERBS",
@@ -50,7 +52,7 @@ _WORDS = {"+": "plus", "-": "minus", "*": "times"}
 
 
 @dataclass(frozen=True)
-class TaskConfig:
+class TaskConfig(Config):
     """Difficulty knobs: how many operands, how many digits each, which operators."""
 
     min_operands: int = 2
@@ -93,6 +95,7 @@ class TaskConfig:
             raise ValueError(f"ops: expected a non-empty subset of '+-*', got {self.ops!r}")
         if not 0 < self.test_fraction < 1:
             raise ValueError("test_fraction: must lie strictly between 0 and 1")
+        super().__post_init__()
 
     @classmethod
     def tiny(cls) -> TaskConfig:
