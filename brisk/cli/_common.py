@@ -95,12 +95,17 @@ def add_placement_arguments(parser: Any) -> None:
     """``--device`` and ``--dtype`` of every command that runs a model; the default (None) is
     :func:`brisk.runtime.loader.placement`'s: CUDA in bfloat16 where a GPU exists, else the
     CPU in float32."""
-    parser.add_argument("--device", default=None,
-                        help="torch device: cpu, cuda, cuda:1, mps (default: cuda where a GPU "
-                             "exists, else cpu)")  # fmt: skip
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
-                        help="the model's dtype (default: bfloat16 on a GPU, float32 on the "
-                             "CPU)")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="torch device: cpu, cuda, cuda:1, mps (default: cuda where a GPU exists, else cpu)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="the model's dtype (default: bfloat16 on a GPU, float32 on the CPU)",
+    )
 
 
 def add_problem_decode_arguments(
@@ -162,9 +167,12 @@ def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own wo
     from brisk.runtime.tasks.spec import TaskSpec
 
     group = parser.add_argument_group("problems (a task)")
-    group.add_argument("--task", default="", metavar="NAME|PATH",
-                       help=f"a registered task (arithmetic) or a data file/directory "
-                            f"(default: {default_help})")  # fmt: skip
+    group.add_argument(
+        "--task",
+        default="",
+        metavar="NAME|PATH",
+        help=f"a registered task (arithmetic) or a data file/directory (default: {default_help})",
+    )
     add_config_arguments(group, TaskSpec, exclude=("name", "path"), dest_prefix="task_")
 
 
@@ -172,8 +180,9 @@ def task_from_args(args: Any) -> TaskSpec:
     """The :class:`TaskSpec` of :func:`add_task_arguments`' flags (errors name the flag)."""
     from brisk.runtime.tasks.spec import TaskSpec
 
-    is_path = bool(args.task) and (Path(args.task).exists() or any(
-        ch in args.task for ch in "/.\\"))  # fmt: skip
+    is_path = bool(args.task) and (
+        Path(args.task).exists() or any(ch in args.task for ch in "/.\\")
+    )
     given: dict[str, Any] = config_overrides(args, TaskSpec, "task_")
     given["path" if is_path else "name"] = args.task
     try:
@@ -247,8 +256,9 @@ def _scalar(tp: Any) -> Callable[[str], Any]:
                     return arm(text)
                 except ValueError:
                     pass
-            raise argparse.ArgumentTypeError(f"expected {' or '.join(map(str, literals))} or a "
-                                             f"number, got {text!r}")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"expected {' or '.join(map(str, literals))} or a number, got {text!r}"
+            )
 
         return parse
     if tp in (int, float, str):

@@ -126,9 +126,15 @@ def proposal_accuracy(
         seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
         for offset in range(M):
             batch = build_batch(
-                seqs, prompt_lens, M, backbone.mask_token_id, tokenizer.pad_token_id,
-                offset=offset, dtype=dtype, device=backbone.device,
-            )  # fmt: skip
+                seqs,
+                prompt_lens,
+                M,
+                backbone.mask_token_id,
+                tokenizer.pad_token_id,
+                offset=offset,
+                dtype=dtype,
+                device=backbone.device,
+            )
             noisy_logits, _ = idlm_forward(model, batch)
             labels = batch.noisy_labels
             inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
