@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck bench gpu-check tiny paper converted reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -110,8 +110,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The manual (docs/, mkdocs.yml) built strictly, every warning an error (a broken link, an API
+# page whose module moved), into build/site; its code blocks run in the suite (tests/test_docs.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 # brisk's suite in .venv, then the SGLang contract tests and `brisk bench serve` in .venv-serving.
-test: lint typecheck
+test: lint typecheck docs
 	$(BIN)/pytest -n 2
 	$(MAKE) test-serving
 
