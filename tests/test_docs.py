@@ -128,8 +128,8 @@ def run_blocks(blocks: list[Block], where: str, namespace: dict[str, object]) ->
 @pytest.fixture(scope="session")
 def micro_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A micro model with random weights and the character tokenizer, saved once."""
-    from brisk.runtime.tiny.model import TinyModelConfig, build_model
-    from brisk.runtime.tiny.tokenizer import char_tokenizer
+    from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+    from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
     path = tmp_path_factory.mktemp("micro") / "final"
     tokenizer = char_tokenizer()
