@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,20 @@ def test_the_readme_is_a_front_door() -> None:
     assert "make test" in text
     ran = {name for name, blocks in SECTIONS.items() if any(b.runs for b in blocks)}
     assert any("theory" in name.lower() for name in ran), ran
+
+
+def test_the_readme_links_to_files_a_clone_has() -> None:
+    """Relative links resolve inside the repository (the manual's own links are checked by
+    ``mkdocs build --strict``); a link out of it, such as the design notes a clone never had,
+    fails."""
+    targets = re.findall(r"\]\(([^)#\s]+)", README.read_text())
+    local = [t for t in targets if "://" not in t]
+    assert local
+    for target in local:
+        path = (ROOT / target).resolve()
+        assert path.is_relative_to(ROOT), f"README links outside the repository: {target}"
+        assert path.exists(), f"README links to a missing file: {target}"
+    assert "../" not in README.read_text(), "README names a path outside the repository"
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))
