@@ -31,8 +31,8 @@ from brisk.runtime.isd import batched as isd_step
 
 V, MASK = 12, 11
 PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8])
-N_PER_PROMPT = 20_000  # 40,000 samples per case
-MIN_REACH = 500  # times every draft position decides an output token, per prompt and case
+N_PER_PROMPT = 16_000  # 32,000 samples per case
+MIN_REACH = 400  # times every draft position decides an output token, per prompt and case
 
 
 def micro_backbone(seed: int = 0, sharpen: float = 25.0) -> HFBackbone:
