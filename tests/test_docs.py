@@ -20,7 +20,8 @@ checkpoint (random weights, the character tokenizer) at ``runs/tiny/base/final``
 ``make tiny`` writes its base; that directory is the working directory of both.
 
 ``mkdocs build --strict`` (``make docs``, part of ``make test``) checks the pages' links and
-the API pages' docstrings; this file checks what the pages say runs.
+the API pages' docstrings; this file checks what the pages say runs, and that every repository
+file the README and the pages name in a code span (a summary, a script, a notebook) exists.
 """
 
 from __future__ import annotations
@@ -161,6 +162,32 @@ def test_page_runs(page: Path, workdir: Path) -> None:
     where = str(page.relative_to(ROOT))
     blocks = list(code_blocks(page.read_text(), where))
     run_blocks(blocks, where, {"__name__": f"docs:{page.stem}"})
+
+
+REPO_FILE = re.compile(
+    r"`((?:benchmarks|brisk|configs|docs|notebooks|tests)/[\w./-]+\.(?:ipynb|json|md|png|py|toml))`"
+)
+
+
+def repository_files_named(text: str) -> list[str]:
+    """The repository files a Markdown text names in code spans (``benchmarks/RESULTS.md``)."""
+    return REPO_FILE.findall(text)
+
+
+def test_the_files_the_manual_names_exist() -> None:
+    """A summary, script or notebook the README or a page names is in the repository (the
+    changelog alone names retired files)."""
+    named = {
+        (str(page.relative_to(ROOT)), name)
+        for page in [ROOT / "README.md", *PAGES]
+        for name in repository_files_named(page.read_text())
+    }
+    assert any(name.endswith(".json") for _, name in named)
+    missing = sorted((page, name) for page, name in named if not (ROOT / name).exists())
+    assert not missing, missing
+    assert repository_files_named("see `benchmarks/results/nowhere.json`") == [
+        "benchmarks/results/nowhere.json"
+    ]
 
 
 def test_a_block_that_is_not_brisk_must_say_why() -> None:
