@@ -93,6 +93,7 @@ def test_the_groups_hold_what_the_configs_repeated() -> None:
     [
         pytest.param(BaseTrainConfig, {"threads": 0}, "threads: must be ≥ 1", id="base-run"),
         pytest.param(PretrainConfig, {"min_lr": 1.0}, "min_lr: need 0 < min_lr ≤ lr", id="ar"),
+        pytest.param(ProposalTrainConfig, {"lr": -0.1}, "lr: must be > 0", id="lr-before-min"),
         pytest.param(ProposalTrainConfig, {"micro_batch_size": -1}, "micro_batch", id="placement"),
         pytest.param(ProposalTrainConfig, {"alpha": -1.0}, "alpha: expected a num", id="idlm"),
         pytest.param(CorrectorTrainConfig, {"weight_decay": -0.1}, "weight_decay", id="adamw"),

@@ -18,23 +18,28 @@ blocks (all M positions inside the response) are counted. The counts feed
 
 :func:`position_weights` gives the loss weights ``[n_blocks, M]`` of every scheme: BRISK
 (progress weights of a profile), uniform, D-PACE (from the drafter's probability of each target
-token, per block) and DFlash's decay. All are constants in backprop.
+token, per block) and DFlash's decay. All are constants in backprop. For a proposal-training
+batch, :func:`acceptance_histogram`, :func:`upcoming_profile` and :func:`token_weights` turn its
+acceptance into the profile and the per-token weights of the next step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from brisk.runtime.sampling import counter_uniforms
-from brisk.runtime.train.idlm import IGNORE, IDLMBatch
-from brisk.runtime.train.proposal_config import WeightScheme
+from brisk.runtime.train.idlm import IGNORE, IDLMBatch, auto_alpha
+from brisk.runtime.train.proposal_config import ProposalTrainConfig, WeightScheme
 from brisk.theory import (
     AcceptanceProfile,
     CostModel,
+    ProfileTracker,
     decay_weights,
     dpace_weights,
     progress_weights,
@@ -44,9 +49,14 @@ __all__ = [
     "BlockAcceptance",
     "Weighting",
     "acceptance_from_beta",
+    "acceptance_histogram",
     "block_acceptance",
     "position_weights",
+    "profile_counts",
     "slot_table",
+    "slot_weight_sums",
+    "token_weights",
+    "upcoming_profile",
 ]
 
 Weighting = WeightScheme
@@ -180,3 +190,67 @@ def position_weights(
     else:
         raise ValueError(f"weights: expected brisk, uniform, dpace or decay, got {scheme!r}")
     return torch.as_tensor(np.asarray(w), dtype=torch.float32)[None]
+
+
+def profile_counts(hist: Tensor, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reached/accepted counts [M] of an accept-length histogram [M + 1], and the histogram."""
+    counts = hist.round().long().numpy()
+    p = AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(M + 1), counts), M)
+    return p.reached, p.accepted, counts
+
+
+def acceptance_histogram(
+    beta: Tensor, batch: IDLMBatch, rows: Sequence[tuple[int, Any]], cfg: ProposalTrainConfig
+) -> Tensor:
+    """Accept-length histogram [M + 1] (float64) of the batch's own proposals under the ISD
+    rule, from each MASK slot's acceptance probability ``beta [B, L]``; each example's draws
+    are keyed by its id, so it does not depend on the batch."""
+    ids = torch.tensor([i for i, _ in rows])
+    acc = acceptance_from_beta(beta, slot_table(batch), ids, cfg.seed)
+    return torch.bincount(acc.accept_len.cpu(), minlength=cfg.M + 1).double()
+
+
+def upcoming_profile(tracker: ProfileTracker, summed: Tensor, M: int) -> dict[str, Any]:
+    """The profile (``tracker`` with ``summed``'s histogram folded in) and α of a probe's
+    ``summed`` histogram and loss totals ``[M + 1 + 4]``."""
+    reached, accepted, _ = profile_counts(summed[: M + 1], M)
+    tracker.update(AcceptanceProfile(reached, accepted))
+    ce_noisy, ce_clean, n_noisy, n_clean = summed[M + 1 :].tolist()
+    alpha = auto_alpha(ce_noisy / max(n_noisy, 1.0), ce_clean / max(n_clean, 1.0))
+    return {"rates": tracker.posterior_mean().tolist(), "alpha": alpha}
+
+
+def token_weights(
+    cfg: ProposalTrainConfig, batch: IDLMBatch, ce_noisy: Tensor, rates: np.ndarray
+) -> Tensor:
+    """Per-token loss weights ``[B, L]`` (constants): one row ``[1, M]`` shared by every block,
+    or D-PACE's per block from this batch's own target probabilities exp(−ℓ) (``ce_noisy
+    [B, L]``, the MASK slots' CE); 0 off the MASK slots."""
+    table = slot_table(batch)
+    target_probs = None
+    if cfg.weights == "dpace":
+        tok_p = (-ce_noisy.float()).exp()  # [B, L]
+        idx = table.index.clamp(min=0)
+        gathered = tok_p.gather(1, idx.flatten(1)).view_as(idx)
+        target_probs = torch.where(table.index >= 0, gathered, 1.0)
+    w = position_weights(
+        cfg.weights, cfg.M, rates=rates, target_probs=target_probs, gamma=cfg.gamma
+    )
+    device = batch.noisy_labels.device
+    block_w = w.to(device).expand(*table.index.shape)  # [B, K, M]
+    token_w = torch.zeros(batch.noisy_labels.shape, device=device)
+    valid = table.index >= 0
+    values = torch.where(valid, block_w, 0.0).flatten(1)
+    token_w.scatter_(1, table.index.clamp(min=0).flatten(1), values)
+    return torch.where(batch.noisy_labels != IGNORE, token_w, 0.0)
+
+
+def slot_weight_sums(batch: IDLMBatch, token_w: Tensor) -> Tensor:
+    """``[2, M]`` (float64): labelled MASK slots per proposal position, and their weights' sum."""
+    M = batch.M
+    lab = batch.noisy_labels != IGNORE
+    slot = batch.slot.expand_as(token_w)[lab].cpu()
+    out = torch.zeros(2, M, dtype=torch.float64)
+    out[0].index_add_(0, slot, torch.ones(slot.numel(), dtype=torch.float64))
+    out[1].index_add_(0, slot, token_w[lab].double().cpu())
+    return out

@@ -19,13 +19,10 @@ newest one to the same parameters, bit for bit on CPU, as a run that was never s
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -33,12 +30,12 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.architectures import training_token_ids
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.loader import training_placement
+from brisk.runtime.train.common import TrainResult, adamw, cpu_settings
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.distributed import (
     Dist,
@@ -56,82 +53,17 @@ from brisk.runtime.train.idlm import IGNORE, auto_alpha, build_batch, label_coun
 from brisk.runtime.train.packing import pack_batch
 from brisk.runtime.train.resume import (
     METRICS,
-    STATE,
     MetricsLog,
     interrupted_at,
     load_state,
     restore_rng,
     rng_state,
+    save_checkpoint,
     start_checkpoint,
 )
 from brisk.runtime.train.vocab import StreamLosses, stream_losses
 
-__all__ = ["TrainResult", "adamw", "cpu_settings", "replace_dir", "save_checkpoint", "train_base"]
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    checkpoint: Path  # the final save_pretrained directory
-    history: list[dict[str, Any]]  # every record written to metrics.jsonl
-    report: EvalReport | None  # held-out evaluation after training (None if disabled)
-    wall_s: float  # training wall time, evaluation and final save excluded
-
-
-def adamw(model: Any, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW (β = 0.9, 0.98) without decay on norms and biases (1-D tensors), the usual GPT
-    recipe; for an FSDP model build it after sharding (its parameters are then DTensors)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.98),
-    )  # fmt: skip
-
-
-def save_checkpoint(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, cfg: BaseTrainConfig, path: Path,
-    state: dict[str, Any] | None = None, weights: dict[str, torch.Tensor] | None = None,
-    keep: bool = False,
-) -> Path:  # fmt: skip
-    """Write model, tokenizer, config and (for a checkpoint to resume from) the trainer
-    ``state`` to ``path`` atomically (temp dir, then rename). ``weights``: the state dict to
-    save instead of the model's own (an FSDP model's gathered weights); ``keep``: the temporary
-    directory holds files already (its FSDP shards) and is written into, not emptied."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    if not keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    if state is not None:
-        torch.save(state, tmp / STATE)
-    return replace_dir(tmp, path)
-
-
-def replace_dir(tmp: Path, path: Path) -> Path:
-    """Move the finished directory ``tmp`` to ``path``, replacing what was there: a reader
-    sees the old or the new directory, never half of one."""
-    old = path.with_name(f".{path.name}.old")
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-@contextmanager
-def cpu_settings(threads: int) -> Iterator[None]:
-    """Thread count and denormal flushing for the run, restored afterwards (tests share a
-    process)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)  # denormal weights/activations can slow CPU matmuls many-fold
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
-        torch.set_num_threads(before)
+__all__ = ["TrainResult", "train_base"]
 
 
 def _slot_sums(ce: torch.Tensor, batch: Any) -> torch.Tensor:

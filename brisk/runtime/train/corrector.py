@@ -218,7 +218,7 @@ def _save(
 ) -> Path:
     import shutil
 
-    from brisk.runtime.train.base import replace_dir
+    from brisk.runtime.train.resume import replace_dir
 
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -274,7 +274,7 @@ def train_corrector(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from safetensors.torch import load_file
 
-    from brisk.runtime.train.base import cpu_settings
+    from brisk.runtime.train.common import cpu_settings
 
     if store is None:
         if not cfg.events:

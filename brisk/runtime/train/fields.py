@@ -96,9 +96,9 @@ class Schedule(Optimizer):
     min_lr: float = 3e-4  # where the cosine decay ends
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # lr itself first: then how min_lr relates to it
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(f"min_lr: need 0 < min_lr ≤ lr ({self.lr!r}), got {self.min_lr!r}")
-        super().__post_init__()
 
     def cosine(self, t: float) -> float:
         """The learning rate at ``t`` ∈ [0, 1] of the decay (past 1: ``min_lr``)."""

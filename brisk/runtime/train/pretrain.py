@@ -38,7 +38,7 @@ from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.train.base import TrainResult, adamw, cpu_settings, save_checkpoint
+from brisk.runtime.train.common import TrainResult, adamw, cpu_settings
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
 from brisk.runtime.train.idlm import IGNORE
 from brisk.runtime.train.pretrain_config import PretrainConfig
@@ -49,6 +49,7 @@ from brisk.runtime.train.resume import (
     load_state,
     restore_rng,
     rng_state,
+    save_checkpoint,
     start_checkpoint,
 )
 

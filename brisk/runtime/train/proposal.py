@@ -60,8 +60,14 @@ from torch import Tensor
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.loader import training_placement
-from brisk.runtime.train.acceptance import acceptance_from_beta, position_weights, slot_table
-from brisk.runtime.train.base import adamw, cpu_settings, replace_dir
+from brisk.runtime.train.acceptance import (
+    acceptance_histogram,
+    profile_counts,
+    slot_weight_sums,
+    token_weights,
+    upcoming_profile,
+)
+from brisk.runtime.train.common import adamw, cpu_settings
 from brisk.runtime.train.distributed import (
     Dist,
     autocast,
@@ -75,7 +81,6 @@ from brisk.runtime.train.distributed import (
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.forward import set_attention, training_forward
 from brisk.runtime.train.idlm import (
-    IGNORE,
     IDLMBatch,
     auto_alpha,
     build_batch,
@@ -92,6 +97,7 @@ from brisk.runtime.train.resume import (
     interrupted_at,
     latest_checkpoint,
     load_state,
+    replace_dir,
     restore_rng,
     rng_state,
     start_checkpoint,
@@ -132,68 +138,6 @@ def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer:
     mask_id, pad_id = ids
     return build_batch(seqs, prompt_lens, M, mask_id, pad_id, offset=offset, device=device,
                        dense_mask=cfg.attention == "dense")  # fmt: skip
-
-
-def _profile_counts(hist: Tensor, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Reached/accepted counts [M] of an accept-length histogram [M + 1], and the histogram."""
-    counts = hist.round().long().numpy()
-    p = AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(M + 1), counts), M)
-    return p.reached, p.accepted, counts
-
-
-def _acceptance_hist(
-    beta: Tensor, batch: IDLMBatch, rows: Sequence[tuple[int, Example]], cfg: ProposalTrainConfig
-) -> Tensor:
-    """Accept-length histogram [M + 1] (float64) of the batch's own proposals under the ISD
-    rule, from each MASK slot's acceptance probability ``beta [B, L]``; each example's draws
-    are keyed by its id, so it does not depend on the batch."""
-    acc = acceptance_from_beta(beta, slot_table(batch), torch.tensor([i for i, _ in rows]),
-                               cfg.seed)  # fmt: skip
-    return torch.bincount(acc.accept_len.cpu(), minlength=cfg.M + 1).double()
-
-
-def _upcoming(tracker: ProfileTracker, summed: Tensor, M: int) -> dict[str, Any]:
-    """The profile (``tracker`` with ``summed``'s histogram folded in) and α of a probe's
-    ``summed`` histogram and loss totals ``[M + 1 + 4]``."""
-    reached, accepted, _ = _profile_counts(summed[: M + 1], M)
-    tracker.update(AcceptanceProfile(reached, accepted))
-    ce_noisy, ce_clean, n_noisy, n_clean = summed[M + 1 :].tolist()
-    alpha = auto_alpha(ce_noisy / max(n_noisy, 1.0), ce_clean / max(n_clean, 1.0))
-    return {"rates": tracker.posterior_mean().tolist(), "alpha": alpha}
-
-
-def _token_weights(cfg: ProposalTrainConfig, batch: IDLMBatch, ce_noisy: Tensor,
-                   rates: np.ndarray) -> Tensor:  # fmt: skip
-    """Per-token loss weights ``[B, L]`` (constants): one row ``[1, M]`` shared by every block,
-    or D-PACE's per block from this batch's own target probabilities exp(−ℓ) (``ce_noisy
-    [B, L]``, the MASK slots' CE); 0 off the MASK slots."""
-    table = slot_table(batch)
-    target_probs = None
-    if cfg.weights == "dpace":
-        tok_p = (-ce_noisy.float()).exp()  # [B, L]
-        idx = table.index.clamp(min=0)
-        target_probs = torch.where(table.index >= 0, tok_p.gather(1, idx.flatten(1))
-                                   .view_as(idx), 1.0)  # fmt: skip
-    w = position_weights(cfg.weights, cfg.M, rates=rates, target_probs=target_probs,
-                         gamma=cfg.gamma)  # fmt: skip
-    device = batch.noisy_labels.device
-    block_w = w.to(device).expand(*table.index.shape)  # [B, K, M]
-    token_w = torch.zeros(batch.noisy_labels.shape, device=device)
-    valid = table.index >= 0
-    token_w.scatter_(1, table.index.clamp(min=0).flatten(1),
-                     torch.where(valid, block_w, 0.0).flatten(1))  # fmt: skip
-    return torch.where(batch.noisy_labels != IGNORE, token_w, 0.0)
-
-
-def _slot_sums(batch: IDLMBatch, token_w: Tensor) -> Tensor:
-    """``[2, M]`` (float64): labelled MASK slots per proposal position, and their weights' sum."""
-    M = batch.M
-    lab = batch.noisy_labels != IGNORE
-    slot = batch.slot.expand_as(token_w)[lab].cpu()
-    out = torch.zeros(2, M, dtype=torch.float64)
-    out[0].index_add_(0, slot, torch.ones(slot.numel(), dtype=torch.float64))
-    out[1].index_add_(0, slot, token_w[lab].double().cpu())
-    return out
 
 
 def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
@@ -300,7 +244,7 @@ def _train(
             h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
             losses = stream_losses(h_noisy, h_clean, head.weight, batch,
                                    temperature=cfg.temperature, top_k=cfg.top_k)  # fmt: skip
-        return losses, torch.cat([_acceptance_hist(losses.beta, batch, rows, cfg),
+        return losses, torch.cat([acceptance_histogram(losses.beta, batch, rows, cfg),
                                   losses.totals(batch)])  # fmt: skip
 
     def probe(batches: Sequence[tuple[Sequence[Any], IDLMBatch]]) -> Tensor:
@@ -318,7 +262,7 @@ def _train(
                    for k in range(cfg.static_batches)
                    for rows in micro_batches(draws.take(cfg.batch_size)[mine],
                                              cfg.micro_batch_size)]  # fmt: skip
-        reached, accepted, _ = _profile_counts(probe(batches)[: M + 1], M)
+        reached, accepted, _ = profile_counts(probe(batches)[: M + 1], M)
         static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
     # The log (rank 0), as it was at the checkpoint: the records of later steps go.
@@ -378,7 +322,7 @@ def _train(
             counts = dist.sum(torch.stack([label_counts(b) for _, b in batches]).sum(0))
             n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
             if upcoming is None:  # the first step: α and the profile from a probe of its batch
-                upcoming = _upcoming(ProfileTracker(M, cfg.profile_decay), probe(batches), M)
+                upcoming = upcoming_profile(ProfileTracker(M, cfg.profile_decay), probe(batches), M)
             rates = np.asarray(upcoming["rates"])
             if cfg.profile == "static" and static_rates is not None:
                 rates = np.asarray(static_rates)
@@ -393,13 +337,13 @@ def _train(
             for k, (rows, batch) in enumerate(batches):
                 with grad_sync(net, k == len(batches) - 1):
                     losses, stats = measure(batch, rows)
-                    token_w = _token_weights(cfg, batch, losses.noisy.detach(), rates)
+                    token_w = token_weights(cfg, batch, losses.noisy.detach(), rates)
                     share = (token_w * losses.noisy).sum()
                     loss = dist.world * (share / n_noisy + a * losses.clean.sum() / n_clean)
                     loss.backward()
                 local += stats
                 weighted += share.detach().double().cpu()
-                slots += _slot_sums(batch, token_w)
+                slots += slot_weight_sums(batch, token_w)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             step += 1
@@ -407,7 +351,7 @@ def _train(
             # Profile and α for the next step: this batch's own proposals verified under the
             # ISD rule, folded into the tracker; the CE ratio of this batch.
             summed = dist.sum(torch.cat([local, slots.flatten(), weighted[None]]))
-            reached, accepted, hist = _profile_counts(summed[: M + 1], M)
+            reached, accepted, hist = profile_counts(summed[: M + 1], M)
             tracker.update(AcceptanceProfile(reached, accepted))
             plain_g, clean_g, _, _ = summed[M + 1 : M + 5].tolist()
             upcoming = {"rates": tracker.posterior_mean().tolist(),

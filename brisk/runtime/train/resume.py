@@ -1,4 +1,5 @@
-"""What the training loops share to stop and resume exactly (``--resume``).
+"""What the training loops share to stop and resume exactly (``--resume``), and to write a
+checkpoint atomically.
 
 A checkpoint ``checkpoint-NNNNNN/`` holds the weights and, in ``trainer_state.pt``, everything
 else the next step depends on: optimizer, step, data position, every RNG state, the size of
@@ -15,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,10 @@ __all__ = [
     "interrupted_at",
     "latest_checkpoint",
     "load_state",
+    "replace_dir",
     "restore_rng",
     "rng_state",
+    "save_checkpoint",
     "start_checkpoint",
 ]
 
@@ -112,6 +116,42 @@ def start_checkpoint(
                 f"--resume: {start} was trained with another configuration ({'; '.join(changes)})"
             )
     return start
+
+
+def save_checkpoint(
+    model: Any,
+    tokenizer: Any,
+    cfg: Config,
+    path: Path,
+    state: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+    keep: bool = False,
+) -> Path:
+    """Write model, tokenizer, config (``train_config.json``) and (for a checkpoint to resume
+    from) the trainer ``state`` to ``path`` atomically (temp dir, then rename). ``weights``: the
+    state dict to save instead of the model's own (an FSDP model's gathered weights); ``keep``:
+    the temporary directory holds files already (its FSDP shards) and is written into, not
+    emptied."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if state is not None:
+        torch.save(state, tmp / STATE)
+    return replace_dir(tmp, path)
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``path``, replacing what was there: a reader
+    sees the old or the new directory, never half of one."""
+    old = path.with_name(f".{path.name}.old")
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

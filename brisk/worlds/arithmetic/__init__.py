@@ -22,6 +22,9 @@ register_task(
 )
 register_task("broad", BroadTask.build, BroadTask.from_description, BroadConfig)
 register_preset(
-    "tiny", tiny_preset, tiny_tokenizer, TinyModelConfig,
+    "tiny",
+    tiny_preset,
+    tiny_tokenizer,
+    TinyModelConfig,
     {"tiny": TinyModelConfig.tiny, "micro": TinyModelConfig.micro},
 )

@@ -100,4 +100,3 @@ class ArithmeticTask:
         rows = [json.dumps({"prompt": p.prompt, "answer": p.answer}) for p in self.problems()]
         atomic_write_text(Path(path), "".join(r + "\n" for r in rows))
         return Path(path)
-
