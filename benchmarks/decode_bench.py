@@ -69,8 +69,13 @@ def ar_greedy(
     out = []
     for _ in range(max_new):
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       use_cache=True, **{kv: cache}).logits  # fmt: skip
+        logits = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{kv: cache},
+        ).logits
         nxt = logits[:, -1].argmax(-1)
         out.append(nxt)
         done |= nxt == eos
@@ -128,8 +133,7 @@ def forward_ceiling(model: Any, stride: int, context: int, repeats: int = 200) -
     dev = model.device
     cache = DynamicCache(config=model.config)
     kv = cache_keyword(model)
-    model(input_ids=torch.randint(5, 20, (1, context), device=dev), use_cache=True,
-          **{kv: cache})  # fmt: skip
+    model(input_ids=torch.randint(5, 20, (1, context), device=dev), use_cache=True, **{kv: cache})
 
     def step(width: int) -> float:
         ids = torch.randint(5, 20, (1, width), device=dev)
@@ -187,8 +191,17 @@ def main() -> None:
             device,
         )
         n_tokens = sum(len(t) for t in ar_out)
-        rows.append({"mode": "AR", "N": 1, "batch": B, "tokens": n_tokens, "wall_s": wall_ar,
-                     "tok_s": n_tokens / wall_ar, "tpf": 1.0})  # fmt: skip
+        rows.append(
+            {
+                "mode": "AR",
+                "N": 1,
+                "batch": B,
+                "tokens": n_tokens,
+                "wall_s": wall_ar,
+                "tok_s": n_tokens / wall_ar,
+                "tpf": 1.0,
+            }
+        )
         for N in strides:
             options = ISDOptions(stride=N, max_new_tokens=args.max_new_tokens, eos_token_id=eos)
             wall, result = timed(
@@ -209,24 +222,53 @@ def main() -> None:
             loop = (loop_wall - clock.seconds) / clock.seconds
             tpf = tokens / result.forwards
             speedup = (tokens / wall) / (n_tokens / wall_ar)
-            rows.append({"mode": "ISD", "N": N, "batch": B, "tokens": tokens, "wall_s": wall,
-                         "tok_s": tokens / wall, "tpf": tpf, "speedup": speedup,
-                         "efficiency": speedup / tpf, "ceiling": ceilings[N],
-                         "loop_over_forward": loop})  # fmt: skip
+            rows.append(
+                {
+                    "mode": "ISD",
+                    "N": N,
+                    "batch": B,
+                    "tokens": tokens,
+                    "wall_s": wall,
+                    "tok_s": tokens / wall,
+                    "tpf": tpf,
+                    "speedup": speedup,
+                    "efficiency": speedup / tpf,
+                    "ceiling": ceilings[N],
+                    "loop_over_forward": loop,
+                }
+            )
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     title = f"greedy decoding, {where}, {args.threads} thread(s)"
-    table = Table("mode", "N", "batch", "tokens", "wall s", "tok/s", "TPF", "× AR",
-                  "(×AR)/TPF", "fwd ceiling", "loop ÷ fwd", title=title)  # fmt: skip
+    table = Table(
+        "mode",
+        "N",
+        "batch",
+        "tokens",
+        "wall s",
+        "tok/s",
+        "TPF",
+        "× AR",
+        "(×AR)/TPF",
+        "fwd ceiling",
+        "loop ÷ fwd",
+        title=title,
+    )
     for r in rows:
         isd = r["mode"] == "ISD"
         table.add_row(
-            r["mode"], str(r["N"]) if isd else "–", str(r["batch"]), str(r["tokens"]),
-            f"{r['wall_s']:.2f}", f"{r['tok_s']:.0f}", f"{r['tpf']:.2f}",
-            f"{r['speedup']:.2f}" if isd else "1", f"{r['efficiency']:.2f}" if isd else "–",
+            r["mode"],
+            str(r["N"]) if isd else "–",
+            str(r["batch"]),
+            str(r["tokens"]),
+            f"{r['wall_s']:.2f}",
+            f"{r['tok_s']:.0f}",
+            f"{r['tpf']:.2f}",
+            f"{r['speedup']:.2f}" if isd else "1",
+            f"{r['efficiency']:.2f}" if isd else "–",
             f"{r['ceiling']:.2f}" if isd else "–",
             f"{r['loop_over_forward']:.2f}" if isd else "–",
-        )  # fmt: skip
+        )
     Console().print(table)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -44,13 +44,29 @@ from brisk.runtime.train.idlm import IGNORE, build_batch, weighted_loss
 
 M = 7
 SHAPES: dict[str, dict[str, Any]] = {
-    "0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                 vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=512,
-                 tie_word_embeddings=True, max_position_embeddings=8192),
-}  # fmt: skip
+    "0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=512,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+}
 
 
 def main() -> None:
@@ -86,8 +102,15 @@ def main() -> None:
     precision = autocast(args.precision, True, device)
     g = torch.Generator().manual_seed(dist.rank)
     seqs = torch.randint(0, config.vocab_size - 1, (args.batch, args.L), generator=g).tolist()
-    batch = build_batch(seqs, [args.L // 4] * args.batch, M, config.vocab_size - 1, 0,
-                        device=device, dense_mask=args.attention == "dense")  # fmt: skip
+    batch = build_batch(
+        seqs,
+        [args.L // 4] * args.batch,
+        M,
+        config.vocab_size - 1,
+        0,
+        device=device,
+        dense_mask=args.attention == "dense",
+    )
 
     def step() -> float:
         if device.type == "cuda":
@@ -115,16 +138,27 @@ def main() -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     median = statistics.median(times)
     row = {
-        "shape": args.shape, "params": n_params, "ranks": dist.world, "device": args.device,
-        "precision": args.precision, "attention": args.attention,
-        "checkpointing": args.checkpointing, "L": args.L, "rows_per_rank": args.batch,
-        "step_s": median, "tokens_per_s": 2 * args.L * args.batch * dist.world / median,
-        "peak_gib": peak / 2**30, "graphs": counters["stats"]["unique_graphs"],
+        "shape": args.shape,
+        "params": n_params,
+        "ranks": dist.world,
+        "device": args.device,
+        "precision": args.precision,
+        "attention": args.attention,
+        "checkpointing": args.checkpointing,
+        "L": args.L,
+        "rows_per_rank": args.batch,
+        "step_s": median,
+        "tokens_per_s": 2 * args.L * args.batch * dist.world / median,
+        "peak_gib": peak / 2**30,
+        "graphs": counters["stats"]["unique_graphs"],
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-    }  # fmt: skip
+    }
     if dist.rank == 0:
-        print(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                         for k, v in row.items()))  # fmt: skip
+        print(
+            " | ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+            )
+        )
         if args.json:
             args.json.write_text(json.dumps(row, indent=2))
     import torch.distributed as tdist

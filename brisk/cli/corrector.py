@@ -37,8 +37,9 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     k = sub.add_parser(
         "collect", help="decode training problems head-off and store policy-reached events"
     )
-    add_problem_decode_arguments(k, CollectOptions, checkpoint="the frozen backbone",
-                                 out="event store directory (new)")  # fmt: skip
+    add_problem_decode_arguments(
+        k, CollectOptions, checkpoint="the frozen backbone", out="event store directory (new)"
+    )
     k.set_defaults(run=run_collect)
 
 
@@ -46,9 +47,19 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 def run_collect(args: argparse.Namespace) -> int:
     from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
-    store = run_problem_decode(CollectOptions, args, lambda options: collect_from_checkpoint(
-        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume,
-        device=args.device, dtype=args.dtype))  # fmt: skip
+    store = run_problem_decode(
+        CollectOptions,
+        args,
+        lambda options: collect_from_checkpoint(
+            args.checkpoint,
+            args.out,
+            options,
+            not args.no_progress,
+            resume=args.resume,
+            device=args.device,
+            dtype=args.dtype,
+        ),
+    )
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "
@@ -62,8 +73,9 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = config_overrides(args, CorrectorTrainConfig)
     cfg = config_from_args(CorrectorTrainConfig, args.config, overrides, {"out_dir": "out"})
     if not cfg.events:
-        raise ValueError("--events: corrector training needs an event store (train corrector "
-                         "collect makes one)")  # fmt: skip
+        raise ValueError(
+            "--events: corrector training needs an event store (train corrector collect makes one)"
+        )
     from brisk.runtime.train.corrector import train_corrector
     from brisk.runtime.train.event_store import EventStore
 
@@ -72,8 +84,9 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ValueError(f"--events: {err}") from None
     quiet_transformers()
-    result = train_corrector(cfg, show_progress=not args.no_progress, store=store,
-                             resume=args.resume)  # fmt: skip
+    result = train_corrector(
+        cfg, show_progress=not args.no_progress, store=store, resume=args.resume
+    )
     print(
         f"trained {result.steps} steps on {result.train_events:,} events in "
         f"{result.wall_s / 60:.2f} min; held-out loss {result.val_loss_init:.4f} → "
@@ -108,8 +121,12 @@ def run_experiment(args: argparse.Namespace) -> int:
         cfg = CorrectorExperimentConfig.load(args.config)
     except ValueError as err:
         raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers, "device": args.device,
-               "dtype": args.dtype}  # fmt: skip
+    changes = {
+        "out_dir": args.out,
+        "workers": args.workers,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
     try:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:

@@ -25,8 +25,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ls = commands.add_parser("list", help="the registered tasks and the built-in graders")
     ls.set_defaults(run=run_list)
     x = commands.add_parser("export", help="write a task's problems as JSON Lines")
-    x.add_argument("--checkpoint", type=Path, default=None,
-                   help="its world is the default task; its tokenizer renders chat")  # fmt: skip
+    x.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="its world is the default task; its tokenizer renders chat",
+    )
     x.add_argument("--n", type=int, default=200, help="problems (from a file: all of fewer)")
     x.add_argument("--seed", type=int, default=0, help="which problems")
     x.add_argument("--out", type=Path, required=True, help="the JSON Lines file to write")
@@ -59,8 +63,9 @@ def run_export(args: argparse.Namespace) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
     with task_flag_errors():
-        task = spec.resolve(n=args.n, seed=args.seed, split=spec.split or "test",
-                            checkpoint=args.checkpoint)  # fmt: skip
+        task = spec.resolve(
+            n=args.n, seed=args.seed, split=spec.split or "test", checkpoint=args.checkpoint
+        )
         problems = task.problems(tokenizer)
     rows = []
     for p in problems:

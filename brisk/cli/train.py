@@ -35,9 +35,13 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b = commands.add_parser(
         "base", help="I-DLM training: the tiny preset, or a causal LM converted (--init)"
     )
-    b.add_argument("--config", type=Path, default=None,
-                   help="TOML or JSON training config (default: the tiny preset); a [data] "
-                        "table names a file of prompt and response fields")  # fmt: skip
+    b.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML or JSON training config (default: the tiny preset); a [data] "
+        "table names a file of prompt and response fields",
+    )
     b.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_config_arguments(b, BaseTrainConfig, rename={"out_dir": "out"})
@@ -46,25 +50,39 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     a = commands.add_parser(
         "ar", help="AR pre-training of a model preset on a corpus (before conversion)"
     )
-    a.add_argument("--config", type=Path, default=None,
-                   help="TOML or JSON config (default: the converted preset)")  # fmt: skip
+    a.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML or JSON config (default: the converted preset)",
+    )
     a.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    a.add_argument("--export-corpus", type=Path, default=None, metavar="PATH",
-                   help="instead of training, write --examples examples of the config's broad "
-                        "corpus (drawn with --export-seed) as JSON Lines {prompt, response, "
-                        "answer, family}: the conversion data of `brisk train base`")  # fmt: skip
+    a.add_argument(
+        "--export-corpus",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="instead of training, write --examples examples of the config's broad "
+        "corpus (drawn with --export-seed) as JSON Lines {prompt, response, "
+        "answer, family}: the conversion data of `brisk train base`",
+    )
     a.add_argument("--examples", type=int, default=20000, help="examples --export-corpus writes")
-    a.add_argument("--export-seed", type=int, default=1,
-                   help="corpus seed of --export-corpus (training draws with --seed)")  # fmt: skip
+    a.add_argument(
+        "--export-seed",
+        type=int,
+        default=1,
+        help="corpus seed of --export-corpus (training draws with --seed)",
+    )
     add_config_arguments(a, PretrainConfig, rename={"out_dir": "out"})
     a.set_defaults(run=run_ar)
 
     s = commands.add_parser(
         "selfgen", help="sample and grade responses with the deployed decoder (Parquet dataset)"
     )
-    add_problem_decode_arguments(s, SelfGenOptions, checkpoint="the model that samples",
-                                 out="dataset directory")  # fmt: skip
+    add_problem_decode_arguments(
+        s, SelfGenOptions, checkpoint="the model that samples", out="dataset directory"
+    )
     s.set_defaults(run=run_selfgen)
 
     p = commands.add_parser(
@@ -84,11 +102,19 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "headroom", help="per-position CE of the MASK and causal streams on a model's own samples"
     )
     h.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
-    h.add_argument("--samples", type=Path, required=True,
-                   help="`brisk decode --out` JSON Lines (graded; correct rows used)")  # fmt: skip
-    h.add_argument("--reference", type=Path, default=None,
-                   help="a second checkpoint measured on the same samples (e.g. a base trained "
-                        "to convergence): its MASK-stream CE is the achievable one")  # fmt: skip
+    h.add_argument(
+        "--samples",
+        type=Path,
+        required=True,
+        help="`brisk decode --out` JSON Lines (graded; correct rows used)",
+    )
+    h.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="a second checkpoint measured on the same samples (e.g. a base trained "
+        "to convergence): its MASK-stream CE is the achievable one",
+    )
     h.add_argument("--stride", type=int, default=8, help="ISD stride N (M = N − 1)")
     h.add_argument("--temperature", type=float, default=1.0, help="temperature of β")
     h.add_argument("--top-k", type=int, default=16, help="Top-K of the drafter in β")
@@ -100,8 +126,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
     e.add_argument("--checkpoint", type=Path, required=True, help="save_pretrained directory")
-    e.add_argument("--problems", type=int, default=200,
-                   help="held-out problems (from a file: all of a smaller selection)")  # fmt: skip
+    e.add_argument(
+        "--problems",
+        type=int,
+        default=200,
+        help="held-out problems (from a file: all of a smaller selection)",
+    )
     e.add_argument(
         "--strides",
         type=comma_separated(int, "integers"),
@@ -170,16 +200,28 @@ def run_ar(args: argparse.Namespace) -> int:
 def run_selfgen(args: argparse.Namespace) -> int:
     from brisk.runtime.train.selfgen import generate_dataset
 
-    result = run_problem_decode(SelfGenOptions, args, lambda options: generate_dataset(
-        args.checkpoint, args.out, options, not args.no_progress, resume=args.resume,
-        device=args.device, dtype=args.dtype))  # fmt: skip
+    result = run_problem_decode(
+        SelfGenOptions,
+        args,
+        lambda options: generate_dataset(
+            args.checkpoint,
+            args.out,
+            options,
+            not args.no_progress,
+            resume=args.resume,
+            device=args.device,
+            dtype=args.dtype,
+        ),
+    )
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
     )
     if result.grader_errors:
-        print(f"the grader raised on {result.grader_errors} responses (counted wrong); first: "
-              f"{result.first_grader_error}")  # fmt: skip
+        print(
+            f"the grader raised on {result.grader_errors} responses (counted wrong); first: "
+            f"{result.first_grader_error}"
+        )
     return 0
 
 
@@ -232,16 +274,18 @@ def run_eval(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise ValueError(f"--checkpoint: {err}") from None
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype,
-                        where="--checkpoint")  # fmt: skip
+    loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype, where="--checkpoint")
     with task_flag_errors():
-        task = spec.resolve(n=args.problems, seed=1 if seed is None else seed, split="test",
-                            checkpoint=args.checkpoint)  # fmt: skip
+        task = spec.resolve(
+            n=args.problems,
+            seed=1 if seed is None else seed,
+            split="test",
+            checkpoint=args.checkpoint,
+        )
         problems = task.problems(loaded.tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")
-    report = evaluate(loaded.backbone, loaded.tokenizer, problems, strides=args.strides,
-                      task=task)  # fmt: skip
+    report = evaluate(loaded.backbone, loaded.tokenizer, problems, strides=args.strides, task=task)
     _print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_dict(), indent=2))
@@ -274,8 +318,9 @@ def run_headroom(args: argparse.Namespace) -> int:
     results = {}
     for flag, path in checkpoints.items():
         loaded = load_model(path, device=args.device, dtype=args.dtype, where=flag)
-        room = measure_headroom(loaded.backbone, loaded.tokenizer, samples, args.stride,
-                                args.temperature, args.top_k)  # fmt: skip
+        room = measure_headroom(
+            loaded.backbone, loaded.tokenizer, samples, args.stride, args.temperature, args.top_k
+        )
         results[str(path)] = room.to_dict()
         _print_headroom(str(path), room)
     if args.json is not None:
@@ -291,10 +336,15 @@ def _print_headroom(name: str, room: object) -> None:
 
     assert isinstance(room, Headroom)
     positions = [str(i + 1) for i in range(room.stride - 1)]
-    table = Table("position i", *positions, title=f"{name}: {room.n_samples} samples, "
-                  f"N = {room.stride}")  # fmt: skip
-    for label, values in (("CE MASK stream", room.ce_mask), ("CE causal stream", room.ce_causal),
-                          ("gap", room.gap), ("β (acceptance)", room.beta)):  # fmt: skip
+    table = Table(
+        "position i", *positions, title=f"{name}: {room.n_samples} samples, N = {room.stride}"
+    )
+    for label, values in (
+        ("CE MASK stream", room.ce_mask),
+        ("CE causal stream", room.ce_causal),
+        ("gap", room.gap),
+        ("β (acceptance)", room.beta),
+    ):
         table.add_row(label, *(f"{v:.3f}" for v in values))
     console = Console()
     console.print(table)
@@ -354,8 +404,12 @@ def run_experiment_proposal(args: argparse.Namespace) -> int:
         cfg = ExperimentConfig.load(args.config)
     except ValueError as err:
         raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers, "device": args.device,
-               "dtype": args.dtype}  # fmt: skip
+    changes = {
+        "out_dir": args.out,
+        "workers": args.workers,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
     try:
         cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as err:

@@ -288,6 +288,11 @@ def _describe(tp: Any) -> str:
         return " or ".join(repr(a) for a in args)
     if origin is tuple:
         return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-             type(None): "null"}  # fmt: skip
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        type(None): "null",
+    }
     return names.get(tp, str(tp))

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.loader import fit_budget, load_model

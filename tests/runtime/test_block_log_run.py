@@ -13,7 +13,7 @@ import torch
 
 from brisk.mechanism import analyze, read_blocks
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.isd import DecodeResult, ISDOptions, decode
 from tests.runtime.test_isd import MASK, V, micro_backbone, random_corrector

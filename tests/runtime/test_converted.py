@@ -72,10 +72,14 @@ def test_converted_base_micro(tmp_path: Path) -> None:
     data = export_corpus(TRIVIAL, tmp_path / "broad.jsonl", 2000, seed=1)
     assert len(data.read_text().splitlines()) == 2000
     conv_cfg = BaseTrainConfig.smoke(str(tmp_path / "base")).replace(
-        init=str(ar.checkpoint), data=BaseTrainConfig().data.replace(
-            path=str(data), fields=("prompt=prompt", "response=response")),
-        steps=60, lr=1e-3, min_lr=1e-4,
-    )  # fmt: skip
+        init=str(ar.checkpoint),
+        data=BaseTrainConfig().data.replace(
+            path=str(data), fields=("prompt=prompt", "response=response")
+        ),
+        steps=60,
+        lr=1e-3,
+        min_lr=1e-4,
+    )
     conv = train_base(conv_cfg, show_progress=False, resume=False)
     noisy = [r["ce_noisy"] for r in conv.history if r["event"] == "train"]
     assert noisy[-1] < noisy[0], noisy
@@ -88,8 +92,9 @@ def test_converted_base_micro(tmp_path: Path) -> None:
     backbone = HFBackbone.from_pretrained(conv.checkpoint)
     problems = make_split(TRIVIAL.target, "test", 6, seed=1)
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
-    options = ISDOptions(stride=4, temperature=0.0, max_new_tokens=16,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    options = ISDOptions(
+        stride=4, temperature=0.0, max_new_tokens=16, eos_token_id=tokenizer.eos_token_id
+    )
     result = decode(backbone, prompts, options)
     greedy = greedy_decode(backbone, prompts, 16, tokenizer.eos_token_id)
     assert [t[: len(g)] for t, g in zip(result.tokens, greedy, strict=True)] == greedy
@@ -98,8 +103,10 @@ def test_converted_base_micro(tmp_path: Path) -> None:
 
     # Headroom on those samples: finite CEs, β a probability, every position counted.
     samples = tmp_path / "out.jsonl"
-    rows = [{"prompt": p.prompt, "completion": tokenizer.decode(g), "correct": True}
-            for p, g in zip(problems, greedy, strict=True)]  # fmt: skip
+    rows = [
+        {"prompt": p.prompt, "completion": tokenizer.decode(g), "correct": True}
+        for p, g in zip(problems, greedy, strict=True)
+    ]
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     room = measure_headroom(backbone, tokenizer, read_samples(samples), stride=4)
     assert min(room.count) > 0

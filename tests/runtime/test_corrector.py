@@ -184,8 +184,14 @@ def test_select_checks_candidates_and_uniforms() -> None:
         select(head, backbone, inputs, temperature=1.0)
     cand_logits, cand_ids = inputs["base_logits"].topk(4, dim=-1)  # K = 4, the head wants 5
     with pytest.raises(ValueError, match=r"^cand_ids: expected \[B, 3, 5\]"):
-        head.select(backbone, inputs["anchor_hidden"], inputs["anchor_ids"],
-                    inputs["mask_hidden"], cand_logits, cand_ids)  # fmt: skip
+        head.select(
+            backbone,
+            inputs["anchor_hidden"],
+            inputs["anchor_ids"],
+            inputs["mask_hidden"],
+            cand_logits,
+            cand_ids,
+        )
 
 
 def test_confidence_features_by_hand() -> None:

@@ -37,9 +37,14 @@ ATOL, RTOL, P_RTOL = 1e-4, 1e-5, 2e-4
 
 
 def kernel_inputs(
-    B: int, M: int, K: int, seed: int = 0, widths: tuple[int, ...] = (128, 64, 64, 16, 16, 64),
-    V: int = 500, dtype: torch.dtype = torch.float32,
-) -> tuple[tuple[Tensor, ...], StepWeights]:  # fmt: skip
+    B: int,
+    M: int,
+    K: int,
+    seed: int = 0,
+    widths: tuple[int, ...] = (128, 64, 64, 16, 16, 64),
+    V: int = 500,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[tuple[Tensor, ...], StepWeights]:
     """Random inputs of corrector_select (everything after the parallel projections) and
     weights large enough that the residual reorders candidates."""
     S, Dh, De, Dp, Df, R = widths
@@ -54,18 +59,30 @@ def kernel_inputs(
     )
     anchor_ids = torch.randint(0, V, (B,), generator=g)
     inputs = (
-        torch.tanh(r(B, S)), r(B, M, Dh), r(B, De), r(B, M, K, De), r(B, M, K, R),
-        cand_logits, cand_ids, anchor_ids,
-    )  # fmt: skip
+        torch.tanh(r(B, S)),
+        r(B, M, Dh),
+        r(B, De),
+        r(B, M, K, De),
+        r(B, M, K, R),
+        cand_logits,
+        cand_ids,
+        anchor_ids,
+    )
     inputs = tuple(
         t.to(dtype) if t.is_floating_point() and i < 6 else t for i, t in enumerate(inputs)
     )
     D_in = Dh + De + Dp + Df
     weights = StepWeights(
-        pos_emb=r(M, Dp), feat_w=r(Df, 5, scale=0.5), feat_b=r(Df, scale=0.1),
-        w_z=r(S, D_in, scale=0.2), w_h=r(S, D_in, scale=0.2), w_s=r(R, S, scale=0.2),
-        gate_w=r(S + 5, scale=0.3), gate_b=r(()), alpha=torch.tensor(2.0),
-    )  # fmt: skip
+        pos_emb=r(M, Dp),
+        feat_w=r(Df, 5, scale=0.5),
+        feat_b=r(Df, scale=0.1),
+        w_z=r(S, D_in, scale=0.2),
+        w_h=r(S, D_in, scale=0.2),
+        w_s=r(R, S, scale=0.2),
+        gate_w=r(S + 5, scale=0.3),
+        gate_b=r(()),
+        alpha=torch.tensor(2.0),
+    )
     return tuple(t.to(DEVICE) for t in inputs), StepWeights(
         **{k: v.to(DEVICE) for k, v in weights.__dict__.items()}
     )
@@ -126,8 +143,9 @@ def test_bfloat16_inputs(T: float) -> None:
     assert_same(*both(inputs, weights, T, seed=4))
 
 
-@pytest.mark.parametrize("widths", [(32, 16, 16, 8, 8, 16), (100, 40, 24, 12, 10, 48)],
-                         ids=["small-head", "odd-widths"])  # fmt: skip
+@pytest.mark.parametrize(
+    "widths", [(32, 16, 16, 8, 8, 16), (100, 40, 24, 12, 10, 48)], ids=["small-head", "odd-widths"]
+)
 def test_other_head_widths(widths: tuple[int, ...]) -> None:
     inputs, weights = kernel_inputs(5, 7, 16, seed=5, widths=widths)
     assert_same(*both(inputs, weights, 0.0))
@@ -186,8 +204,13 @@ def test_through_the_head_at_hidden_sizes_up_to_4096(H: int) -> None:
     g = torch.Generator().manual_seed(H)
     B = 3
     logits, ids = (3 * torch.randn(B, 7, 300, generator=g)).topk(16, dim=-1)
-    cpu_args = (torch.randn(B, H, generator=g), torch.randint(0, 300, (B,), generator=g),
-                torch.randn(B, 7, H, generator=g), logits, ids)  # fmt: skip
+    cpu_args = (
+        torch.randn(B, H, generator=g),
+        torch.randint(0, 300, (B,), generator=g),
+        torch.randn(B, 7, H, generator=g),
+        logits,
+        ids,
+    )
     args = tuple(t.to(DEVICE) for t in cpu_args)
     u = torch.rand(B, 7, generator=g).to(DEVICE)
     for T in (0.0, 1.0):
@@ -301,8 +324,16 @@ def test_cuda_graph_replay_equals_the_naive_head(T: float) -> None:
         cand_logits, cand_ids = x["base_logits"].topk(8, dim=-1)
         g = torch.Generator().manual_seed(seed)
         u = torch.rand(B, 3, generator=g).cuda() if T > 0 else None
-        args = (backbone, x["anchor_hidden"], x["anchor_ids"], x["mask_hidden"], cand_logits,
-                cand_ids, T, u)  # fmt: skip
+        args = (
+            backbone,
+            x["anchor_hidden"],
+            x["anchor_ids"],
+            x["mask_hidden"],
+            cand_logits,
+            cand_ids,
+            T,
+            u,
+        )
         want = head.select(*args, impl="naive")
         got = graphs.select(*args)
         assert torch.equal(got.ranks, want.ranks), (B, seed)

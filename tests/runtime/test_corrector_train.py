@@ -36,8 +36,11 @@ def eq6_by_hand(refined, target, q, mask, beta):  # type: ignore[no-untyped-def]
             top = max(z)
             log_r = [v - top - math.log(sum(math.exp(w - top) for w in z)) for v in z]
             ce = -sum(float(target[e, j, k]) * log_r[k] for k in range(K))
-            kl = sum(float(q[e, j, k]) * (math.log(float(q[e, j, k])) - log_r[k])
-                     for k in range(K) if q[e, j, k] > 0)  # fmt: skip
+            kl = sum(
+                float(q[e, j, k]) * (math.log(float(q[e, j, k])) - log_r[k])
+                for k in range(K)
+                if q[e, j, k] > 0
+            )
             total += ce + beta * kl
             n += 1
     return total / n
@@ -168,17 +171,25 @@ def test_evaluation_times_the_head(
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.worlds.arithmetic.task import make_split
 
-    cfg = CorrectorTrainConfig(events=str(micro_events.path), out_dir=str(tmp_path / "head"),
-                               K=8, epochs=1, head="small")  # fmt: skip
+    cfg = CorrectorTrainConfig(
+        events=str(micro_events.path), out_dir=str(tmp_path / "head"), K=8, epochs=1, head="small"
+    )
     result = train_corrector(cfg, show_progress=False, store=micro_events)
     head = Corrector.from_pretrained(result.checkpoint)
     assert head.config.K == 8
     assert head.config.M == 3
     task = BaseTrainConfig.load(micro_base / "train_config.json").task
     problems = make_split(task, "test", 10, 1)
-    ev = evaluate_checkpoint(micro_base, [p.prompt for p in problems],
-                             [p.answer for p in problems], arm="x", seed=0, stride=4,
-                             max_new_tokens=24, corrector=head)  # fmt: skip
+    ev = evaluate_checkpoint(
+        micro_base,
+        [p.prompt for p in problems],
+        [p.answer for p in problems],
+        arm="x",
+        seed=0,
+        stride=4,
+        max_new_tokens=24,
+        corrector=head,
+    )
     assert ev.head_s > 0
     assert ev.tokens_per_s_net > ev.tokens_per_s
 
@@ -230,12 +241,24 @@ def test_the_cli_refuses_bad_input_in_one_line(
     path = _copy(micro_events, tmp_path)
     (path / "features" / "keys.bin").write_bytes(b"")
     cases = [
-        (["train", "corrector", "--events", str(path), "--out", str(tmp_path / "o")],
-         "keys.bin: 0 bytes"),
+        (
+            ["train", "corrector", "--events", str(path), "--out", str(tmp_path / "o")],
+            "keys.bin: 0 bytes",
+        ),
         (["train", "corrector", "--events", str(micro_events.path), "--K", "0"], "--K: must be"),
-        (["train", "corrector", "collect", "--checkpoint", str(tmp_path), "--out",
-          str(tmp_path / "e")], "--checkpoint: "),
-    ]  # fmt: skip
+        (
+            [
+                "train",
+                "corrector",
+                "collect",
+                "--checkpoint",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "e"),
+            ],
+            "--checkpoint: ",
+        ),
+    ]
     for argv, message in cases:
         capsys.readouterr()
         assert main(argv) == 2

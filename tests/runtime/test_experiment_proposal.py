@@ -71,8 +71,11 @@ def test_budgets_are_epochs_of_the_correct_responses(micro_base: Path, tmp_path:
         ("selfgen-correct-uniform@0.5ep", 0.5),
         ("selfgen-correct-uniform@1ep", 1),
     ):
-        config = json.loads((tmp_path / "exp" / "arms" / name / "seed0" / "final"
-                             / "proposal_config.json").read_text())  # fmt: skip
+        config = json.loads(
+            (
+                tmp_path / "exp" / "arms" / name / "seed0" / "final" / "proposal_config.json"
+            ).read_text()
+        )
         assert config["token_budget"] == round(epochs * epoch)
     table = (tmp_path / "exp" / "summary.md").read_text()
     assert "| Self-gen. (corr.) | U | 0.5 ep |" in table
@@ -148,9 +151,11 @@ def test_head_section_is_off_unless_given_and_its_keys_are_checked(tmp_path: Pat
     cfg = ExperimentConfig.load(tmp_path / "b.toml")
     assert cfg.head.enabled
     assert cfg.head.collect.problems == 2000
-    for body, key in (("[head]\ncolect = 1\n", "head.colect"),
-                      ("[head.train]\nepoch = 3\n", "head.train.epoch"),
-                      ("[head.collect]\nsample = 3\n", "head.collect.sample")):  # fmt: skip
+    for body, key in (
+        ("[head]\ncolect = 1\n", "head.colect"),
+        ("[head.train]\nepoch = 3\n", "head.train.epoch"),
+        ("[head.collect]\nsample = 3\n", "head.collect.sample"),
+    ):
         (tmp_path / "c.toml").write_text(body)
         with pytest.raises(ValueError, match=rf"{key}: unknown setting") as err:
             ExperimentConfig.load(tmp_path / "c.toml")
@@ -168,8 +173,9 @@ def test_best_arm_keeps_the_base_accuracy_then_maximizes_tpf() -> None:
     from brisk.runtime.experiment.headon import choose_arm
 
     def arm(name: str, acc: list[float], tpf: float) -> ArmSummary:
-        return ArmSummary(name, (0, 1, 2), {"accuracy": Interval.of(acc),
-                                            "tpf_run": Interval.of([tpf] * 3)})  # fmt: skip
+        return ArmSummary(
+            name, (0, 1, 2), {"accuracy": Interval.of(acc), "tpf_run": Interval.of([tpf] * 3)}
+        )
 
     rows = {
         "base": arm("base", [0.80, 0.80, 0.80], 2.0),

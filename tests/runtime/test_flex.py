@@ -83,10 +83,16 @@ DEVICES = [
 
 def tiny_qwen3(device: str = "cpu") -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     return Qwen3ForCausalLM(config).to(device)
 
 
@@ -129,15 +135,17 @@ MASK_CASES = [
 @pytest.mark.parametrize(("L", "M", "offset", "block"), MASK_CASES)
 def test_dense_mask_equals_mask_mod(L: int, M: int, offset: int, block: int) -> None:
     materialized = create_mask(idlm_mask_mod(L, M, offset), 1, 1, 2 * L, 2 * L, device="cpu")
-    torch.testing.assert_close(materialized[0, 0], block_diffusion_mask(L, M, offset),
-                               rtol=0, atol=0)  # fmt: skip
+    torch.testing.assert_close(
+        materialized[0, 0], block_diffusion_mask(L, M, offset), rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize(("L", "M", "offset", "block"), MASK_CASES)
 def test_tiled_block_mask_equals_create_block_mask(L: int, M: int, offset: int, block: int) -> None:
     ours = idlm_block_mask(L, M, offset, block=block)
-    ref = create_block_mask(idlm_mask_mod(L, M, offset), None, None, 2 * L, 2 * L, device="cpu",
-                            BLOCK_SIZE=block)  # fmt: skip
+    ref = create_block_mask(
+        idlm_mask_mod(L, M, offset), None, None, 2 * L, 2 * L, device="cpu", BLOCK_SIZE=block
+    )
     for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
         torch.testing.assert_close(getattr(ours, name), getattr(ref, name), rtol=0, atol=0)
     torch.testing.assert_close(ours.to_dense(), ref.to_dense(), rtol=0, atol=0)
@@ -147,12 +155,14 @@ def test_tiled_block_mask_equals_create_block_mask(L: int, M: int, offset: int, 
 
 def test_packed_mask_is_each_examples_mask_and_nothing_across() -> None:
     seqs, prompts = random_examples(5, 3, 12, seed=1)
-    batch = pack_batch(seqs, prompts, M=3, mask_token_id=MASK_ID, pad_token_id=PAD_ID,
-                       budget=24, offset=1)  # fmt: skip
+    batch = pack_batch(
+        seqs, prompts, M=3, mask_token_id=MASK_ID, pad_token_id=PAD_ID, budget=24, offset=1
+    )
     dense = packed_dense_mask(batch)  # [R, 2L, 2L]
     L = batch.L
-    materialized = create_mask(packed_block_mask(batch).mask_mod, batch.docs.shape[0], 1,
-                               2 * L, 2 * L, device="cpu")[:, 0]  # fmt: skip
+    materialized = create_mask(
+        packed_block_mask(batch).mask_mod, batch.docs.shape[0], 1, 2 * L, 2 * L, device="cpu"
+    )[:, 0]
     torch.testing.assert_close(materialized, dense, rtol=0, atol=0)
     docs = torch.cat([batch.docs, batch.docs], 1)
     assert not bool((dense & (docs[:, :, None] != docs[:, None])).any())
@@ -165,8 +175,9 @@ def test_packed_mask_is_each_examples_mask_and_nothing_across() -> None:
 
 def test_packed_inputs_and_labels_are_each_examples() -> None:
     seqs, prompts = random_examples(6, 2, 10, seed=2)
-    batch = pack_batch(seqs, prompts, M=4, mask_token_id=MASK_ID, pad_token_id=PAD_ID,
-                       budget=16, offset=2)  # fmt: skip
+    batch = pack_batch(
+        seqs, prompts, M=4, mask_token_id=MASK_ID, pad_token_id=PAD_ID, budget=16, offset=2
+    )
     assert int((batch.docs >= 0).sum()) == sum(len(s) for s in seqs)
     L = batch.L
     for e, (seq, p) in enumerate(zip(seqs, prompts, strict=True)):
@@ -214,8 +225,9 @@ def test_flex_logits_match_dense(M: int, offset: int) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("M", "offset"), [pytest.param(3, 1, id="M3-o1"),
-                                           pytest.param(4, 0, id="M4-o0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("M", "offset"), [pytest.param(3, 1, id="M3-o1"), pytest.param(4, 0, id="M4-o0")]
+)
 def test_flex_gradients_match_dense(M: int, offset: int, device: str) -> None:
     model = tiny_qwen3(device).train()
     batch = unpacked(M, offset, device)
@@ -271,13 +283,17 @@ def test_packed_brisk_weighting_matches_proposal_loss() -> None:
     table = slot_table(padded)
     token_w = torch.zeros(padded.noisy_labels.shape)
     valid = table.index >= 0
-    token_w.scatter_(1, table.index.clamp(min=0).flatten(1),
-                     torch.where(valid, w.expand(*table.index.shape), 0.0).flatten(1))  # fmt: skip
+    token_w.scatter_(
+        1,
+        table.index.clamp(min=0).flatten(1),
+        torch.where(valid, w.expand(*table.index.shape), 0.0).flatten(1),
+    )
     token_w = torch.where(padded.noisy_labels != IGNORE, token_w, 0.0)
     with torch.no_grad():
         ref = weighted_loss(*idlm_forward(model, padded), padded, token_w, alpha=0.2)
-        out = packed_loss(*packed_forward(model, packed), packed, alpha=0.2,
-                          token_weights=slot_weights(packed, w))  # fmt: skip
+        out = packed_loss(
+            *packed_forward(model, packed), packed, alpha=0.2, token_weights=slot_weights(packed, w)
+        )
     assert isinstance(ref["loss"], torch.Tensor)
     assert_close("weighted loss", ref["loss"], out.loss)
 
@@ -292,15 +308,21 @@ def test_packed_flex_matches_dense_logits_and_gradients(device: str) -> None:
     additive = torch.zeros(packed_dense_mask(packed).shape, device=device)
     additive = additive.masked_fill(~packed_dense_mask(packed), torch.finfo(torch.float32).min)
     with torch.no_grad():
-        dense = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                      attention_mask=additive[:, None], use_cache=False).logits  # fmt: skip
+        dense = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=additive[:, None],
+            use_cache=False,
+        ).logits
         flex = torch.cat(packed_forward(model, packed, compile=compile), 1)
     real = torch.cat([packed.docs, packed.docs], 1) >= 0  # padding rows are not compared
     assert_close("packed logits", dense[real], flex[real])
 
     ref = grads_of(model, lambda: idlm_loss(*idlm_forward(model, padded), padded, 0.2).loss)
-    out = grads_of(model, lambda: packed_loss(*packed_forward(model, packed, compile=compile),
-                                              packed, 0.2).loss)  # fmt: skip
+    out = grads_of(
+        model,
+        lambda: packed_loss(*packed_forward(model, packed, compile=compile), packed, 0.2).loss,
+    )
     assert ref.keys() == out.keys()
     for name in ref:
         assert_close(name, ref[name], out[name])

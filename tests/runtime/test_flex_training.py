@@ -40,8 +40,9 @@ def test_proposal_training_with_flex_equals_dense(
 ) -> None:
     runs = {}
     for attention in ("dense", "flex"):
-        cfg = config(micro_base, micro_dataset, tmp_path / attention, token_budget=600,
-                     attention=attention)  # fmt: skip
+        cfg = config(
+            micro_base, micro_dataset, tmp_path / attention, token_budget=600, attention=attention
+        )
         runs[attention] = train_proposal(cfg, show_progress=False)
     dense, flex = (runs[a].history for a in ("dense", "flex"))
     assert len(dense) == len(flex) >= 3

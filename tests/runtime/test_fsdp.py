@@ -32,14 +32,44 @@ STEPS = 7  # 1,500 tokens at a global batch of 16
 
 
 def proposal_args(base: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "proposal", "--stride", "4", "--init", str(base), "--dataset", str(dataset),
-            "--data", "selfgen-all", "--token-budget", "1500", "--batch-size", "16", "--lr",
-            "0.001", "--threads", "1", "--no-progress", "--out", str(out), *extra]  # fmt: skip
+    return [
+        "train",
+        "proposal",
+        "--stride",
+        "4",
+        "--init",
+        str(base),
+        "--dataset",
+        str(dataset),
+        "--data",
+        "selfgen-all",
+        "--token-budget",
+        "1500",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.001",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def torchrun(nproc: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--standalone", "-m", "brisk.cli", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--standalone",
+        "-m",
+        "brisk.cli",
+        *args,
+    ]
 
 
 def run(cmd: list[str]) -> None:
@@ -63,8 +93,9 @@ FSDP = ("--fsdp", "--micro-batch-size", "4", "--save-every", "3")  # 2 micro-bat
 
 
 @pytest.fixture(scope="module")
-def runs(micro_base: Path, micro_dataset: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> dict[str, Path]:  # fmt: skip
+def runs(
+    micro_base: Path, micro_dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     """One process (whole batch per forward) and two FSDP ranks (two micro-batches each)."""
     root = tmp_path_factory.mktemp("fsdp")
     one, two = root / "one", root / "two"
@@ -80,7 +111,10 @@ def test_two_fsdp_ranks_with_accumulation_match_one_process(runs: dict[str, Path
     assert len(r1) == len(r2) == STEPS
     for x, y in zip(r1, r2, strict=True):
         assert (x["batch_reached"], x["batch_accepted"], x["tokens"]) == (
-            y["batch_reached"], y["batch_accepted"], y["tokens"])  # fmt: skip
+            y["batch_reached"],
+            y["batch_accepted"],
+            y["tokens"],
+        )
         np.testing.assert_allclose(y["weights"], x["weights"], rtol=1e-6)
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
     a, b = params(runs["one"]), params(runs["fsdp"])
@@ -97,8 +131,9 @@ def kill_at_checkpoint(cmd: list[str], out: Path, checkpoint: str) -> None:
     """Start ``cmd`` (torchrun) and SIGKILL every rank and torchrun itself once ``checkpoint``
     is complete: torchrun starts its workers in sessions of their own, so each is killed by its
     own PID."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     deadline = time.monotonic() + 300
     try:
         while not (out / checkpoint / "trainer_state.pt").exists():
@@ -141,8 +176,20 @@ def test_bf16_with_activation_checkpointing(
     """bf16 compute, fp32 master weights: the saved weights are fp32, every step's loss is the
     fp32 run's to 5 % (bf16 keeps 8 significant bits), and training moved the weights."""
     out = runs["root"] / "bf16"
-    run(torchrun(2, proposal_args(micro_base, micro_dataset, out, "--fsdp", "--precision",
-                                  "bf16", "--activation-checkpointing")))  # fmt: skip
+    run(
+        torchrun(
+            2,
+            proposal_args(
+                micro_base,
+                micro_dataset,
+                out,
+                "--fsdp",
+                "--precision",
+                "bf16",
+                "--activation-checkpointing",
+            ),
+        )
+    )
     for x, y in zip(records(runs["one"]), records(out), strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=0.05)
     init = load_file(micro_base / "model.safetensors")
@@ -158,10 +205,17 @@ def test_checkpointing_and_micro_batches_in_one_process(
     losses to rtol 1e-6 and parameters to atol 1e-6 of the whole-batch run."""
     out = runs["root"] / "ac"
     cfg = ProposalTrainConfig(
-        init=str(micro_base), dataset=str(micro_dataset), out_dir=str(out), data="selfgen-all",
-        stride=4, token_budget=1500, batch_size=16, lr=1e-3, activation_checkpointing=True,
+        init=str(micro_base),
+        dataset=str(micro_dataset),
+        out_dir=str(out),
+        data="selfgen-all",
+        stride=4,
+        token_budget=1500,
+        batch_size=16,
+        lr=1e-3,
+        activation_checkpointing=True,
         micro_batch_size=8,
-    )  # fmt: skip
+    )
     train_proposal(cfg, show_progress=False)
     for x, y in zip(records(runs["one"]), records(out), strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-6)
@@ -216,9 +270,17 @@ def test_bad_input(micro_base: Path, micro_dataset: Path, tmp_path: Path) -> Non
     """--fsdp without a process group: one line, exit 2; a world size that does not divide the
     global batch: each rank's one line names the option; nothing is written either way."""
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "brisk.cli",
-                           *proposal_args(micro_base, micro_dataset, out, "--fsdp")],
-                          capture_output=True, text=True, env=ENV)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "brisk.cli",
+            *proposal_args(micro_base, micro_dataset, out, "--fsdp"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "brisk: error: --fsdp: needs a process group; run under torchrun "
@@ -228,8 +290,7 @@ def test_bad_input(micro_base: Path, micro_dataset: Path, tmp_path: Path) -> Non
     args[args.index("--batch-size") + 1] = "15"
     done = subprocess.run(torchrun(2, args), capture_output=True, text=True, env=ENV)
     assert done.returncode != 0
-    line = ("brisk: error: --batch-size: the global batch 15 is not divisible by the world size "
-            "2")  # fmt: skip
+    line = "brisk: error: --batch-size: the global batch 15 is not divisible by the world size 2"
     assert done.stderr.count(line) == 2, done.stderr[-2000:]
     assert not out.exists()
 
@@ -240,15 +301,28 @@ def test_resuming_with_another_sharding_is_refused(runs: dict[str, Path], tmp_pa
     part = tmp_path / "part"
     shutil.copytree(runs["fsdp"], part, ignore=shutil.ignore_patterns("final"))
     config = json.loads((part / "checkpoint-000006" / "proposal_config.json").read_text())
-    args = proposal_args(Path(config["init"]), Path(config["dataset"]), part, "--save-every", "3",
-                         "--micro-batch-size", "4", "--resume")  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "brisk.cli", *args], capture_output=True,
-                          text=True, env=ENV)  # fmt: skip
+    args = proposal_args(
+        Path(config["init"]),
+        Path(config["dataset"]),
+        part,
+        "--save-every",
+        "3",
+        "--micro-batch-size",
+        "4",
+        "--resume",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "brisk.cli", *args], capture_output=True, text=True, env=ENV
+    )
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert "was trained with another configuration (fsdp: True ≠ False)" in line
     assert sorted(p.name for p in part.iterdir()) == [
-        "checkpoint-000003", "checkpoint-000006", "metrics.jsonl", "weights.png"]  # fmt: skip
+        "checkpoint-000003",
+        "checkpoint-000006",
+        "metrics.jsonl",
+        "weights.png",
+    ]
 
 
 def test_examples_longer_than_the_model_are_refused(micro_base: Path) -> None:
@@ -256,12 +330,14 @@ def test_examples_longer_than_the_model_are_refused(micro_base: Path) -> None:
 
     from transformers import AutoTokenizer
 
-    from brisk.runtime.train.proposal import _check_lengths
-    from brisk.runtime.train.proposal_data import Example
+    from brisk.runtime.train.proposal_data import Example, check_lengths
 
     tokenizer = AutoTokenizer.from_pretrained(micro_base)
     examples = [Example("1+1=", "2"), Example("1+1=", "2" * 40)]
-    _check_lengths(examples[:1], tokenizer, SimpleNamespace(max_position_embeddings=16), "D")
-    with pytest.raises(ValueError, match=r"--dataset: example 1 of D has \d+ tokens, longer than "
-                       r"the model's 16 positions"):  # fmt: skip
-        _check_lengths(examples, tokenizer, SimpleNamespace(max_position_embeddings=16), "D")
+    check_lengths(examples[:1], tokenizer, SimpleNamespace(max_position_embeddings=16), "D")
+    with pytest.raises(
+        ValueError,
+        match=r"--dataset: example 1 of D has \d+ tokens, longer than "
+        r"the model's 16 positions",
+    ):
+        check_lengths(examples, tokenizer, SimpleNamespace(max_position_embeddings=16), "D")

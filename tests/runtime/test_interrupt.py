@@ -192,8 +192,9 @@ def test_train_base_stops_on_sigint_and_resumes_bit_identically(
     assert not [p for p in part.iterdir() if p.name.startswith(".")]  # no half-written save
     assert max(r["step"] for r in records(part / "metrics.jsonl") if "step" in r) == step - 1
     subprocess.run([*cmd, "--resume"], check=True, capture_output=True)
-    assert_same_tensors(base_whole / "final" / "model.safetensors",
-                        part / "final" / "model.safetensors")  # fmt: skip
+    assert_same_tensors(
+        base_whole / "final" / "model.safetensors", part / "final" / "model.safetensors"
+    )
     assert timeless(part / "metrics.jsonl") == timeless(base_whole / "metrics.jsonl")
 
 
@@ -207,9 +208,11 @@ def killed(base_whole: Path, tmp_path: Path) -> Path:
 
 
 def test_a_used_run_directory_is_never_overwritten(
-    base_config: tuple[BaseTrainConfig, Path], base_whole: Path, killed: Path,
+    base_config: tuple[BaseTrainConfig, Path],
+    base_whole: Path,
+    killed: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """Without --resume a used directory is refused (one line, exit 2, nothing touched);
     --resume with another configuration names what differs, and so does one with checkpoints
     it cannot continue exactly; a finished run is not retrained."""
@@ -237,8 +240,9 @@ def test_resume_after_a_kill_drops_the_log_past_the_checkpoint(
 ) -> None:
     cfg, _ = base_config
     result = train_base(cfg.replace(out_dir=str(killed)), show_progress=False, resume=True)
-    assert_same_tensors(base_whole / "final" / "model.safetensors",
-                        result.checkpoint / "model.safetensors")  # fmt: skip
+    assert_same_tensors(
+        base_whole / "final" / "model.safetensors", result.checkpoint / "model.safetensors"
+    )
     assert timeless(killed / "metrics.jsonl") == timeless(base_whole / "metrics.jsonl")
 
 
@@ -263,10 +267,27 @@ def test_selfgen_stops_on_sigint_and_resumes_to_the_same_dataset(
 ) -> None:
     out = tmp_path / "data"
     o = MICRO_SELFGEN
-    argv = ["train", "selfgen", "--checkpoint", str(micro_base), "--out", str(out),
-            "--problems", str(o.problems), "--samples", str(o.samples), "--stride",
-            str(o.stride), "--max-new-tokens", str(o.max_new_tokens), "--chunk", str(o.chunk),
-            "--threads", "1", "--no-progress"]  # fmt: skip
+    argv = [
+        "train",
+        "selfgen",
+        "--checkpoint",
+        str(micro_base),
+        "--out",
+        str(out),
+        "--problems",
+        str(o.problems),
+        "--samples",
+        str(o.samples),
+        "--stride",
+        str(o.stride),
+        "--max-new-tokens",
+        str(o.max_new_tokens),
+        "--chunk",
+        str(o.chunk),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     line = interrupt(cli(*argv), lambda: (out / "part-00000.parquet").exists())
     parts = sorted(out.glob("part-*.parquet"))
     assert f"interrupted after {len(parts)}/3 parts" in line
@@ -281,8 +302,7 @@ def test_selfgen_stops_on_sigint_and_resumes_to_the_same_dataset(
 
 
 # 120 responses in decode batches of 4: 30 batches, the unit a signal can lose.
-COLLECT = CollectOptions(problems=60, samples=2, stride=4, top_k=8, max_new_tokens=24,
-                         batch_size=4)  # fmt: skip
+COLLECT = CollectOptions(problems=60, samples=2, stride=4, top_k=8, max_new_tokens=24, batch_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -312,10 +332,30 @@ def test_collect_stops_on_sigint_and_resumes_to_the_same_store(
     out = tmp_path / "store"
     partial = tmp_path / ".store.partial"
     c = COLLECT
-    argv = ["train", "corrector", "collect", "--checkpoint", str(micro_base), "--out", str(out),
-            "--problems", str(c.problems), "--samples", str(c.samples), "--stride",
-            str(c.stride), "--top-k", str(c.top_k), "--max-new-tokens", str(c.max_new_tokens),
-            "--batch-size", str(c.batch_size), "--threads", "1", "--no-progress"]  # fmt: skip
+    argv = [
+        "train",
+        "corrector",
+        "collect",
+        "--checkpoint",
+        str(micro_base),
+        "--out",
+        str(out),
+        "--problems",
+        str(c.problems),
+        "--samples",
+        str(c.samples),
+        "--stride",
+        str(c.stride),
+        "--top-k",
+        str(c.top_k),
+        "--max-new-tokens",
+        str(c.max_new_tokens),
+        "--batch-size",
+        str(c.batch_size),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     line = interrupt(cli(*argv), lambda: (partial / "_progress.json").exists())
     progress = json.loads((partial / "_progress.json").read_text())
     done = progress["requests"]
@@ -334,9 +374,17 @@ def test_collect_stops_on_sigint_and_resumes_to_the_same_store(
 def test_corrector_training_stops_on_sigterm_and_resumes_bit_identically(
     events: EventStore, tmp_path: Path
 ) -> None:
-    cfg = CorrectorTrainConfig(events=str(events.path), out_dir=str(tmp_path / "whole"), K=8,
-                               head="small", only_correct=False, epochs=8, batch_size=16,
-                               lr=3e-3, log_every=1)  # fmt: skip
+    cfg = CorrectorTrainConfig(
+        events=str(events.path),
+        out_dir=str(tmp_path / "whole"),
+        K=8,
+        head="small",
+        only_correct=False,
+        epochs=8,
+        batch_size=16,
+        lr=3e-3,
+        log_every=1,
+    )
     whole = train_corrector(cfg, show_progress=False)
     config = tmp_path / "head.json"
     config.write_text(json.dumps(cfg.to_dict()))
@@ -348,8 +396,9 @@ def test_corrector_training_stops_on_sigterm_and_resumes_bit_identically(
     assert 0 < step < whole.steps
     assert f"at step {step}/{whole.steps}; saved {saved} (rerun with --resume" in line
     subprocess.run([*cmd, "--resume"], check=True, capture_output=True)
-    assert_same_tensors(whole.checkpoint / "model.safetensors",
-                        part / "final" / "model.safetensors")  # fmt: skip
+    assert_same_tensors(
+        whole.checkpoint / "model.safetensors", part / "final" / "model.safetensors"
+    )
     assert timeless(part / "metrics.jsonl") == timeless(tmp_path / "whole" / "metrics.jsonl")
 
 
@@ -361,17 +410,25 @@ def proposal_config(
     micro_base: Path, micro_dataset: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[ProposalTrainConfig, Path]:
     """18 steps on the micro data (about 2 s), logging every step, and its config file."""
-    cfg = ProposalTrainConfig(init=str(micro_base), dataset=str(micro_dataset), data="selfgen-all",
-                              stride=4, token_budget=4000, batch_size=16, lr=1e-3)  # fmt: skip
+    cfg = ProposalTrainConfig(
+        init=str(micro_base),
+        dataset=str(micro_dataset),
+        data="selfgen-all",
+        stride=4,
+        token_budget=4000,
+        batch_size=16,
+        lr=1e-3,
+    )
     file = tmp_path_factory.mktemp("config") / "proposal.json"
     file.write_text(json.dumps(cfg.to_dict()))
     return cfg, file
 
 
 def test_proposal_training_stops_on_sigint_and_resumes_bit_identically(
-    proposal_config: tuple[ProposalTrainConfig, Path], tmp_path: Path,
+    proposal_config: tuple[ProposalTrainConfig, Path],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     cfg, config = proposal_config
     whole = train_proposal(cfg.replace(out_dir=str(tmp_path / "whole")), show_progress=False)
     part = tmp_path / "part"
@@ -387,8 +444,9 @@ def test_proposal_training_stops_on_sigint_and_resumes_bit_identically(
         argv, capsys
     )
     subprocess.run(cli(*argv, "--resume"), check=True, capture_output=True)
-    assert_same_tensors(whole.checkpoint / "model.safetensors",
-                        part / "final" / "model.safetensors")  # fmt: skip
+    assert_same_tensors(
+        whole.checkpoint / "model.safetensors", part / "final" / "model.safetensors"
+    )
     assert timeless(part / "metrics.jsonl") == timeless(tmp_path / "whole" / "metrics.jsonl")
 
 
@@ -413,13 +471,31 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
     step and alone prints a line; torchrun --resume then ends bit-identical to an
     uninterrupted torchrun run."""
     _, config = proposal_config
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--standalone", "-m", "brisk.cli", "train", "proposal", "--config",
-                str(config), "--no-progress", "--out"]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "brisk.cli",
+        "train",
+        "proposal",
+        "--config",
+        str(config),
+        "--no-progress",
+        "--out",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     part, whole = tmp_path / "part", tmp_path / "whole"
-    proc = subprocess.Popen([*torchrun, str(part)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [*torchrun, str(part)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while steps_logged(part / "metrics.jsonl") < 3:
         assert proc.poll() is None, proc.communicate()[1]
@@ -435,8 +511,7 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
     for argv in ([*torchrun, str(part), "--resume"], [*torchrun, str(whole)]):
         done = subprocess.run(argv, capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_tensors(whole / "final" / "model.safetensors",
-                        part / "final" / "model.safetensors")  # fmt: skip
+    assert_same_tensors(whole / "final" / "model.safetensors", part / "final" / "model.safetensors")
     assert timeless(part / "metrics.jsonl") == timeless(whole / "metrics.jsonl")
 
 
@@ -459,8 +534,9 @@ def test_an_experiment_stops_on_sigint_and_a_rerun_finishes_it(
     has logged a step (the main process alone: it tells its workers): one line, 130; the rerun
     skips what is done, continues the rest and ends with an uninterrupted run's figures."""
     for name in ("whole", "part"):
-        text = micro_experiment_toml(tmp_path / name, micro_base, [0],
-                                     ["base", "selfgen-correct-uniform"], workers=2)  # fmt: skip
+        text = micro_experiment_toml(
+            tmp_path / name, micro_base, [0], ["base", "selfgen-correct-uniform"], workers=2
+        )
         (tmp_path / f"{name}.toml").write_text(text)
     run_experiment(ExperimentConfig.load(tmp_path / "whole.toml"), show_progress=False)
     part = tmp_path / "part"
@@ -480,12 +556,29 @@ def test_decode_stops_on_sigterm_and_keeps_what_finished(micro_base: Path, tmp_p
     """SIGTERM does what Ctrl-C does (test_decode_cli): the finished completions in --out, a
     valid block log, one line, 130."""
     prompts, out, log = tmp_path / "p.jsonl", tmp_path / "out.jsonl", tmp_path / "log"
-    prompts.write_text("".join(json.dumps({"prompt": f"Q: {a % 10}+{a % 7}=?\n"}) + "\n"
-                               for a in range(2000)))  # fmt: skip
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Q: {a % 10}+{a % 7}=?\n"}) + "\n" for a in range(2000))
+    )
     partial = tmp_path / ".out.jsonl.partial"  # completions appear here as they finish
-    cmd = cli("decode", "--model", str(micro_base), "--prompts", str(prompts), "--max-new-tokens",
-              "16", "--temperature", "1", "--batch-size", "2", "--threads", "1", "--out",
-              str(out), "--log-blocks", str(log))  # fmt: skip
+    cmd = cli(
+        "decode",
+        "--model",
+        str(micro_base),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "16",
+        "--temperature",
+        "1",
+        "--batch-size",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--log-blocks",
+        str(log),
+    )
 
     def finished_one() -> bool:
         return partial.exists() and partial.read_text().count("\n") >= 1

@@ -24,7 +24,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from brisk.mechanism.io import validate
 from brisk.mechanism.report import analyze
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.isd import batched as isd_step

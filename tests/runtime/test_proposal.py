@@ -29,9 +29,16 @@ from brisk.theory import AcceptanceProfile, CostModel, progress_weights
 
 
 def config(base: Path, dataset: Path, out: Path, **kw: object) -> ProposalTrainConfig:
-    values: dict[str, object] = dict(init=str(base), dataset=str(dataset), out_dir=str(out),
-                                     data="selfgen-all", stride=4, token_budget=2500,
-                                     batch_size=16, lr=1e-3)  # fmt: skip
+    values: dict[str, object] = dict(
+        init=str(base),
+        dataset=str(dataset),
+        out_dir=str(out),
+        data="selfgen-all",
+        stride=4,
+        token_budget=2500,
+        batch_size=16,
+        lr=1e-3,
+    )
     values.update(kw)
     return ProposalTrainConfig(**values)  # type: ignore[arg-type]
 
@@ -51,8 +58,9 @@ def test_brisk_weights_are_progress_weights_of_the_logged_profile(
     for rec in rows:
         # The batch's counts are the ISD rule on its accept lengths: an independent recount.
         hist = np.array(rec["accept_hist"])
-        recount = AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(cfg.M + 1), hist),
-                                                        cfg.M)  # fmt: skip
+        recount = AcceptanceProfile.from_accept_lengths(
+            np.repeat(np.arange(cfg.M + 1), hist), cfg.M
+        )
         assert rec["batch_reached"] == recount.reached.tolist()
         assert rec["batch_accepted"] == recount.accepted.tolist()
         # The profile is the tracker's posterior mean over the discounted counts of the steps
@@ -87,11 +95,20 @@ def test_baseline_schemes_log_their_weights(
 def micro_batch(base: Path, offset: int = 1) -> tuple[object, torch.Tensor, torch.Tensor]:
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base)
-    pairs = [("Q: 3+4=?\n", "3+4=7\n#### 7"), ("Q: 12+5+1=?\n", "12+5=17\n17+1=18\n#### 18"),
-             ("Q: 9+9=?\n", "9+9=18\n#### 18")]  # fmt: skip
+    pairs = [
+        ("Q: 3+4=?\n", "3+4=7\n#### 7"),
+        ("Q: 12+5+1=?\n", "12+5=17\n17+1=18\n#### 18"),
+        ("Q: 9+9=?\n", "9+9=18\n#### 18"),
+    ]
     enc = [encode_example(p, r, tok) for p, r in pairs]
-    batch = build_batch([s for s, _ in enc], [n for _, n in enc], 3, tok.mask_token_id,
-                        tok.pad_token_id, offset=offset)  # fmt: skip
+    batch = build_batch(
+        [s for s, _ in enc],
+        [n for _, n in enc],
+        3,
+        tok.mask_token_id,
+        tok.pad_token_id,
+        offset=offset,
+    )
     with torch.no_grad():
         noisy, clean = idlm_forward(model, batch)
     return batch, noisy, clean
@@ -162,10 +179,34 @@ def test_resume_after_sigkill_is_bit_identical(
     whole, part = tmp_path / "whole", tmp_path / "part"
     cfg = config(micro_base, micro_dataset, whole, save_every=3, token_budget=3000)
     train_proposal(cfg, show_progress=False)
-    cmd = [sys.executable, "-m", "brisk.cli", "train", "proposal", "--init", str(micro_base),
-           "--dataset", str(micro_dataset), "--out", str(part), "--data", "selfgen-all",
-           "--token-budget", "3000", "--batch-size", "16", "--lr", "0.001", "--save-every", "3",
-           "--stride", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "brisk.cli",
+        "train",
+        "proposal",
+        "--init",
+        str(micro_base),
+        "--dataset",
+        str(micro_dataset),
+        "--out",
+        str(part),
+        "--data",
+        "selfgen-all",
+        "--token-budget",
+        "3000",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.001",
+        "--save-every",
+        "3",
+        "--stride",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (part / "checkpoint-000006" / "trainer_state.pt").exists():
@@ -194,16 +235,46 @@ def test_torchrun_two_ranks_match_one_process(
     weights (integers, exact), losses to rtol 1e-5 and parameters to atol 1e-5 (float sums in
     another order)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    args = ["train", "proposal", "--stride", "4", "--init", str(micro_base), "--dataset",
-            str(micro_dataset), "--data", "selfgen-all", "--token-budget", "1500",
-            "--batch-size", "16", "--lr", "0.001", "--threads", "1", "--no-progress"]  # fmt: skip
-    subprocess.run([sys.executable, "-m", "brisk.cli", *args, "--out", str(one)], check=True,
-                   capture_output=True)  # fmt: skip
+    args = [
+        "train",
+        "proposal",
+        "--stride",
+        "4",
+        "--init",
+        str(micro_base),
+        "--dataset",
+        str(micro_dataset),
+        "--data",
+        "selfgen-all",
+        "--token-budget",
+        "1500",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.001",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "brisk.cli", *args, "--out", str(one)],
+        check=True,
+        capture_output=True,
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--standalone", "-m", "brisk.cli"]  # fmt: skip
-    done = subprocess.run([*torchrun, *args, "--out", str(two)], capture_output=True, text=True,
-                          env=env)  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        "-m",
+        "brisk.cli",
+    ]
+    done = subprocess.run(
+        [*torchrun, *args, "--out", str(two)], capture_output=True, text=True, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     r1, r2 = records(one), records(two)
     assert len(r1) == len(r2) >= 3
@@ -252,10 +323,22 @@ def test_torchrun_two_ranks_match_one_process(
 def test_bad_input_is_one_line_and_writes_nothing(
     extra: list[str], message: str, micro_base: Path, micro_dataset: Path, tmp_path: Path
 ) -> None:
-    args = ["train", "proposal", "--stride", "4", "--init", str(micro_base), "--dataset",
-            str(micro_dataset), "--out", str(tmp_path / "run"), "--no-progress"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "brisk.cli", *args, *extra],
-                          capture_output=True, text=True)  # fmt: skip
+    args = [
+        "train",
+        "proposal",
+        "--stride",
+        "4",
+        "--init",
+        str(micro_base),
+        "--dataset",
+        str(micro_dataset),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "brisk.cli", *args, *extra], capture_output=True, text=True
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1
@@ -273,8 +356,9 @@ def test_all_incorrect_or_foreign_datasets_are_refused(
     shutil.copytree(micro_dataset, bad)
     for part in bad.glob("part-*.parquet"):
         t = pq.read_table(part)
-        t = t.set_column(t.schema.get_field_index("correct"), "correct",
-                         pc.and_(t["correct"], False))  # fmt: skip
+        t = t.set_column(
+            t.schema.get_field_index("correct"), "correct", pc.and_(t["correct"], False)
+        )
         pq.write_table(t, part)
     with pytest.raises(ValueError, match="no correct response"):
         load_examples(config(micro_base, bad, tmp_path / "r", data="selfgen-correct"))
@@ -300,10 +384,22 @@ def test_selfgen_data_of_another_checkpoint_is_refused(
         with pytest.raises(ValueError, match=r"generated by another checkpoint \(runs/other"):
             load_examples(config(micro_base, foreign, tmp_path / "r", data=data))
     assert load_examples(config(micro_base, foreign, tmp_path / "r", data="reference"))
-    args = ["train", "proposal", "--stride", "4", "--init", str(micro_base), "--dataset",
-            str(foreign), "--out", str(tmp_path / "run"), "--no-progress"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "brisk.cli", *args],
-                          capture_output=True, text=True)  # fmt: skip
+    args = [
+        "train",
+        "proposal",
+        "--stride",
+        "4",
+        "--init",
+        str(micro_base),
+        "--dataset",
+        str(foreign),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "brisk.cli", *args], capture_output=True, text=True
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"brisk: error: --dataset: {foreign} was generated by another checkpoint "

@@ -54,9 +54,14 @@ def test_provenance_names_checkpoint_and_decoder(micro_base: Path, micro_dataset
     prov = read_provenance(micro_dataset)
     assert prov["checkpoint_hash"] == checkpoint_hash(micro_base)
     assert prov["decoder"] == {
-        "algorithm": "isd", "head": "off", "stride": 4, "M": 3, "temperature": 1.0,
-        "top_k": 16, "max_new_tokens": 24,
-    }  # fmt: skip
+        "algorithm": "isd",
+        "head": "off",
+        "stride": 4,
+        "M": 3,
+        "temperature": 1.0,
+        "top_k": 16,
+        "max_new_tokens": 24,
+    }
     for part in sorted(micro_dataset.glob("part-*.parquet")):
         meta = pq.read_schema(part).metadata
         assert json.loads(meta[META_KEY]) == prov
@@ -81,10 +86,30 @@ def test_resume_after_kill_gives_the_same_dataset(
     after the last complete part and the result equals the uninterrupted dataset row for row."""
     out = tmp_path / "data"
     o = MICRO_SELFGEN
-    cmd = [sys.executable, "-m", "brisk.cli", "train", "selfgen", "--checkpoint", str(micro_base),
-           "--out", str(out), "--problems", str(o.problems), "--samples", str(o.samples),
-           "--stride", str(o.stride), "--max-new-tokens", str(o.max_new_tokens),
-           "--chunk", str(o.chunk), "--threads", "1", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "brisk.cli",
+        "train",
+        "selfgen",
+        "--checkpoint",
+        str(micro_base),
+        "--out",
+        str(out),
+        "--problems",
+        str(o.problems),
+        "--samples",
+        str(o.samples),
+        "--stride",
+        str(o.stride),
+        "--max-new-tokens",
+        str(o.max_new_tokens),
+        "--chunk",
+        str(o.chunk),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (out / "part-00000.parquet").exists() and time.monotonic() < deadline:
@@ -104,8 +129,9 @@ def test_other_settings_in_the_same_directory_are_refused(
 ) -> None:
     before = sorted(micro_dataset.iterdir())
     with pytest.raises(ValueError, match="another checkpoint or other options"):
-        generate_dataset(micro_base, micro_dataset, replace(MICRO_SELFGEN, temperature=0.5),
-                         show_progress=False)  # fmt: skip
+        generate_dataset(
+            micro_base, micro_dataset, replace(MICRO_SELFGEN, temperature=0.5), show_progress=False
+        )
     assert sorted(micro_dataset.iterdir()) == before
 
 
@@ -125,8 +151,9 @@ def test_bad_input_is_one_line(
     args: list[str], message: str, micro_base: Path, tmp_path: Path
 ) -> None:
     base = ["train", "selfgen", "--checkpoint", str(micro_base), "--out", str(tmp_path / "d")]
-    done = subprocess.run([sys.executable, "-m", "brisk.cli", *base, *args], capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "brisk.cli", *base, *args], capture_output=True, text=True
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2
     assert len(lines) == 1

@@ -30,13 +30,32 @@ def test_selfgen_from_an_exported_file_equals_the_built_in_world(
     micro_base: Path, micro_dataset: Path, tmp_path: Path
 ) -> None:
     exported = tmp_path / "train.jsonl"
-    assert main(["tasks", "export", "--checkpoint", str(micro_base), "--split", "train",
-                 "--n", str(MICRO_SELFGEN.problems), "--seed", str(MICRO_SELFGEN.problem_seed),
-                 "--out", str(exported)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "tasks",
+                "export",
+                "--checkpoint",
+                str(micro_base),
+                "--split",
+                "train",
+                "--n",
+                str(MICRO_SELFGEN.problems),
+                "--seed",
+                str(MICRO_SELFGEN.problem_seed),
+                "--out",
+                str(exported),
+            ]
+        )
+        == 0
+    )
     spec = TaskSpec(path=str(exported), grader="gsm8k")
-    generic = generate_dataset(micro_base, tmp_path / "generic",
-                               dataclasses.replace(MICRO_SELFGEN, task=spec),
-                               show_progress=False)  # fmt: skip
+    generic = generate_dataset(
+        micro_base,
+        tmp_path / "generic",
+        dataclasses.replace(MICRO_SELFGEN, task=spec),
+        show_progress=False,
+    )
     built_in, from_file = _columns(micro_dataset), _columns(generic.out)
     assert list(from_file) == list(built_in)
     for name in built_in:  # every column of every row, in order
@@ -73,17 +92,38 @@ def test_evaluation_of_the_exported_test_split_equals_the_world(
     from brisk.runtime.train.evaluate import evaluate
 
     exported = tmp_path / "test.jsonl"
-    assert main(["tasks", "export", "--checkpoint", str(micro_base), "--n", "8", "--seed", "1",
-                 "--out", str(exported)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "tasks",
+                "export",
+                "--checkpoint",
+                str(micro_base),
+                "--n",
+                "8",
+                "--seed",
+                "1",
+                "--out",
+                str(exported),
+            ]
+        )
+        == 0
+    )
     backbone = HFBackbone.from_pretrained(micro_base)
     tokenizer = AutoTokenizer.from_pretrained(micro_base)
     reports = []
-    for spec in (TaskSpec(), TaskSpec(path=str(exported), grader="gsm8k",
-                                      fields=("prompt=prompt", "answer=answer",
-                                              "response=response"))):  # fmt: skip
+    for spec in (
+        TaskSpec(),
+        TaskSpec(
+            path=str(exported),
+            grader="gsm8k",
+            fields=("prompt=prompt", "answer=answer", "response=response"),
+        ),
+    ):
         task = spec.resolve(n=8, seed=1, split="test", checkpoint=micro_base)
-        reports.append(evaluate(backbone, tokenizer, task.problems(tokenizer), strides=(2, 4),
-                                task=task))  # fmt: skip
+        reports.append(
+            evaluate(backbone, tokenizer, task.problems(tokenizer), strides=(2, 4), task=task)
+        )
     world, generic = reports
     assert generic.to_dict() == world.to_dict()
     assert 0 < world.accuracy < 1  # a figure that distinguishes graders
@@ -104,9 +144,21 @@ def test_bad_task_input_names_the_flag_or_field(micro_base: Path, tmp_path: Path
     )  # fewer rows than asked: all of them
     with pytest.raises(ValueError, match="fields: expected role=column, got 'prompt'"):
         TaskSpec(path=str(data), fields=("prompt",))
-    assert main(["tasks", "export", "--task", str(data), "--fields", "prompt",
-                 "--out", out]) == 2  # fmt: skip
-    assert main(["decode", "problems", "--checkpoint", str(micro_base), "--task",
-                 str(tmp_path / "missing.jsonl"), "--out", out]) == 2  # fmt: skip
+    assert main(["tasks", "export", "--task", str(data), "--fields", "prompt", "--out", out]) == 2
+    assert (
+        main(
+            [
+                "decode",
+                "problems",
+                "--checkpoint",
+                str(micro_base),
+                "--task",
+                str(tmp_path / "missing.jsonl"),
+                "--out",
+                out,
+            ]
+        )
+        == 2
+    )
     with pytest.raises(ValueError, match="task: no task 'gsm9k'"):
         TaskSpec(name="gsm9k").resolve(n=1, seed=0)

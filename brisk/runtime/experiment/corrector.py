@@ -32,16 +32,12 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import (
-    EvalSection,
-    check_plan,
     ensure_checkpoint,
     experiment_step,
     held_out_problems,
@@ -49,77 +45,16 @@ from brisk.runtime.experiment.common import (
     job_line,
     run_jobs,
 )
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-
-__all__ = [
-    "ARMS",
-    "CorrectorArm",
-    "CorrectorExperimentConfig",
-    "collect_once",
-    "run_corrector_experiment",
-    "train_head",
-]
-
-
-@dataclass(frozen=True)
-class CorrectorArm:
-    name: str
-    label: str  # the table's "Head" column
-    train: dict[str, Any]  # CorrectorTrainConfig fields that differ from the paper's head
-    trained: bool = True
-
-
-ARMS: tuple[CorrectorArm, ...] = (
-    CorrectorArm("off", "No corrector (head off)", {}, trained=False),
-    CorrectorArm("distilled", "**BRISK: verifier-distilled, K = 16**", {}),
-    CorrectorArm("top1", "Verifier top-1 only (hard CE)", {"target": "top1"}),
-    CorrectorArm("no-kl", "Without KL anchor (β = 0)", {"beta": 0.0}),
-    CorrectorArm("no-prefix", "Without prefix feedback", {"feedback": False}),
-    CorrectorArm("k4", "Verifier-distilled, K = 4", {"K": 4}),
-    CorrectorArm("k8", "Verifier-distilled, K = 8", {"K": 8}),
-    CorrectorArm("k32", "Verifier-distilled, K = 32", {"K": 32}),
+from brisk.runtime.experiment.corrector_config import (
+    ARMS,
+    PAPER_ARM,
+    CorrectorArm,
+    CorrectorExperimentConfig,
+    arm_named,
 )
-PAPER_ARM = "distilled"
+from brisk.runtime.experiment.heads import collect_once, train_head
 
-
-@dataclass(frozen=True)
-class HeadEvalSection(EvalSection):
-    shadow: bool = True  # the same-state diagnostics of every trained arm × seed
-
-
-@dataclass(frozen=True)
-class CorrectorExperimentConfig(Config):
-    out_dir: str = "runs/paper/corrector"
-    backbone: str = "runs/paper/base/final"
-    base_config: str = "configs/paper_base.toml"
-    stride: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
-    arms: tuple[str, ...] = tuple(a.name for a in ARMS)
-    workers: int = 2
-    # where every job runs (auto: the GPU where one exists) and the backbone's dtype (auto:
-    # bfloat16 on a GPU, float32 on the CPU); [train] runs there too
-    device: str = "auto"
-    dtype: str = "auto"
-    # the commands' own configs: [collect] is brisk train corrector collect's (its stride is the
-    # experiment's), [train] brisk train corrector's (events, out_dir and seed set per job,
-    # then each arm's changes)
-    collect: CollectOptions = field(default_factory=lambda: CollectOptions(problems=2000))
-    train: CorrectorTrainConfig = field(default_factory=CorrectorTrainConfig)
-    eval: HeadEvalSection = field(default_factory=HeadEvalSection)
-
-    def __post_init__(self) -> None:
-        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
-        for name in self.arms:
-            K = _arm(name).train.get("K", 16)
-            if self.collect.top_k < K:
-                raise ValueError(
-                    f"collect.top_k: {self.collect.top_k} < K = {K} of arm {name!r} (the events "
-                    "must hold every arm's candidates)"
-                )
-
-
-def _arm(name: str) -> CorrectorArm:
-    return next(a for a in ARMS if a.name == name)
+__all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
 
 
 def _mechanism(blocks: Path, K: int) -> dict[str, float]:
@@ -140,46 +75,6 @@ def _mechanism(blocks: Path, K: int) -> dict[str, float]:
     }
 
 
-def collect_once(
-    backbone: str | Path,
-    events: str | Path,
-    options: CollectOptions,
-    show_progress: bool = False,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-) -> Any:
-    """The event store of ``backbone`` at ``events`` (``brisk train corrector collect``), unless
-    it is complete already (then None); a collection cut short continues from its last whole
-    batch. Returns the :class:`~brisk.runtime.train.corrector_events.EventStore` it wrote."""
-    from brisk.runtime.train.corrector_events import collect_from_checkpoint
-
-    if (Path(events) / "_events.json").exists():
-        return None
-    return collect_from_checkpoint(backbone, events, options, show_progress=show_progress,
-                                   device=device, dtype=dtype)  # fmt: skip
-
-
-def train_head(tcfg: CorrectorTrainConfig) -> tuple[Any, dict[str, Any]]:
-    """Train the head of ``tcfg`` into ``tcfg.out_dir`` unless its ``final/`` exists (a run cut
-    short continues from its newest checkpoint); returns the loaded
-    :class:`~brisk.runtime.corrector.Corrector` and what the training reported
-    (``train.json``, kept for a rerun that finds the head trained: ``{}`` if it was lost)."""
-    from brisk.runtime.corrector import Corrector
-    from brisk.runtime.train.corrector import train_corrector
-
-    run = Path(tcfg.out_dir)
-    trained = run / "train.json"
-    if not (run / "final" / "config.json").exists():
-        r = train_corrector(tcfg, show_progress=False)
-        atomic_write_text(trained, json.dumps({
-            "val_loss": r.val_loss, "val_loss_init": r.val_loss_init, "steps": r.steps,
-            "train_events": r.train_events, "train_s": r.wall_s,
-        }))  # fmt: skip
-    info = dict(json.loads(trained.read_text())) if trained.exists() else {}
-    return Corrector.from_pretrained(run / "final"), info
-
-
 def _job(cfg: CorrectorExperimentConfig, events: str, arm_name: str, seed: int) -> dict[str, Any]:
     """Train (unless head off), evaluate head-on and in shadow mode; returns both. A signal
     stops the training at its next step (with a checkpoint) and the evaluations at once."""
@@ -195,33 +90,51 @@ def _train_and_evaluate(
     from brisk.runtime.experiment.evaluate import evaluate_checkpoint
 
     torch.set_num_threads(1)
-    arm = _arm(arm_name)
+    arm = arm_named(arm_name)
     run, done = job_dir(cfg.out_dir, arm.name, seed)
     if done is not None:
         return done
-    tcfg = cfg.train.replace(events=events, out_dir=str(run), seed=seed, device=cfg.device,
-                             dtype=cfg.dtype).replace(**arm.train)  # fmt: skip
+    tcfg = cfg.train.replace(
+        events=events, out_dir=str(run), seed=seed, device=cfg.device, dtype=cfg.dtype
+    ).replace(**arm.train)
     head = None
     train_info: dict[str, Any] = {}
     if arm.trained:
         head, train_info = train_head(tcfg)
-    problems, grader = held_out_problems(cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed,
-                                         cfg.eval.task)  # fmt: skip
+    problems, grader = held_out_problems(
+        cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed, cfg.eval.task
+    )
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
     e = cfg.eval
-    common = dict(seed=seed, stride=cfg.stride, temperature=e.temperature,
-                  max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
-                  grader=grader, device=cfg.device, dtype=cfg.dtype)  # fmt: skip
+    common = dict(
+        seed=seed,
+        stride=cfg.stride,
+        temperature=e.temperature,
+        max_new_tokens=e.max_new_tokens,
+        batch_size=e.batch_size,
+        grader=grader,
+        device=cfg.device,
+        dtype=cfg.dtype,
+    )
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
     with stop.abortable():  # rerun whole: only eval.json marks the job done
-        ev = evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
-                                 **common)  # fmt: skip
+        ev = evaluate_checkpoint(
+            cfg.backbone, prompts, answers, arm=arm.name, corrector=head, **common
+        )
         result: dict[str, Any] = {"eval": ev.to_dict(), "train": train_info}
         if head is not None and e.shadow:
             shadow = run / "shadow"
             shutil.rmtree(shadow, ignore_errors=True)
-            evaluate_checkpoint(cfg.backbone, prompts, answers, arm=arm.name, corrector=head,
-                                log_blocks=shadow, shadow=True, **common)  # fmt: skip
+            evaluate_checkpoint(
+                cfg.backbone,
+                prompts,
+                answers,
+                arm=arm.name,
+                corrector=head,
+                log_blocks=shadow,
+                shadow=True,
+                **common,
+            )
             result["mechanism"] = _mechanism(shadow, head.config.K)
     atomic_write_text(run / "eval.json", json.dumps(result, indent=2))
     return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
@@ -261,13 +174,17 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
         t = time.monotonic()
         torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
         with experiment_step("collecting events"):
-            store = collect_once(cfg.backbone, events, cfg.collect.replace(stride=cfg.stride),
-                                 show_progress=show_progress, device=cfg.device,
-                                 dtype=cfg.dtype)  # fmt: skip
+            store = collect_once(
+                cfg.backbone,
+                events,
+                cfg.collect.replace(stride=cfg.stride),
+                show_progress=show_progress,
+                device=cfg.device,
+                dtype=cfg.dtype,
+            )
         timings["collect_s"] = time.monotonic() - t
         if store is not None:
-            console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct "
-                          "responses")  # fmt: skip
+            console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
 
     # 3. Arms × seeds in worker processes.
     jobs = [(a, seed) for a in cfg.arms for seed in cfg.seeds]
@@ -288,9 +205,12 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
 
 
 def _summarize(
-    cfg: CorrectorExperimentConfig, results: dict[tuple[str, int], dict[str, Any]],
-    timings: dict[str, float], t0: float, console: Any,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: CorrectorExperimentConfig,
+    results: dict[tuple[str, int], dict[str, Any]],
+    timings: dict[str, float],
+    t0: float,
+    console: Any,
+) -> dict[str, Any]:
     from brisk.runtime.experiment.evaluate import CheckpointEval, Interval, summarize
 
     out = Path(cfg.out_dir)
@@ -299,8 +219,16 @@ def _summarize(
         return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
     ordered = [as_eval(results[(a, s)]["eval"]) for a in cfg.arms for s in cfg.seeds]
-    metrics = ("accuracy", "rejection", "accept_length", "tpf_run", "tpf_cycles", "tokens_per_s",
-               "tokens_per_s_net", "head_s")  # fmt: skip
+    metrics = (
+        "accuracy",
+        "rejection",
+        "accept_length",
+        "tpf_run",
+        "tpf_cycles",
+        "tokens_per_s",
+        "tokens_per_s_net",
+        "head_s",
+    )
     summaries = {sm.arm: sm for sm in summarize(ordered, metrics=metrics)}
     mech: dict[str, dict[str, Interval]] = {}
     for a in cfg.arms:
@@ -333,9 +261,18 @@ def _markdown(
 ) -> str:
     """Two tables: decoding (head on) and the same-state diagnostics (shadow mode)."""
     off = summaries["off"].metrics["tpf_run"].mean if "off" in summaries else math.nan
-    head = ["Head", "Acc. (%)", "Reject (%)", "E[L]", "TPF, whole run", "TPF, cycles",
-            "tok/s (CPU)", "tok/s without head time", "head share of time (%)",
-            "ΔTPF vs off"]  # fmt: skip
+    head = [
+        "Head",
+        "Acc. (%)",
+        "Reject (%)",
+        "E[L]",
+        "TPF, whole run",
+        "TPF, cycles",
+        "tok/s (CPU)",
+        "tok/s without head time",
+        "head share of time (%)",
+        "ΔTPF vs off",
+    ]
     lines = [
         f"# Corrector ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems, same backbone and "
@@ -345,15 +282,20 @@ def _markdown(
     ]
     for a in cfg.arms:
         m = summaries[a].metrics
-        net = m["tokens_per_s_net"].format(1.0, 0) if _arm(a).trained else "–"
+        net = m["tokens_per_s_net"].format(1.0, 0) if arm_named(a).trained else "–"
         share_iv = _share(m)
         cells = [
-            _arm(a).label, m["accuracy"].format(100, 1), m["rejection"].format(100, 2),
-            m["accept_length"].format(1, 2), m["tpf_run"].format(1, 2),
-            m["tpf_cycles"].format(1, 2), m["tokens_per_s"].format(1, 0), net,
-            share_iv if _arm(a).trained else "–",
+            arm_named(a).label,
+            m["accuracy"].format(100, 1),
+            m["rejection"].format(100, 2),
+            m["accept_length"].format(1, 2),
+            m["tpf_run"].format(1, 2),
+            m["tpf_cycles"].format(1, 2),
+            m["tokens_per_s"].format(1, 0),
+            net,
+            share_iv if arm_named(a).trained else "–",
             f"{100 * (m['tpf_run'].mean / off - 1):+.1f} %" if a != "off" else "",
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\nCells: mean over seeds [95 % Student-t interval]. tok/s: one CPU thread per run, two "
@@ -361,20 +303,36 @@ def _markdown(
         "selection time from the wall clock.\n"
     )
     if mech:
-        mh = ["Head", "Rescue / 100 first breakers", "Regression / 100 accepted",
-              "Intervention at first breakers (%)", "Coverage@K (%)", "Mass@K (%)",
-              "ΔL (nats / block)"]  # fmt: skip
+        mh = [
+            "Head",
+            "Rescue / 100 first breakers",
+            "Regression / 100 accepted",
+            "Intervention at first breakers (%)",
+            "Coverage@K (%)",
+            "Mass@K (%)",
+            "ΔL (nats / block)",
+        ]
         lines += [
             "## Same-state diagnostics (shadow mode: head beside the base, same draws)\n",
             "| " + " | ".join(mh) + " |",
             "|---|" + "---:|" * (len(mh) - 1),
         ]
         for a, d in mech.items():
-            lines.append("| " + " | ".join([
-                _arm(a).label, d["rescue"].format(100, 2), d["regression"].format(100, 2),
-                d["intervention"].format(100, 1), d["coverage"].format(100, 2),
-                d["mass"].format(100, 2), d["delta_logp"].format(1, 3),
-            ]) + " |")  # fmt: skip
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        arm_named(a).label,
+                        d["rescue"].format(100, 2),
+                        d["regression"].format(100, 2),
+                        d["intervention"].format(100, 1),
+                        d["coverage"].format(100, 2),
+                        d["mass"].format(100, 2),
+                        d["delta_logp"].format(1, 3),
+                    ]
+                )
+                + " |"
+            )
         lines.append(
             "\nEqual-request rates of each seed's shadow log, then mean [t-interval] across "
             "seeds. Coverage / mass at the head's own K, at head-off first breakers.\n"
@@ -405,8 +363,10 @@ def _plots(
         fig, ax = plt.subplots(figsize=(7, 3.6))
         names = list(mech)
         x = range(len(names))
-        for offset, key, label in ((-0.2, "rescue", "rescue / 100 first breakers"),
-                                   (0.2, "regression", "regression / 100 accepted")):  # fmt: skip
+        for offset, key, label in (
+            (-0.2, "rescue", "rescue / 100 first breakers"),
+            (0.2, "regression", "regression / 100 accepted"),
+        ):
             means = [100 * mech[a][key].mean for a in names]
             err = [
                 [100 * (mech[a][key].mean - mech[a][key].low) for a in names],

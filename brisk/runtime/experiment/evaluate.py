@@ -126,7 +126,7 @@ def evaluate_checkpoint(
     import numpy as np
     import torch
 
-    from brisk.runtime.blocklog import BlockLogger
+    from brisk.runtime.isd.blocklog import BlockLogger
     from brisk.runtime.isd import decode
     from brisk.runtime.loader import load_model
     from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options

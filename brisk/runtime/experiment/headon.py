@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.runtime.experiment.common import evaluate_held_out, job_dir
-from brisk.runtime.experiment.corrector import collect_once, train_head
+from brisk.runtime.experiment.heads import collect_once, train_head
 from brisk.runtime.experiment.proposal_config import ExperimentConfig
 
 if TYPE_CHECKING:
@@ -57,8 +57,9 @@ def choose_arm(
     """The best arm (module docstring) among the rows ``names`` (the config's job names, whose
     ``summaries`` are given) and one line saying why; (None, why) without a trained row."""
     largest = max(budgets) if budgets else None
-    candidates = [n for n in names if n != "base"
-                  and (largest is None or n.endswith(f"@{largest:g}ep"))]  # fmt: skip
+    candidates = [
+        n for n in names if n != "base" and (largest is None or n.endswith(f"@{largest:g}ep"))
+    ]
     if not candidates:
         return None, "no trained arm, so no head-on row"
     budget = f" at {largest:g} ep" if largest is not None else ""
@@ -74,13 +75,17 @@ def choose_arm(
             ok.append(n)
     if not ok:
         best = max(candidates, key=lambda n: summaries[n].metrics["accuracy"].mean)
-        return best, (f"no trained arm{budget} kept the base's accuracy (within the larger of "
-                      f"{100 * ACCURACY_SLACK:g} points and the 95 % half-widths): the most "
-                      "accurate one")  # fmt: skip
+        return best, (
+            f"no trained arm{budget} kept the base's accuracy (within the larger of "
+            f"{100 * ACCURACY_SLACK:g} points and the 95 % half-widths): the most "
+            "accurate one"
+        )
     best = max(ok, key=lambda n: summaries[n].metrics["tpf_run"].mean)
-    return best, (f"the highest whole-run TPF among the trained arms{budget} whose mean accuracy "
-                  f"is within max({100 * ACCURACY_SLACK:g} points, the 95 % half-widths) of the "
-                  f"base's ({len(ok)} of {len(candidates)} qualify)")  # fmt: skip
+    return best, (
+        f"the highest whole-run TPF among the trained arms{budget} whose mean accuracy "
+        f"is within max({100 * ACCURACY_SLACK:g} points, the 95 % half-widths) of the "
+        f"base's ({len(ok)} of {len(candidates)} qualify)"
+    )
 
 
 def backbone_of(cfg: ExperimentConfig, arm: str, seed: int) -> Path:
@@ -110,10 +115,16 @@ def _collect_train_evaluate(
         return done
     backbone = backbone_of(cfg, arm, seed)
     events = run / "events"
-    collect_once(backbone, events, cfg.head.collect.replace(stride=cfg.stride),
-                 device=cfg.device, dtype=cfg.dtype)  # fmt: skip
-    tcfg = cfg.head.train.replace(events=str(events), out_dir=str(run), seed=seed,
-                                  device=cfg.device, dtype=cfg.dtype)  # fmt: skip
+    collect_once(
+        backbone,
+        events,
+        cfg.head.collect.replace(stride=cfg.stride),
+        device=cfg.device,
+        dtype=cfg.dtype,
+    )
+    tcfg = cfg.head.train.replace(
+        events=str(events), out_dir=str(run), seed=seed, device=cfg.device, dtype=cfg.dtype
+    )
     head, train_info = train_head(tcfg)
     events_meta = json.loads((events / "_events.json").read_text())
     # the arms' evaluation exactly, with the head on

@@ -77,8 +77,9 @@ def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
     from brisk.runtime.train.evaluate import encode_example
     from brisk.runtime.train.proposal_data import load_examples
 
-    pcfg = cfg.train.replace(init=cfg.base, dataset=str(data_dir), data="selfgen-correct",
-                             stride=cfg.stride)  # fmt: skip
+    pcfg = cfg.train.replace(
+        init=cfg.base, dataset=str(data_dir), data="selfgen-correct", stride=cfg.stride
+    )
     tokenizer = AutoTokenizer.from_pretrained(cfg.base, local_files_only=True)
     total = 0
     for ex in load_examples(pcfg):
@@ -98,9 +99,13 @@ def _job(
 
 
 def _train_and_evaluate(
-    cfg: ExperimentConfig, data_dir: str, tokens_per_epoch: int, name: str, seed: int,
+    cfg: ExperimentConfig,
+    data_dir: str,
+    tokens_per_epoch: int,
+    name: str,
+    seed: int,
     stop: StopSignals,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     import torch
 
     from brisk.runtime.train.proposal import train_proposal
@@ -115,10 +120,18 @@ def _train_and_evaluate(
     if arm.data != "base":
         budget = cfg.train.token_budget if epochs is None else round(epochs * tokens_per_epoch)
         pcfg = cfg.train.replace(
-            init=cfg.base, dataset=data_dir, out_dir=str(run), data=arm.data,
-            weights=arm.weights, profile=arm.profile, seed=seed, stride=cfg.stride,
-            temperature=cfg.selfgen.temperature, token_budget=budget, device=cfg.device,
-        )  # fmt: skip
+            init=cfg.base,
+            dataset=data_dir,
+            out_dir=str(run),
+            data=arm.data,
+            weights=arm.weights,
+            profile=arm.profile,
+            seed=seed,
+            stride=cfg.stride,
+            temperature=cfg.selfgen.temperature,
+            token_budget=budget,
+            device=cfg.device,
+        )
         checkpoint = run / "final"
         if not (checkpoint / "trainer_state.pt").exists():
             train_proposal(pcfg, resume=True, show_progress=False)
@@ -157,26 +170,38 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
     console.print(f"self-generated data → {data_dir}")
     t = time.monotonic()
     with experiment_step("generating the dataset"):
-        generate_dataset(cfg.base, data_dir, cfg.selfgen.replace(stride=cfg.stride),
-                         show_progress=show_progress, device=cfg.device,
-                         dtype=cfg.dtype)  # fmt: skip
+        generate_dataset(
+            cfg.base,
+            data_dir,
+            cfg.selfgen.replace(stride=cfg.stride),
+            show_progress=show_progress,
+            device=cfg.device,
+            dtype=cfg.dtype,
+        )
     timings["selfgen_s"] = time.monotonic() - t
     tokens_per_epoch = epoch_tokens(cfg, data_dir)
     if cfg.budgets:
-        console.print(f"one epoch of the correct responses: {tokens_per_epoch:,} tokens; "
-                      f"budgets {', '.join(f'{b:g}' for b in cfg.budgets)} epochs")  # fmt: skip
+        console.print(
+            f"one epoch of the correct responses: {tokens_per_epoch:,} tokens; "
+            f"budgets {', '.join(f'{b:g}' for b in cfg.budgets)} epochs"
+        )
 
     # 3. Arms × seeds, trained and evaluated in worker processes (longest jobs first).
     names = cfg.job_names()
-    jobs = [(a, seed) for a in sorted(names, key=lambda a: -(split_job(a)[1] or 0))
-            if a != "base" for seed in cfg.seeds]  # fmt: skip
+    jobs = [
+        (a, seed)
+        for a in sorted(names, key=lambda a: -(split_job(a)[1] or 0))
+        if a != "base"
+        for seed in cfg.seeds
+    ]
     jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
     t = time.monotonic()
     evals: dict[tuple[str, int], CheckpointEval] = {}
 
     def done(count: int, a: str, seed: int, ev: dict[str, Any]) -> None:
-        evals[(a, seed)] = CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v
-                                             for k, v in ev.items()})  # fmt: skip
+        evals[(a, seed)] = CheckpointEval(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in ev.items()}
+        )
         console.print(job_line(count, len(jobs), a, seed, ev, t0))
 
     with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
@@ -210,8 +235,7 @@ def _head_on(
     from brisk.runtime.experiment.evaluate import summarize
 
     names = cfg.job_names()
-    summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names
-                                                 for s in cfg.seeds])}  # fmt: skip
+    summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names for s in cfg.seeds])}
     arm, why = choose_arm(names, summaries, cfg.budgets)
     console.print(f"head-on row: {arm if arm is not None else 'none'} ({why})")
     if arm is None:
@@ -229,10 +253,15 @@ def _head_on(
 
 
 def _summarize(
-    cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], timings: dict[str, float],
-    t0: float, console: Any, data_dir: Path, tokens_per_epoch: int,
+    cfg: ExperimentConfig,
+    evals: dict[tuple[str, int], Any],
+    timings: dict[str, float],
+    t0: float,
+    console: Any,
+    data_dir: Path,
+    tokens_per_epoch: int,
     head: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     from brisk.runtime.experiment.evaluate import summarize
     from brisk.runtime.experiment.table import markdown_table, plot_summaries
 
@@ -265,8 +294,9 @@ def _summarize(
         head_note = f" No head-on row: {head['why']}."
     head_names = [row_name(head_arm)] if head_rows and head_arm is not None else []
     summaries = summarize(ordered + head_rows)
-    table = markdown_table(summaries, labels, headers,
-                           baseline="base" if "base" in cfg.arms else None)  # fmt: skip
+    table = markdown_table(
+        summaries, labels, headers, baseline="base" if "base" in cfg.arms else None
+    )
     plot_summaries(summaries, out / "arms.png")
     trained = [sm for sm in summaries if sm.arm != "base" and sm.arm in names]
     best = max(trained, key=lambda sm: sm.metrics["tpf_run"].mean).arm if trained else "base"
@@ -296,10 +326,16 @@ def _summarize(
             "arm": head_arm,
             "row": row_name(head_arm) if head_arm is not None else None,
             "why": head["why"],
-            "runs": [{"seed": s, **{k: v for k, v in head["results"][(head_arm, s)].items()
-                                    if k != "eval"}}
-                     for s in cfg.seeds] if head_arm is not None else [],
-        }  # fmt: skip
+            "runs": [
+                {
+                    "seed": s,
+                    **{k: v for k, v in head["results"][(head_arm, s)].items() if k != "eval"},
+                }
+                for s in cfg.seeds
+            ]
+            if head_arm is not None
+            else [],
+        }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(
         f"# Proposal-training ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
@@ -314,8 +350,13 @@ def _summarize(
     return summary
 
 
-def _theory(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any],
-            summaries: Sequence[Any], data_dir: Path) -> list[ArmTheory]:  # fmt: skip
+def _theory(
+    cfg: ExperimentConfig,
+    names: Sequence[str],
+    evals: Sequence[Any],
+    summaries: Sequence[Any],
+    data_dir: Path,
+) -> list[ArmTheory]:
     """The theory row of every table row: its pooled profile, and the headroom measurement of
     its first seed's checkpoint on the first ``theory_samples`` correct self-generated
     responses of the base (the same samples for every arm)."""
@@ -339,13 +380,20 @@ def _theory(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[Any],
         run = Path(cfg.out_dir) / "arms" / name / f"seed{cfg.seeds[0]}"
         checkpoint = Path(cfg.base) if name == "base" else run / "final"
         loaded = load_model(checkpoint, device=cfg.device, dtype=cfg.dtype, where="base")
-        headroom = measure_headroom(loaded.backbone, loaded.tokenizer, samples, cfg.stride,
-                                    cfg.eval.temperature, cfg.train.top_k)  # fmt: skip
+        headroom = measure_headroom(
+            loaded.backbone,
+            loaded.tokenizer,
+            samples,
+            cfg.stride,
+            cfg.eval.temperature,
+            cfg.train.top_k,
+        )
         mine = [e for e in evals if e.arm == name]
         reached = np.sum([e.reached for e in mine], axis=0)
         accepted = np.sum([e.accepted for e in mine], axis=0)
-        out.append(arm_theory(name, reached.tolist(), accepted.tolist(), headroom,
-                              tpf_cycles[name]))  # fmt: skip
+        out.append(
+            arm_theory(name, reached.tolist(), accepted.tolist(), headroom, tpf_cycles[name])
+        )
     return out
 
 
@@ -354,9 +402,11 @@ def _profile_table(cfg: ExperimentConfig, names: Sequence[str], evals: Sequence[
     import numpy as np
 
     M = cfg.stride - 1
-    lines = ["Acceptance profile a_i (pooled over seeds)\n",
-             "| arm | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
-             "|---|" + "---:|" * M]  # fmt: skip
+    lines = [
+        "Acceptance profile a_i (pooled over seeds)\n",
+        "| arm | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
+        "|---|" + "---:|" * M,
+    ]
     for arm in names:
         rows = [e for e in evals if e.arm == arm]
         reached = np.sum([e.reached for e in rows], axis=0)

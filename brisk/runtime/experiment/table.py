@@ -73,8 +73,10 @@ def plot_summaries(summaries: Sequence[ArmSummary], path: str | Path) -> Path:
     ):
         iv = [s.metrics[metric] for s in summaries]
         mean = [i.mean * scale for i in iv]
-        err = [[(i.mean - i.low) * scale if i.k > 1 else 0 for i in iv],
-               [(i.high - i.mean) * scale if i.k > 1 else 0 for i in iv]]  # fmt: skip
+        err = [
+            [(i.mean - i.low) * scale if i.k > 1 else 0 for i in iv],
+            [(i.high - i.mean) * scale if i.k > 1 else 0 for i in iv],
+        ]
         ax.barh(range(len(arms)), mean, xerr=err, color="tab:blue", alpha=0.75, capsize=3)
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)

@@ -46,8 +46,9 @@ class ArmTheory:
         return dict(self.__dict__)
 
 
-def arm_theory(arm: str, reached: Sequence[int], accepted: Sequence[int],
-               headroom: Any, tpf_measured: float) -> ArmTheory:  # fmt: skip
+def arm_theory(
+    arm: str, reached: Sequence[int], accepted: Sequence[int], headroom: Any, tpf_measured: float
+) -> ArmTheory:
     """The theory row of one arm (module docstring); ``headroom`` is a
     :class:`~brisk.runtime.train.headroom.Headroom` of the arm's checkpoint."""
     a = np.asarray(accepted, float) / np.maximum(np.asarray(reached, float), 1)
@@ -73,8 +74,7 @@ def _row(name: str, values: Sequence[float], digits: int = 3) -> str:
     return f"| {name} | " + " | ".join(f"{v:.{digits}f}" for v in values) + " |"
 
 
-def theory_markdown(rows: Sequence[ArmTheory], base: str | None = None,
-                    n_samples: int = 0) -> str:  # fmt: skip
+def theory_markdown(rows: Sequence[ArmTheory], base: str | None = None, n_samples: int = 0) -> str:
     """The theory tables of the summary: sensitivities, weights, CE and predicted TPF."""
     if not rows:
         return ""
@@ -85,23 +85,40 @@ def theory_markdown(rows: Sequence[ArmTheory], base: str | None = None,
     out = [
         "### Theory at each arm's measured profile\n",
         "Sensitivity w_i^raw = −∂FPT/∂z_i (z_i = logit a_i) at the measured profile a:\n",
-        head, rule, *(_row(r.arm, r.sensitivity, 4) for r in rows), "",
-        "BRISK weights w̄_i at a:\n", head, rule, *(_row(r.arm, r.brisk) for r in rows), "",
-        "D-PACE weights at q_i = exp(−CE_mask(i)):\n", head, rule,
-        *(_row(r.arm, r.dpace) for r in rows), "",
+        head,
+        rule,
+        *(_row(r.arm, r.sensitivity, 4) for r in rows),
+        "",
+        "BRISK weights w̄_i at a:\n",
+        head,
+        rule,
+        *(_row(r.arm, r.brisk) for r in rows),
+        "",
+        "D-PACE weights at q_i = exp(−CE_mask(i)):\n",
+        head,
+        rule,
+        *(_row(r.arm, r.dpace) for r in rows),
+        "",
         f"MASK-stream CE_mask(i) on {n_samples} common samples (the base's correct "
         "self-generated responses)"
-        + (f", and its change against {base}" if base in ref else "") + ":\n",
-        head, rule,
-    ]  # fmt: skip
+        + (f", and its change against {base}" if base in ref else "")
+        + ":\n",
+        head,
+        rule,
+    ]
     for r in rows:
         out.append(_row(r.arm, r.ce_mask))
         if base in ref and r.arm != base:
             delta = np.subtract(r.ce_mask, ref[base].ce_mask)  # type: ignore[index]
             out.append(_row(f"Δ {r.arm}", delta))
-    out += ["", "TPF: measured (complete cycles, seed mean), renewal at a, and predicted from "
-            "the teacher-forced acceptance β on the common samples:\n",
-            "| arm | measured | at a | predicted from β |", "|---|---:|---:|---:|"]  # fmt: skip
-    out += [f"| {r.arm} | {r.tpf_measured:.3f} | {r.tpf_profile:.3f} | {r.tpf_beta:.3f} |"
-            for r in rows]  # fmt: skip
+    out += [
+        "",
+        "TPF: measured (complete cycles, seed mean), renewal at a, and predicted from "
+        "the teacher-forced acceptance β on the common samples:\n",
+        "| arm | measured | at a | predicted from β |",
+        "|---|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r.arm} | {r.tpf_measured:.3f} | {r.tpf_profile:.3f} | {r.tpf_beta:.3f} |" for r in rows
+    ]
     return "\n".join(out) + "\n"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
-from brisk.runtime.blocklog import BlockLogger, BlockRecord, verification_for
+from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, first_step, step
 from brisk.runtime.isd.options import ISDOptions

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from brisk._atomic import atomic_write, atomic_write_text
-from brisk.runtime.experiment.evaluate import Interval
+from brisk.mechanism.stats import Interval
 
 __all__ = [
     "CONCURRENCIES",

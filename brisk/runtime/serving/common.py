@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from brisk.runtime.blocklog import BlockLogger
+from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 __all__ = ["ModelHeads", "check_model", "rank_logger", "request_key", "validate_sampling"]

@@ -67,8 +67,12 @@ def passes(completion: str, problem: Mapping[str, Any], timeout: float = TIMEOUT
 
 
 def _limits(timeout: float) -> list[tuple[str, int]]:
-    return [("RLIMIT_CPU", int(timeout) + 1), ("RLIMIT_AS", MEMORY_BYTES),
-            ("RLIMIT_FSIZE", FILE_BYTES), ("RLIMIT_NOFILE", 64)]  # fmt: skip
+    return [
+        ("RLIMIT_CPU", int(timeout) + 1),
+        ("RLIMIT_AS", MEMORY_BYTES),
+        ("RLIMIT_FSIZE", FILE_BYTES),
+        ("RLIMIT_NOFILE", 64),
+    ]
 
 
 def run_program(source: str, timeout: float = TIMEOUT_S) -> int | None:
@@ -80,9 +84,14 @@ def run_program(source: str, timeout: float = TIMEOUT_S) -> int | None:
         main.write_text(GUARD.format(limits=_limits(timeout)) + "\n" + run)
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
         proc = subprocess.Popen(
-            [sys.executable, "-I", str(main)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-I", str(main)],
+            cwd=tmp,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

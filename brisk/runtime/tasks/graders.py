@@ -218,7 +218,8 @@ def grade_all(
         size = -(-len(items) // (4 * n))  # a few chunks per worker: balance without overhead
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
         with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
-            results = [r for part in pool.map(_grade_chunk, [grader] * len(chunks), chunks)
-                       for r in part]  # fmt: skip
+            results = [
+                r for part in pool.map(_grade_chunk, [grader] * len(chunks), chunks) for r in part
+            ]
     errors = [e for _, e in results if e is not None]
     return Grades([c for c, _ in results], len(errors), errors[0] if errors else None)

@@ -71,8 +71,12 @@ class Source:
                 return "parquet"
             return "hf"
         name = path.name.lower().removesuffix(".gz")
-        for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"),
-                             (".csv", "csv")):  # fmt: skip
+        for suffix, kind in (
+            (".jsonl", "jsonl"),
+            (".json", "jsonl"),
+            (".parquet", "parquet"),
+            (".csv", "csv"),
+        ):
             if name.endswith(suffix):
                 return kind
         raise ValueError(

@@ -91,10 +91,12 @@ class TaskSpec(Config):
             raise ValueError(f"format: need raw or chat, got {self.format!r}")
         if self.thinking not in ("", "on", "off"):
             raise ValueError(f"thinking: need on, off or empty, got {self.thinking!r}")
-        if not self.path and (self.fields or self.format != "raw" or self.system
-                              or self.template != "{prompt}"):  # fmt: skip
-            raise ValueError("fields, format, template, system: only a task read from a path "
-                             "has them")  # fmt: skip
+        if not self.path and (
+            self.fields or self.format != "raw" or self.system or self.template != "{prompt}"
+        ):
+            raise ValueError(
+                "fields, format, template, system: only a task read from a path has them"
+            )
 
     @property
     def is_default(self) -> bool:
@@ -122,9 +124,10 @@ def _world(
     options: dict[str, Any] = {"split": split, "n": n, "seed": seed}
     if spec.grader:
         options["grader"] = spec.grader
+    if spec.preset:
+        options["preset"] = spec.preset
     if spec.name:
-        task = get_task(spec.name, preset=spec.preset or "tiny", **options)
-        return task  # type: ignore[no-any-return]
+        return get_task(spec.name, **options)  # type: ignore[no-any-return]
     if checkpoint is None:
         raise ValueError("task: no task given and no checkpoint to read its world from")
     return checkpoint_task(checkpoint).build(**options)  # type: ignore[no-any-return]
@@ -143,8 +146,14 @@ class FileTask:
     @classmethod
     def of(cls, spec: TaskSpec, n: int, seed: int) -> FileTask:
         stop = None if spec.stop == -1 else spec.stop
-        source = Source(spec.path, spec.field_map(), spec.kind, spec.split or None, spec.start,  # type: ignore[arg-type]
-                        stop)  # fmt: skip
+        source = Source(
+            spec.path,
+            spec.field_map(),
+            spec.kind,
+            spec.split or None,
+            spec.start,  # type: ignore[arg-type]
+            stop,
+        )
         rows = len(read_records(source))
         if rows > n:
             source = dataclasses.replace(source, sample=n, seed=seed)
@@ -172,8 +181,14 @@ class FileTask:
 
     def describe(self) -> dict[str, Any]:
         spec = dataclasses.replace(self.spec, path=str(Path(self.spec.path).resolve()))
-        return {"name": "file", "spec": dataclasses.asdict(spec), "n": self.n, "seed": self.seed,
-                "sha256": self.sha256, "grader": self.task.grader}  # fmt: skip
+        return {
+            "name": "file",
+            "spec": dataclasses.asdict(spec),
+            "n": self.n,
+            "seed": self.seed,
+            "sha256": self.sha256,
+            "grader": self.task.grader,
+        }
 
 
 def file_sha256(path: str | Path) -> str:
@@ -200,17 +215,32 @@ def task_from_description(description: dict[str, Any]) -> ResolvedTask:
         task = FileTask.of(spec, description["n"], description["seed"])
         if task.sha256 != description["sha256"]:
             recorded = description["sha256"]
-            raise ValueError(f"task: {spec.path} changed since the dataset was made "
-                             f"(sha256 {task.sha256}, recorded {recorded})")  # fmt: skip
+            raise ValueError(
+                f"task: {spec.path} changed since the dataset was made "
+                f"(sha256 {task.sha256}, recorded {recorded})"
+            )
         return task
     return rebuild_task(description)  # type: ignore[no-any-return]
 
 
 # the flag of each name a task's errors start with
-_FLAGS = {"path": "--task", "task": "--task", "fields": "--fields", "kind": "--kind",
-          "split": "--split", "start": "--start", "stop": "--stop", "sample": "--n",
-          "n": "--n", "format": "--format", "template": "--template", "system": "--system",
-          "thinking": "--thinking", "grader": "--grader", "preset": "--preset"}  # fmt: skip
+_FLAGS = {
+    "path": "--task",
+    "task": "--task",
+    "fields": "--fields",
+    "kind": "--kind",
+    "split": "--split",
+    "start": "--start",
+    "stop": "--stop",
+    "sample": "--n",
+    "n": "--n",
+    "format": "--format",
+    "template": "--template",
+    "system": "--system",
+    "thinking": "--thinking",
+    "grader": "--grader",
+    "preset": "--preset",
+}
 
 
 @contextmanager

@@ -72,8 +72,14 @@ class Task:
             self.format.check(tokenizer)
         out = []
         for record in read_records(self.source):
-            out.append(Problem(record["_row"], self.format.render(record, tokenizer),
-                               self.answer_of(record), record))  # fmt: skip
+            out.append(
+                Problem(
+                    record["_row"],
+                    self.format.render(record, tokenizer),
+                    self.answer_of(record),
+                    record,
+                )
+            )
         return out
 
     def answer_of(self, record: dict[str, Any]) -> Any:

@@ -133,8 +133,9 @@ def block_acceptance(
     step = max(1, CHUNK_ELEMENTS // (pos.shape[1] * noisy_logits.shape[-1]))
     for s in range(0, len(rows), step):
         r, j = rows[s : s + step, None].expand_as(pos[s : s + step]), pos[s : s + step]
-        beta[r, j] = acceptance_probability(noisy_logits[r, j], clean_logits[r, j], temperature,
-                                            top_k).float()  # fmt: skip
+        beta[r, j] = acceptance_probability(
+            noisy_logits[r, j], clean_logits[r, j], temperature, top_k
+        ).float()
     return acceptance_from_beta(beta, table, example_ids, seed)
 
 

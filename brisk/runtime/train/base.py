@@ -83,8 +83,10 @@ def _check_fits(seqs: list[list[int]], limit: int, option: str, step: int) -> No
     longest = max(len(s) for s in seqs)
     if longest > limit:
         what = "a packed row" if option == "pack_tokens" else "the model's positions"
-        raise ValueError(f"{option}: step {step} drew a {longest}-token example, longer than "
-                         f"{what} ({limit} tokens)")  # fmt: skip
+        raise ValueError(
+            f"{option}: step {step} drew a {longest}-token example, longer than "
+            f"{what} ({limit} tokens)"
+        )
 
 
 def _tokenizer(cfg: BaseTrainConfig) -> Any:
@@ -165,8 +167,7 @@ def _train(
 ) -> TrainResult:
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device, precision_name = training_placement(cfg.device, cfg.precision,
-                                                distributed=dist.group)  # fmt: skip
+    device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
     out = Path(cfg.out_dir)
     start = start_checkpoint(out, resume, cfg)
     dist.barrier()  # every rank reads the directory before rank 0 writes to it
@@ -185,9 +186,13 @@ def _train(
     # (load_for_training).
     tokenizer = _tokenizer(cfg)
     model, net = load_for_training(
-        lambda: _model(cfg, tokenizer, start), dist, fsdp=cfg.fsdp, precision=precision_name,
-        checkpointing=cfg.activation_checkpointing, device=device,
-    )  # fmt: skip
+        lambda: _model(cfg, tokenizer, start),
+        dist,
+        fsdp=cfg.fsdp,
+        precision=precision_name,
+        checkpointing=cfg.activation_checkpointing,
+        device=device,
+    )
     mask_id, pad_id = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     n_params = sum(p.numel() for p in model.parameters())
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
@@ -209,8 +214,9 @@ def _train(
 
     # Resume: optimizer, RNG states and the log as they were at the checkpoint; every step draws
     # batch_size problems, so the stream continues after step · batch_size of them.
-    metrics = (MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0)) if dist.rank == 0
-               else None)  # fmt: skip
+    metrics = (
+        MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0)) if dist.rank == 0 else None
+    )
     records: list[dict[str, Any]] = []
 
     def log(record: dict[str, Any]) -> None:
@@ -244,9 +250,15 @@ def _train(
     def save(path: Path) -> Path:
         """A checkpoint, atomically: called by rank 0 alone, or under FSDP by every rank (the
         plain weights gathered to rank 0, model and optimizer shards to ``sharded/``)."""
-        state = {"step": done, "offsets": rng.getstate(), "rng": rng_state(), "alpha": alpha,
-                 "metrics_bytes": metrics.size if metrics is not None else 0,
-                 "elapsed_s": time.monotonic() - t0, "world_size": dist.world}  # fmt: skip
+        state = {
+            "step": done,
+            "offsets": rng.getstate(),
+            "rng": rng_state(),
+            "alpha": alpha,
+            "metrics_bytes": metrics.size if metrics is not None else 0,
+            "elapsed_s": time.monotonic() - t0,
+            "world_size": dist.world,
+        }
         weights = full_state_dict(model, cfg.fsdp)
         tmp = path.with_name(f".{path.name}.tmp")
         if cfg.fsdp:
@@ -258,17 +270,21 @@ def _train(
         else:
             state["optimizer"] = optimizer.state_dict()
         if dist.rank == 0:
-            save_checkpoint(model, tokenizer, cfg, path, state=state, weights=weights,
-                            keep=cfg.fsdp)  # fmt: skip
+            save_checkpoint(
+                model, tokenizer, cfg, path, state=state, weights=weights, keep=cfg.fsdp
+            )
         if cfg.fsdp:
             dist.barrier()
         return path
 
     progress = Progress(
-        TextColumn("train base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+        TextColumn("train base"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
         disable=not show_progress or dist.rank != 0,
-    )  # fmt: skip
+    )
     t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     saved_at = done if start is not None else -1  # the step of the newest checkpoint on disk
     with progress:
@@ -297,15 +313,31 @@ def _train(
             for rows in micro_batches(drawn[mine], cfg.micro_batch_size):
                 encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
                 seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
-                _check_fits(seqs, cfg.pack_tokens or limit, "pack_tokens" if cfg.pack_tokens
-                            else "data", step)  # fmt: skip
+                _check_fits(
+                    seqs,
+                    cfg.pack_tokens or limit,
+                    "pack_tokens" if cfg.pack_tokens else "data",
+                    step,
+                )
                 if cfg.pack_tokens:  # examples end to end in rows of pack_tokens
-                    batches.append(pack_batch(seqs, prompt_lens, M, mask_id, pad_id,
-                                              cfg.pack_tokens, offset, device))  # fmt: skip
+                    batches.append(
+                        pack_batch(
+                            seqs, prompt_lens, M, mask_id, pad_id, cfg.pack_tokens, offset, device
+                        )
+                    )
                 else:
-                    batches.append(build_batch(seqs, prompt_lens, M, mask_id, pad_id,
-                                               offset=offset, device=device,
-                                               dense_mask=cfg.attention == "dense"))  # fmt: skip
+                    batches.append(
+                        build_batch(
+                            seqs,
+                            prompt_lens,
+                            M,
+                            mask_id,
+                            pad_id,
+                            offset=offset,
+                            device=device,
+                            dense_mask=cfg.attention == "dense",
+                        )
+                    )
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr_at_step(step)
 
@@ -319,8 +351,12 @@ def _train(
                 alpha = float(cfg.alpha)
             elif alpha is None:
                 with torch.no_grad():
-                    probed = dist.sum(sum((measure(b).totals(b) for b in batches),
-                                          torch.zeros(4, dtype=torch.float64)))  # fmt: skip
+                    probed = dist.sum(
+                        sum(
+                            (measure(b).totals(b) for b in batches),
+                            torch.zeros(4, dtype=torch.float64),
+                        )
+                    )
                 alpha = auto_alpha(float(probed[0]) / n_noisy, float(probed[1]) / n_clean)
 
             # Step: each micro-batch's share, from its one forward; gradients are reduced
@@ -332,8 +368,9 @@ def _train(
             for k, batch in enumerate(batches):
                 with grad_sync(net, k == len(batches) - 1):
                     losses = measure(batch)
-                    loss = dist.world * (losses.noisy.sum() / n_noisy
-                                         + used * losses.clean.sum() / n_clean)  # fmt: skip
+                    loss = dist.world * (
+                        losses.noisy.sum() / n_noisy + used * losses.clean.sum() / n_clean
+                    )
                     loss.backward()
                 local += losses.totals(batch)
                 slots += _slot_sums(losses.noisy.detach(), batch)
@@ -349,14 +386,21 @@ def _train(
             loss_value = ce_noisy + used * ce_clean
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
                 sums, slot_n = dist.sum(slots)
-                log({
-                    "event": "train", "step": step, "stride": N, "lr": cfg.lr_at_step(step),
-                    "loss": loss_value, "ce_noisy": ce_noisy, "ce_clean": ce_clean,
-                    "alpha": used, "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
-                    "elapsed_s": time.monotonic() - t0,
-                })  # fmt: skip
-            progress.update(bar, advance=1,
-                            info=f"N={N} clean {ce_clean:.3f} noisy {ce_noisy:.3f}")  # fmt: skip
+                log(
+                    {
+                        "event": "train",
+                        "step": step,
+                        "stride": N,
+                        "lr": cfg.lr_at_step(step),
+                        "loss": loss_value,
+                        "ce_noisy": ce_noisy,
+                        "ce_clean": ce_clean,
+                        "alpha": used,
+                        "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
+                        "elapsed_s": time.monotonic() - t0,
+                    }
+                )
+            progress.update(bar, advance=1, info=f"N={N} clean {ce_clean:.3f} noisy {ce_noisy:.3f}")
 
             # Evaluate and checkpoint now and then; stop early if the wall budget is spent
             # (rank 0's clock decides, for every rank).

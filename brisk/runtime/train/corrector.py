@@ -107,8 +107,15 @@ class EventBatch:
         return EventBatch(**moved)
 
     def loss(self, head: Corrector, backbone: Backbone, beta: float) -> tuple[HeadLoss, Tensor]:
-        refined = head(backbone, self.anchor_hidden, self.anchor, self.mask_hidden,
-                       self.cand_logits, self.cand_ids, self.tokens)  # fmt: skip
+        refined = head(
+            backbone,
+            self.anchor_hidden,
+            self.anchor,
+            self.mask_hidden,
+            self.cand_logits,
+            self.cand_ids,
+            self.tokens,
+        )
         return head_loss(refined, self.target, self.q, self.mask, beta), refined
 
 
@@ -184,17 +191,22 @@ def head_config(
     backbone: Backbone, store: EventStore, cfg: CorrectorTrainConfig
 ) -> CorrectorConfig:
     if cfg.head == "paper":
-        return CorrectorConfig.for_backbone(backbone, M=store.M, K=cfg.K,
-                                            prefix_feedback=cfg.feedback)  # fmt: skip
+        return CorrectorConfig.for_backbone(
+            backbone, M=store.M, K=cfg.K, prefix_feedback=cfg.feedback
+        )
     small = CorrectorConfig.small(backbone.hidden_size, backbone.vocab_size, M=store.M, K=cfg.K)
     return dataclasses.replace(small, prefix_feedback=cfg.feedback)
 
 
 @torch.no_grad()
 def validation(
-    head: Corrector, backbone: Backbone, store: EventStore, index: np.ndarray,
-    cfg: CorrectorTrainConfig, chunk: int = 1024,
-) -> dict[str, float]:  # fmt: skip
+    head: Corrector,
+    backbone: Backbone,
+    store: EventStore,
+    index: np.ndarray,
+    cfg: CorrectorTrainConfig,
+    chunk: int = 1024,
+) -> dict[str, float]:
     """Held-out loss (its CE and KL parts) and top-1 agreement with the verifier over C."""
     totals = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "agree": 0.0, "base_agree": 0.0}
     n = 0
@@ -244,8 +256,10 @@ def load_backbone(
 
     path = Path(checkpoint or store.meta.get("checkpoint", ""))
     if not (path / "config.json").is_file():
-        raise ValueError(f"backbone: {path} is not a checkpoint (the store's recorded backbone "
-                         "must exist, or pass one)")  # fmt: skip
+        raise ValueError(
+            f"backbone: {path} is not a checkpoint (the store's recorded backbone "
+            "must exist, or pass one)"
+        )
     expected = store.meta.get("checkpoint_hash")
     if expected is not None and checkpoint_hash(path) != expected:
         raise ValueError(
@@ -304,8 +318,10 @@ def train_corrector(
         store_id = {k: v for k, v in store.meta.items() if k != "checkpoint"}
         changes = config_changes(state["store"], store_id) if begin is not None else []
         if changes:
-            raise ValueError(f"--resume: {begin} was trained on another event store than "
-                             f"{store.path} ({'; '.join(changes)})")  # fmt: skip
+            raise ValueError(
+                f"--resume: {begin} was trained on another event store than "
+                f"{store.path} ({'; '.join(changes)})"
+            )
         metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
         if begin is not None:
             head.load_state_dict(load_file(begin / "model.safetensors"))
@@ -320,29 +336,44 @@ def train_corrector(
         start = time.perf_counter() - state.get("elapsed_s", 0.0)
 
         def save(path: Path) -> Path:
-            return _save(head, cfg, path, {
-                "step": step, "store": store_id, "optimizer": optimizer.state_dict(),
-                "order": order, "order_rng": rng.bit_generator.state, "rng": rng_state(),
-                "init": init, "last": last, "metrics_bytes": metrics.size,
-                "elapsed_s": time.perf_counter() - start,
-            })  # fmt: skip
+            return _save(
+                head,
+                cfg,
+                path,
+                {
+                    "step": step,
+                    "store": store_id,
+                    "optimizer": optimizer.state_dict(),
+                    "order": order,
+                    "order_rng": rng.bit_generator.state,
+                    "rng": rng_state(),
+                    "init": init,
+                    "last": last,
+                    "metrics_bytes": metrics.size,
+                    "elapsed_s": time.perf_counter() - start,
+                },
+            )
 
-        columns = (TextColumn("corrector"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total}"),
-                   TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn())  # fmt: skip
+        columns = (
+            TextColumn("corrector"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, disable=not show_progress) as progress:
             bar = progress.add_task("train", total=total, completed=step, loss=float("nan"))
             while step < total:
                 # Stop between steps on SIGINT/SIGTERM, with a checkpoint of the step reached.
                 if stop.requested:
-                    raise interrupted_at(step, total, out / f"checkpoint-{step:06d}", save,
-                                         metrics)  # fmt: skip
+                    raise interrupted_at(step, total, out / f"checkpoint-{step:06d}", save, metrics)
                 epoch, k = divmod(step, per_epoch)
                 if k == 0:
                     order = rng.permutation(train_idx)
                 lo = k * cfg.batch_size
-                batch = event_batch(store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target,
-                                    backbone.device)  # fmt: skip
+                batch = event_batch(
+                    store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target, backbone.device
+                )
                 loss, _ = batch.loss(head, backbone, cfg.beta)
                 optimizer.zero_grad(set_to_none=True)
                 loss.loss.backward()
@@ -351,10 +382,18 @@ def train_corrector(
                 step += 1
                 progress.update(bar, advance=1, loss=float(loss.loss.detach()))
                 if step % cfg.log_every == 0 or step == total:
-                    metrics.write({"step": step, "epoch": epoch, "loss": float(loss.loss.detach()),
-                                   "ce": float(loss.ce.detach()), "kl": float(loss.kl.detach()),
-                                   "positions": loss.positions, "grad_norm": float(grad_norm),
-                                   "gate": float(torch.sigmoid(head.alpha.detach()))})  # fmt: skip
+                    metrics.write(
+                        {
+                            "step": step,
+                            "epoch": epoch,
+                            "loss": float(loss.loss.detach()),
+                            "ce": float(loss.ce.detach()),
+                            "kl": float(loss.kl.detach()),
+                            "positions": loss.positions,
+                            "grad_norm": float(grad_norm),
+                            "gate": float(torch.sigmoid(head.alpha.detach())),
+                        }
+                    )
                 if step % eval_every == 0 or step == total:
                     last = validation(head, backbone, store, val_idx, cfg)
                     metrics.write({"step": step, "epoch": epoch, **last})
@@ -362,5 +401,12 @@ def train_corrector(
                     save(out / f"checkpoint-{step:06d}")
         metrics.close()
         final = _save(head, cfg, out / "final")
-    return TrainResult(final, step, len(train_idx), len(val_idx), last["val_loss"],
-                       init["val_loss"], time.perf_counter() - start)  # fmt: skip
+    return TrainResult(
+        final,
+        step,
+        len(train_idx),
+        len(val_idx),
+        last["val_loss"],
+        init["val_loss"],
+        time.perf_counter() - start,
+    )

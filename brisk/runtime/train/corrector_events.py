@@ -87,10 +87,14 @@ def collect_events(
     inputs = json.dumps([[[int(t) for t in p] for p in prompts], seeds, ids]).encode()
     settings = {  # what makes two runs collect the same store (the path aside: its hash counts)
         "provenance": {k: v for k, v in (provenance or {}).items() if k != "checkpoint"},
-        "decoder": asdict(options), "K": K,
-        "hidden_size": backbone.hidden_size, "feature_dtype": feature_dtype,
-        "batch_size": batch_size, "requests": n, "inputs": hashlib.sha256(inputs).hexdigest(),
-    }  # fmt: skip
+        "decoder": asdict(options),
+        "K": K,
+        "hidden_size": backbone.hidden_size,
+        "feature_dtype": feature_dtype,
+        "batch_size": batch_size,
+        "requests": n,
+        "inputs": hashlib.sha256(inputs).hexdigest(),
+    }
     partial = _Partial.open(out, settings, resume)
     if on_resume is not None and partial.requests:
         on_resume(partial.requests)
@@ -109,21 +113,28 @@ def collect_events(
                 raise partial.interrupted(n)
             # A batch: decoded into staging/, thrown away if a signal cuts it short.
             hi = min(lo + batch_size, n)
-            writer = EventWriter(partial.staging, options.M, K, backbone.hidden_size,
-                                 feature_dtype)  # fmt: skip
+            writer = EventWriter(partial.staging, options.M, K, backbone.hidden_size, feature_dtype)
             try:
                 with (
                     writer,
                     stop.abortable(),
                     torch.inference_mode(),
                 ):  # closed before `except` runs
-                    result = decode(backbone, prompts[lo:hi], options, seeds=seeds[lo:hi],
-                                    request_ids=ids[lo:hi], logger=writer,
-                                    batch_size=batch_size, on_finish=finished)  # fmt: skip
+                    result = decode(
+                        backbone,
+                        prompts[lo:hi],
+                        options,
+                        seeds=seeds[lo:hi],
+                        request_ids=ids[lo:hi],
+                        logger=writer,
+                        batch_size=batch_size,
+                        on_finish=finished,
+                    )
             except KeyboardInterrupt:
                 raise partial.interrupted(n) from None
-            partial.commit(writer.events, [grades[r] for r in range(lo, hi)],
-                           [len(t) for t in result.tokens])  # fmt: skip
+            partial.commit(
+                writer.events, [grades[r] for r in range(lo, hi)], [len(t) for t in result.tokens]
+            )
     meta = {
         "format": FORMAT,
         **(provenance or {}),
@@ -188,8 +199,20 @@ class _Partial:
         shutil.rmtree(path, ignore_errors=True)  # nothing committed: nothing to keep
         (path / "blocks").mkdir(parents=True)
         (path / "features").mkdir()
-        return cls(out, path, {"settings": settings, "batches": 0, "requests": 0, "events": 0,
-                          "files": {}, "bytes": {}, "correct": [], "tokens": []})  # fmt: skip
+        return cls(
+            out,
+            path,
+            {
+                "settings": settings,
+                "batches": 0,
+                "requests": 0,
+                "events": 0,
+                "files": {},
+                "bytes": {},
+                "correct": [],
+                "tokens": [],
+            },
+        )
 
     @property
     def requests(self) -> int:
@@ -206,8 +229,9 @@ class _Partial:
         for file in sorted((self.staging / "blocks").glob("*-*.parquet")):
             kind, number = file.stem.rsplit("-", 1)
             first = p["files"].get(kind, 0)
-            file.rename(self.path / "blocks" / f"{kind}-{first + int(number):0{len(number)}d}"
-                        f"{file.suffix}")  # fmt: skip
+            file.rename(
+                self.path / "blocks" / f"{kind}-{first + int(number):0{len(number)}d}{file.suffix}"
+            )
         counts: dict[str, int] = {}
         for file in (self.path / "blocks").glob("*-*.parquet"):
             kind = file.stem.rsplit("-", 1)[0]
@@ -242,8 +266,9 @@ class _Partial:
         shutil.rmtree(self.staging, ignore_errors=True)
         if not self.requests:
             shutil.rmtree(self.path, ignore_errors=True)
-            return Interrupted(f"before the first batch was complete (0/{total} requests); "
-                               "nothing saved")  # fmt: skip
+            return Interrupted(
+                f"before the first batch was complete (0/{total} requests); nothing saved"
+            )
         return Interrupted(
             f"after {self.requests}/{total} requests ({self.events} events); they stay in "
             f"{self.path}",
@@ -255,11 +280,13 @@ class _Partial:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        requests = pa.table({
-            "request_id": pa.array(ids, pa.int64()),
-            "correct": pa.array(self.progress["correct"], pa.bool_()),
-            "tokens": pa.array(self.progress["tokens"], pa.int32()),
-        })  # fmt: skip
+        requests = pa.table(
+            {
+                "request_id": pa.array(ids, pa.int64()),
+                "correct": pa.array(self.progress["correct"], pa.bool_()),
+                "tokens": pa.array(self.progress["tokens"], pa.int32()),
+            }
+        )
         pq.write_table(requests, self.path / "requests.parquet")
         (self.path / META).write_text(json.dumps(meta, indent=2) + "\n")
         self.path.rename(self.out)
@@ -288,8 +315,9 @@ def collect_from_checkpoint(
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
-    task = options.task.resolve(n=options.problems, seed=options.problem_seed, split="train",
-                                checkpoint=checkpoint)  # fmt: skip
+    task = options.task.resolve(
+        n=options.problems, seed=options.problem_seed, split="train", checkpoint=checkpoint
+    )
     refuse_complete(Path(out))  # before loading the model
     tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
     problems = task.problems(tokenizer)
@@ -314,8 +342,16 @@ def collect_from_checkpoint(
     with Progress(disable=not show_progress) as progress:
         bar = progress.add_task("collect", total=len(index))
         return collect_events(
-            backbone, prompts, dec, out, seeds=seeds, correct=correct, provenance=provenance,
-            feature_dtype=options.feature_dtype, batch_size=options.batch_size,
+            backbone,
+            prompts,
+            dec,
+            out,
+            seeds=seeds,
+            correct=correct,
+            provenance=provenance,
+            feature_dtype=options.feature_dtype,
+            batch_size=options.batch_size,
             on_finish=lambda _r, _o: progress.advance(bar),
-            on_resume=lambda n: progress.advance(bar, n), resume=resume,
-        )  # fmt: skip
+            on_resume=lambda n: progress.advance(bar, n),
+            resume=resume,
+        )

@@ -343,10 +343,12 @@ def load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> No
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     if not (path / SHARDED).is_dir():
-        raise ValueError(f"--resume: {path} holds no FSDP shards ({SHARDED}/): it was saved "
-                         "without --fsdp")  # fmt: skip
+        raise ValueError(
+            f"--resume: {path} holds no FSDP shards ({SHARDED}/): it was saved without --fsdp"
+        )
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(path / SHARDED))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])  # fmt: skip
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from brisk.runtime.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.train.corrector_config import FEATURE_DTYPES
 
 if TYPE_CHECKING:
@@ -161,8 +161,9 @@ class EventStore:
         path = Path(path)
         meta_file = path / META
         if not meta_file.is_file():
-            raise ValueError(f"{path}: not a corrector event store (no {META}; was collection "
-                             "interrupted?)")  # fmt: skip
+            raise ValueError(
+                f"{path}: not a corrector event store (no {META}; was collection interrupted?)"
+            )
         try:
             meta = json.loads(meta_file.read_text())
         except json.JSONDecodeError as err:
@@ -183,17 +184,28 @@ class EventStore:
                     f"{file}: {found}, expected {n * row} ({n} events × {row} bytes; truncated "
                     "or from another store)"
                 )
-            features[name] = np.memmap(file, dtype=np.dtype(dtype).newbyteorder("<"), mode="r",
-                                       shape=(n, *shape))  # fmt: skip
-        columns = ["request_id", "block_index", "anchor", "cand_ids", "q", "p", "base_choice",
-                   "accept_len"]  # fmt: skip
+            features[name] = np.memmap(
+                file, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", shape=(n, *shape)
+            )
+        columns = [
+            "request_id",
+            "block_index",
+            "anchor",
+            "cand_ids",
+            "q",
+            "p",
+            "base_choice",
+            "accept_len",
+        ]
         batches = list(read_blocks(path / "blocks", columns=columns, prefetch=False))
         log = {c: np.concatenate([b[c] for b in batches]) for c in columns}
         if len(log["anchor"]) != n:
             raise ValueError(f"{path / 'blocks'}: {len(log['anchor'])} rows, {meta_file} says {n}")
         if log["cand_ids"].shape[1:] != (meta["M"], meta["K"]):
-            raise ValueError(f"{path / 'blocks'}: M, K = {log['cand_ids'].shape[1:]}, "
-                             f"{meta_file} says {meta['M']}, {meta['K']}")  # fmt: skip
+            raise ValueError(
+                f"{path / 'blocks'}: M, K = {log['cand_ids'].shape[1:]}, "
+                f"{meta_file} says {meta['M']}, {meta['K']}"
+            )
         keys = np.stack([log["request_id"], log["block_index"]], 1)
         if not np.array_equal(keys, np.asarray(features["keys"])):
             bad = int(np.argmax((keys != np.asarray(features["keys"])).any(1)))
@@ -204,15 +216,20 @@ class EventStore:
         requests = pq.read_table(path / "requests.parquet").to_pydict()
         good = {r for r, ok in zip(requests["request_id"], requests["correct"], strict=True) if ok}
         return cls(
-            path=path, meta=meta, anchor=log["anchor"].astype(np.int64),
-            cand_ids=log["cand_ids"].astype(np.int64), p=log["p"].astype(np.float32),
-            q=log["q"].astype(np.float32), base_choice=log["base_choice"].astype(np.int64),
+            path=path,
+            meta=meta,
+            anchor=log["anchor"].astype(np.int64),
+            cand_ids=log["cand_ids"].astype(np.int64),
+            p=log["p"].astype(np.float32),
+            q=log["q"].astype(np.float32),
+            base_choice=log["base_choice"].astype(np.int64),
             accept_len=log["accept_len"].astype(np.int64),
             request_id=log["request_id"].astype(np.int64),
             correct=np.isin(log["request_id"], list(good)),
-            anchor_hidden=features["anchor_hidden"], mask_hidden=features["mask_hidden"],
+            anchor_hidden=features["anchor_hidden"],
+            mask_hidden=features["mask_hidden"],
             cand_logits=features["cand_logits"],
-        )  # fmt: skip
+        )
 
     def check_backbone(self, backbone: Backbone) -> None:
         """The store must come from a backbone of this hidden size and vocabulary."""

@@ -345,8 +345,9 @@ def flex_stream_outputs(
     Lp = padded_length(L) if pad else L
     ids, pos = pad_streams(batch.input_ids, batch.position_ids, Lp)
     mask = idlm_block_mask(Lp, batch.M, batch_offset(batch), device=ids.device)
-    return stream_outputs(net, L, hidden=hidden, padded=Lp, input_ids=ids, position_ids=pos,
-                          attention_mask=mask)  # fmt: skip
+    return stream_outputs(
+        net, L, hidden=hidden, padded=Lp, input_ids=ids, position_ids=pos, attention_mask=mask
+    )
 
 
 def flex_idlm_forward(

@@ -67,9 +67,16 @@ class Headroom:
         return float(tpf(self.beta, CostModel.isd(M)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stride": self.stride, "n_samples": self.n_samples, "ce_mask": self.ce_mask,
-                "ce_causal": self.ce_causal, "gap": self.gap, "beta": self.beta,
-                "count": self.count, "predicted_tpf": self.predicted_tpf}  # fmt: skip
+        return {
+            "stride": self.stride,
+            "n_samples": self.n_samples,
+            "ce_mask": self.ce_mask,
+            "ce_causal": self.ce_causal,
+            "gap": self.gap,
+            "beta": self.beta,
+            "count": self.count,
+            "predicted_tpf": self.predicted_tpf,
+        }
 
 
 def read_samples(path: str | Path, correct_only: bool = True) -> list[tuple[str, str]]:
@@ -108,9 +115,15 @@ def measure_headroom(
         seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
         for offset in range(M):
             batch = build_batch(
-                seqs, prompt_lens, M, backbone.mask_token_id, tokenizer.pad_token_id,
-                offset=offset, dtype=dtype, device=backbone.device,
-            )  # fmt: skip
+                seqs,
+                prompt_lens,
+                M,
+                backbone.mask_token_id,
+                tokenizer.pad_token_id,
+                offset=offset,
+                dtype=dtype,
+                device=backbone.device,
+            )
             noisy, clean = (x.double() for x in idlm_forward(model, batch))
             labels = batch.noisy_labels
             inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
@@ -128,5 +141,11 @@ def measure_headroom(
                 sums[row].index_add_(0, slot, values.cpu())
             count.index_add_(0, slot, torch.ones(len(slot), dtype=torch.float64))
     means = sums / count.clamp(min=1)
-    return Headroom(stride, len(samples), means[0].tolist(), means[1].tolist(),
-                    means[2].tolist(), count.long().tolist())  # fmt: skip
+    return Headroom(
+        stride,
+        len(samples),
+        means[0].tolist(),
+        means[1].tolist(),
+        means[2].tolist(),
+        count.long().tolist(),
+    )

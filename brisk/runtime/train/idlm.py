@@ -169,18 +169,29 @@ def idlm_forward(
     """Logits of the noisy and the clean stream, each ``[B, L, V]`` (``hidden``: their last
     hidden states ``[B, L, H]``, :func:`stream_outputs`)."""
     if batch.attention_mask is None:
-        raise ValueError("batch: built without its dense mask (dense_mask=False): use the flex "
-                         "forward (brisk.runtime.train.forward.training_forward)")  # fmt: skip
+        raise ValueError(
+            "batch: built without its dense mask (dense_mask=False): use the flex "
+            "forward (brisk.runtime.train.forward.training_forward)"
+        )
     return stream_outputs(
-        model, batch.L, hidden=hidden, input_ids=batch.input_ids,
-        position_ids=batch.position_ids, attention_mask=batch.attention_mask,
-    )  # fmt: skip
+        model,
+        batch.L,
+        hidden=hidden,
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        attention_mask=batch.attention_mask,
+    )
 
 
 def stream_outputs(
-    net: Any, L: int, *, hidden: bool = False, padded: int | None = None,
-    rows: int | None = None, **inputs: Any,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    net: Any,
+    L: int,
+    *,
+    hidden: bool = False,
+    padded: int | None = None,
+    rows: int | None = None,
+    **inputs: Any,
+) -> tuple[Tensor, Tensor]:
     """``net`` (a causal LM, or its DDP / FSDP wrapper) on ``[x_t | x_0]`` whose streams are
     ``padded`` (default L) long: the noisy and the clean stream's logits ``[B, L, V]`` at the L
     real positions of each (rows ``:rows``), or with ``hidden`` their last hidden states
@@ -272,10 +283,18 @@ def _stream_ce(
     noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch
 ) -> tuple[Tensor, Tensor]:
     """Per-token cross-entropies ``[B, L]`` of both streams, in fp32, 0 where unlabelled."""
-    ce_noisy = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
-                               ignore_index=IGNORE, reduction="none")  # fmt: skip
-    ce_clean = F.cross_entropy(clean_logits.float().transpose(1, 2), batch.clean_labels,
-                               ignore_index=IGNORE, reduction="none")  # fmt: skip
+    ce_noisy = F.cross_entropy(
+        noisy_logits.float().transpose(1, 2),
+        batch.noisy_labels,
+        ignore_index=IGNORE,
+        reduction="none",
+    )
+    ce_clean = F.cross_entropy(
+        clean_logits.float().transpose(1, 2),
+        batch.clean_labels,
+        ignore_index=IGNORE,
+        reduction="none",
+    )
     return ce_noisy, ce_clean
 
 

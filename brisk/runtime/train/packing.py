@@ -156,8 +156,14 @@ def pack_batch(
 def packed_block_mask(batch: PackedBatch) -> BlockMask:
     """The ``BlockMask`` of the batch: I-DLM rules on in-example positions, same document."""
     docs = torch.cat([batch.docs, batch.docs], 1)
-    return idlm_block_mask(batch.L, batch.M, batch.offset, positions=batch.position_ids,
-                           docs=docs, device=batch.input_ids.device)  # fmt: skip
+    return idlm_block_mask(
+        batch.L,
+        batch.M,
+        batch.offset,
+        positions=batch.position_ids,
+        docs=docs,
+        device=batch.input_ids.device,
+    )
 
 
 def packed_dense_mask(batch: PackedBatch) -> Tensor:
@@ -166,8 +172,14 @@ def packed_dense_mask(batch: PackedBatch) -> Tensor:
     noisy = torch.arange(2 * L, device=batch.docs.device) < L
     pos = batch.position_ids
     docs = torch.cat([batch.docs, batch.docs], 1)
-    rules = may_attend(noisy[None, :, None], pos[:, :, None], noisy[None, None], pos[:, None],
-                       batch.M, batch.offset)  # fmt: skip
+    rules = may_attend(
+        noisy[None, :, None],
+        pos[:, :, None],
+        noisy[None, None],
+        pos[:, None],
+        batch.M,
+        batch.offset,
+    )
     return rules & (docs[:, :, None] == docs[:, None])
 
 
@@ -206,8 +218,15 @@ def packed_logits(
     R, L = batch.docs.shape
     run = pad_rows(batch, bucket(R)) if pad else batch
     mask = packed_block_mask(run)
-    return stream_outputs(net, L, hidden=hidden, rows=R, input_ids=run.input_ids,
-                          position_ids=run.position_ids, attention_mask=mask)  # fmt: skip
+    return stream_outputs(
+        net,
+        L,
+        hidden=hidden,
+        rows=R,
+        input_ids=run.input_ids,
+        position_ids=run.position_ids,
+        attention_mask=mask,
+    )
 
 
 def packed_forward(
@@ -255,10 +274,18 @@ def packed_loss(
 ) -> PackedLoss:
     """The batch loss and its per-example breakdown (module docstring)."""
     noisy_ok, clean_ok = batch.noisy_labels != IGNORE, batch.clean_labels != IGNORE
-    ce_n = F.cross_entropy(noisy_logits.float().transpose(1, 2), batch.noisy_labels,
-                           ignore_index=IGNORE, reduction="none")  # fmt: skip
-    ce_c = F.cross_entropy(clean_logits.float().transpose(1, 2), batch.clean_labels,
-                           ignore_index=IGNORE, reduction="none")  # fmt: skip
+    ce_n = F.cross_entropy(
+        noisy_logits.float().transpose(1, 2),
+        batch.noisy_labels,
+        ignore_index=IGNORE,
+        reduction="none",
+    )
+    ce_c = F.cross_entropy(
+        clean_logits.float().transpose(1, 2),
+        batch.clean_labels,
+        ignore_index=IGNORE,
+        reduction="none",
+    )
     n_noisy, n_clean = noisy_ok.sum().clamp(min=1), clean_ok.sum().clamp(min=1)
     ce_noisy, ce_clean = ce_n.sum() / n_noisy, ce_c.sum() / n_clean
     a = float((ce_noisy / ce_clean.clamp(min=1e-8)).detach()) if alpha == "auto" else float(alpha)

@@ -129,23 +129,35 @@ def _train(
     stream = islice(corpus, done * cfg.batch_size, None)
 
     def save(path: Path) -> Path:
-        return save_checkpoint(model, tokenizer, cfg, path, state={
-            "step": done, "optimizer": optimizer.state_dict(), "rng": rng_state(),
-            "metrics_bytes": metrics.size, "elapsed_s": time.monotonic() - t0,
-        })  # fmt: skip
+        return save_checkpoint(
+            model,
+            tokenizer,
+            cfg,
+            path,
+            state={
+                "step": done,
+                "optimizer": optimizer.state_dict(),
+                "rng": rng_state(),
+                "metrics_bytes": metrics.size,
+                "elapsed_s": time.monotonic() - t0,
+            },
+        )
 
     progress = Progress(
-        TextColumn("train ar"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not show_progress,
-    )  # fmt: skip
+        TextColumn("train ar"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+    )
     t0 = time.monotonic() - state.get("elapsed_s", 0.0)
     with progress:
         bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
         model.train()
         for step in range(done, cfg.steps):
             if stop.requested:
-                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save,
-                                     metrics)  # fmt: skip
+                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save, metrics)
 
             # Step: next-token CE over whole examples, cosine schedule as `train base`.
             pairs = [next(stream) for _ in range(cfg.batch_size)]  # (example, response)
@@ -161,9 +173,15 @@ def _train(
             done = step + 1
 
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                metrics.write({"event": "train", "step": step, "lr": cfg.lr_at_step(step),
-                               "loss": loss.item(),
-                               "elapsed_s": time.monotonic() - t0})  # fmt: skip
+                metrics.write(
+                    {
+                        "event": "train",
+                        "step": step,
+                        "lr": cfg.lr_at_step(step),
+                        "loss": loss.item(),
+                        "elapsed_s": time.monotonic() - t0,
+                    }
+                )
             progress.update(bar, advance=1, info=f"loss {loss.item():.3f}")
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
                 save(out / f"checkpoint-{done:06d}")
@@ -194,5 +212,6 @@ def _evaluate(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
     accuracy)."""
     world = cfg.corpus.build(split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed)
     model.eval()
-    return evaluate(HFBackbone(model, tokenizer.mask_token_id), tokenizer, world.problems(),
-                    strides=())  # fmt: skip
+    return evaluate(
+        HFBackbone(model, tokenizer.mask_token_id), tokenizer, world.problems(), strides=()
+    )

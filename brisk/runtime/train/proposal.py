@@ -46,7 +46,6 @@ checkpoint and ends bit-identical to an uninterrupted run on CPU; the rules of a
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
 from collections.abc import Sequence
@@ -78,18 +77,22 @@ from brisk.runtime.train.distributed import (
     micro_batches,
     save_sharded,
 )
-from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.forward import set_attention, training_forward
 from brisk.runtime.train.idlm import (
     IDLMBatch,
     auto_alpha,
-    build_batch,
     label_counts,
     loss_totals,
     weighted_loss,
 )
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
-from brisk.runtime.train.proposal_data import Example, ExampleStream, load_examples
+from brisk.runtime.train.proposal_data import (
+    Example,
+    ExampleStream,
+    check_lengths,
+    example_batch,
+    load_examples,
+)
 from brisk.runtime.train.resume import (
     METRICS,
     STATE,
@@ -123,25 +126,15 @@ class ProposalResult:
     wall_s: float
 
 
-def _encode(rows: list[tuple[int, Example]], tokenizer: Any) -> tuple[list[list[int]], list[int]]:
-    encoded = [encode_example(ex.prompt, ex.response, tokenizer) for _, ex in rows]
-    return [s for s, _ in encoded], [n for _, n in encoded]
-
-
-def _batch(cfg: ProposalTrainConfig, rows: list[tuple[int, Example]], tokenizer: Any, step: int,
-           device: torch.device, ids: tuple[int, int]) -> IDLMBatch:  # fmt: skip
-    seqs, prompt_lens = _encode(rows, tokenizer)
-    M = cfg.M
-    offset = (
-        random.Random(f"{cfg.seed}:offset:{step}").randrange(M) if cfg.random_block_offset else 0
-    )
-    mask_id, pad_id = ids
-    return build_batch(seqs, prompt_lens, M, mask_id, pad_id, offset=offset, device=device,
-                       dense_mask=cfg.attention == "dense")  # fmt: skip
-
-
-def _save(path: Path, model: Any, tokenizer: Any, cfg: ProposalTrainConfig,
-          state: dict[str, Any], dist: Dist, optimizer: torch.optim.Optimizer) -> Path:  # fmt: skip
+def _save(
+    path: Path,
+    model: Any,
+    tokenizer: Any,
+    cfg: ProposalTrainConfig,
+    state: dict[str, Any],
+    dist: Dist,
+    optimizer: torch.optim.Optimizer,
+) -> Path:
     """Write a checkpoint atomically (temporary directory, renamed into place). Without FSDP
     rank 0 alone calls it; under FSDP every rank does: the plain weights are gathered to rank
     0 and the model and optimizer shards of every rank go to ``sharded/`` (DCP)."""
@@ -200,8 +193,7 @@ def _train(
 
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device, precision_name = training_placement(cfg.device, cfg.precision,
-                                                distributed=dist.group)  # fmt: skip
+    device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
     out, M = Path(cfg.out_dir), cfg.M
     examples = load_examples(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
@@ -213,11 +205,15 @@ def _train(
     torch.manual_seed(cfg.seed)
     # Under FSDP rank 0 alone reads the weights; the others receive their shards.
     model, net = load_for_training(
-        lambda: load_causal_lm(start or cfg.init, False, torch.float32), dist, fsdp=cfg.fsdp,
-        precision=precision_name, checkpointing=cfg.activation_checkpointing, device=device,
-    )  # fmt: skip
+        lambda: load_causal_lm(start or cfg.init, False, torch.float32),
+        dist,
+        fsdp=cfg.fsdp,
+        precision=precision_name,
+        checkpointing=cfg.activation_checkpointing,
+        device=device,
+    )
     ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
-    _check_lengths(examples, tokenizer, model.config, cfg.dataset)
+    check_lengths(examples, tokenizer, model.config, cfg.dataset)
     set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     tracker = ProfileTracker(M, cfg.profile_decay)
@@ -242,10 +238,12 @@ def _train(
         gradients are on) and its accept-length histogram and loss totals ``[M + 1 + 4]``."""
         with precision:
             h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
-            losses = stream_losses(h_noisy, h_clean, head.weight, batch,
-                                   temperature=cfg.temperature, top_k=cfg.top_k)  # fmt: skip
-        return losses, torch.cat([acceptance_histogram(losses.beta, batch, rows, cfg),
-                                  losses.totals(batch)])  # fmt: skip
+            losses = stream_losses(
+                h_noisy, h_clean, head.weight, batch, temperature=cfg.temperature, top_k=cfg.top_k
+            )
+        return losses, torch.cat(
+            [acceptance_histogram(losses.beta, batch, rows, cfg), losses.totals(batch)]
+        )
 
     def probe(batches: Sequence[tuple[Sequence[Any], IDLMBatch]]) -> Tensor:
         """Histogram and totals of batches, summed over ranks, without gradients."""
@@ -258,10 +256,11 @@ def _train(
     # Static profile: the initial model's acceptance on a few batches of the training data.
     if cfg.weights == "brisk" and cfg.profile == "static" and static_rates is None:
         draws = ExampleStream(examples, cfg.seed + 1)
-        batches = [(rows, _batch(cfg, rows, tokenizer, -1 - k, device, ids))
-                   for k in range(cfg.static_batches)
-                   for rows in micro_batches(draws.take(cfg.batch_size)[mine],
-                                             cfg.micro_batch_size)]  # fmt: skip
+        batches = [
+            (rows, example_batch(cfg, rows, tokenizer, -1 - k, device, ids))
+            for k in range(cfg.static_batches)
+            for rows in micro_batches(draws.take(cfg.batch_size)[mine], cfg.micro_batch_size)
+        ]
         reached, accepted, _ = profile_counts(probe(batches)[: M + 1], M)
         static_rates = AcceptanceProfile(reached, accepted).posterior_mean().tolist()
 
@@ -274,20 +273,35 @@ def _train(
     log = metrics.write if metrics is not None else history.append
 
     def save(path: Path) -> Path:
-        return _save(path, model, tokenizer, cfg, {
-            "step": step, "tokens": tokens,
-            "static_rates": static_rates, "cursor": stream.cursor,
-            "tracker": tracker.state_dict(), "rng": rng_state(), "upcoming": upcoming,
-            "metrics_bytes": metrics.size if metrics is not None else 0,
-            "elapsed_s": time.monotonic() - t0, "world_size": dist.world,
-        }, dist, optimizer)  # fmt: skip
+        return _save(
+            path,
+            model,
+            tokenizer,
+            cfg,
+            {
+                "step": step,
+                "tokens": tokens,
+                "static_rates": static_rates,
+                "cursor": stream.cursor,
+                "tracker": tracker.state_dict(),
+                "rng": rng_state(),
+                "upcoming": upcoming,
+                "metrics_bytes": metrics.size if metrics is not None else 0,
+                "elapsed_s": time.monotonic() - t0,
+                "world_size": dist.world,
+            },
+            dist,
+            optimizer,
+        )
 
     progress = Progress(
-        TextColumn(f"proposal {cfg.data} {cfg.weights}/{cfg.profile}"), BarColumn(),
+        TextColumn(f"proposal {cfg.data} {cfg.weights}/{cfg.profile}"),
+        BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
         disable=not show_progress or dist.rank != 0,
-    )  # fmt: skip
+    )
     t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     saved_at = step if start is not None else -1  # the step of the newest checkpoint on disk
     model.train()
@@ -304,8 +318,9 @@ def _train(
                 if cfg.fsdp and step > 0 and step != saved_at:
                     save(here)
                 if metrics is not None:
-                    err = interrupted_at(step, f"{tokens:,}/{cfg.token_budget:,} tokens", here,
-                                         save, metrics)  # fmt: skip
+                    err = interrupted_at(
+                        step, f"{tokens:,}/{cfg.token_budget:,} tokens", here, save, metrics
+                    )
                 dist.barrier()
                 raise err
 
@@ -315,7 +330,9 @@ def _train(
             # weights come from are those measured up to the previous step (module docstring),
             # so the step is the same whatever the number of ranks and micro-batches.
             chunks = micro_batches(stream.take(cfg.batch_size)[mine], cfg.micro_batch_size)
-            batches = [(rows, _batch(cfg, rows, tokenizer, step, device, ids)) for rows in chunks]
+            batches = [
+                (rows, example_batch(cfg, rows, tokenizer, step, device, ids)) for rows in chunks
+            ]
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -354,8 +371,10 @@ def _train(
             reached, accepted, hist = profile_counts(summed[: M + 1], M)
             tracker.update(AcceptanceProfile(reached, accepted))
             plain_g, clean_g, _, _ = summed[M + 1 : M + 5].tolist()
-            upcoming = {"rates": tracker.posterior_mean().tolist(),
-                        "alpha": auto_alpha(plain_g / n_noisy, clean_g / n_clean)}  # fmt: skip
+            upcoming = {
+                "rates": tracker.posterior_mean().tolist(),
+                "alpha": auto_alpha(plain_g / n_noisy, clean_g / n_clean),
+            }
             tokens += int(n_clean)
             counts_w = summed[M + 5 :]
             slot_counts, weight_sums = counts_w[:M], counts_w[M : 2 * M]
@@ -365,18 +384,25 @@ def _train(
             # Log: what the weights were computed from, and what they were.
             if step % cfg.log_every == 0 or tokens >= cfg.token_budget:
                 record = {
-                    "step": step, "tokens": tokens, "lr": lr,
-                    "loss": loss_value, "ce_noisy": ce_noisy,
+                    "step": step,
+                    "tokens": tokens,
+                    "lr": lr,
+                    "loss": loss_value,
+                    "ce_noisy": ce_noisy,
                     "ce_noisy_plain": plain_g / n_noisy,
-                    "ce_clean": clean_g / n_clean, "alpha": a,
+                    "ce_clean": clean_g / n_clean,
+                    "alpha": a,
                     "weights": (weight_sums / slot_counts.clamp(min=1)).tolist(),
                     "profile": rates.tolist(),
-                    "batch_reached": reached.tolist(), "batch_accepted": accepted.tolist(),
-                    "accept_hist": hist.tolist(), "elapsed_s": time.monotonic() - t0,
-                }  # fmt: skip
+                    "batch_reached": reached.tolist(),
+                    "batch_accepted": accepted.tolist(),
+                    "accept_hist": hist.tolist(),
+                    "elapsed_s": time.monotonic() - t0,
+                }
                 log(record)
-            progress.update(bar, completed=min(tokens, cfg.token_budget),
-                            info=f"loss {loss_value:.3f}")  # fmt: skip
+            progress.update(
+                bar, completed=min(tokens, cfg.token_budget), info=f"loss {loss_value:.3f}"
+            )
             due = cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget
             if due and (dist.rank == 0 or cfg.fsdp):
                 save(out / f"checkpoint-{step:06d}")
@@ -393,18 +419,3 @@ def _train(
         plot_weight_evolution(metrics.path, out / "weights.png")
     dist.barrier()
     return ProposalResult(final, history, step, tokens, wall)
-
-
-def _check_lengths(examples: Sequence[Example], tokenizer: Any, config: Any, dataset: str) -> None:
-    """Every example fits the model's positions (``max_position_embeddings``): one that does not
-    is an error naming it, before anything is trained."""
-    limit = getattr(config, "max_position_embeddings", None)
-    if not limit:
-        return
-    for i, ex in enumerate(examples):
-        n = len(encode_example(ex.prompt, ex.response, tokenizer)[0])
-        if n > limit:
-            raise ValueError(
-                f"--dataset: example {i} of {dataset} has {n} tokens, longer than the model's "
-                f"{limit} positions (max_position_embeddings)"
-            )

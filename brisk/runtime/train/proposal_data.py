@@ -8,15 +8,22 @@
   from); a data file gives each problem's ``response`` field (e.g. MATH's ``solution``).
 
 :class:`ExampleStream` walks the examples in a seeded order, reshuffled each epoch; its cursor
-(epoch, position) is all a checkpoint needs to resume it.
+(epoch, position) is all a checkpoint needs to resume it; :func:`example_batch` lays a step's
+rows out as an I-DLM batch.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from brisk.runtime.train.evaluate import encode_example
+from brisk.runtime.train.idlm import IDLMBatch, build_batch
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import (
     checkpoint_hash,
@@ -26,7 +33,14 @@ from brisk.runtime.train.selfgen import (
     tokenizer_hash,
 )
 
-__all__ = ["Example", "ExampleStream", "load_examples"]
+__all__ = [
+    "Example",
+    "ExampleStream",
+    "check_lengths",
+    "encode_rows",
+    "example_batch",
+    "load_examples",
+]
 
 
 @dataclass(frozen=True)
@@ -65,8 +79,9 @@ def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
         task = provenance_task(provenance)
         problems = task.problems(AutoTokenizer.from_pretrained(init, local_files_only=True))
         references = task.references(problems, provenance["options"]["samples"])
-        return [Example(p.prompt, r) for p, rs in zip(problems, references, strict=True)
-                for r in rs]  # fmt: skip
+        return [
+            Example(p.prompt, r) for p, rs in zip(problems, references, strict=True) for r in rs
+        ]
     table = read_dataset(cfg.dataset)
     prompts, responses = table["prompt"].to_pylist(), table["response"].to_pylist()
     correct = table["correct"].to_pylist()
@@ -107,3 +122,54 @@ class ExampleStream:
     @property
     def cursor(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
+
+
+def encode_rows(
+    rows: list[tuple[int, Example]], tokenizer: Any
+) -> tuple[list[list[int]], list[int]]:
+    """The token ids of each (id, example) row and its prompt's length."""
+    encoded = [encode_example(ex.prompt, ex.response, tokenizer) for _, ex in rows]
+    return [s for s, _ in encoded], [n for _, n in encoded]
+
+
+def example_batch(
+    cfg: ProposalTrainConfig,
+    rows: list[tuple[int, Example]],
+    tokenizer: Any,
+    step: int,
+    device: torch.device,
+    ids: tuple[int, int],
+) -> IDLMBatch:
+    """The I-DLM batch of ``rows`` at ``step``: blocks of ``cfg.M`` laid out from the step's
+    seeded offset, ``ids`` the (MASK, pad) token ids."""
+    seqs, prompt_lens = encode_rows(rows, tokenizer)
+    M = cfg.M
+    offset = (
+        random.Random(f"{cfg.seed}:offset:{step}").randrange(M) if cfg.random_block_offset else 0
+    )
+    mask_id, pad_id = ids
+    return build_batch(
+        seqs,
+        prompt_lens,
+        M,
+        mask_id,
+        pad_id,
+        offset=offset,
+        device=device,
+        dense_mask=cfg.attention == "dense",
+    )
+
+
+def check_lengths(examples: Sequence[Example], tokenizer: Any, config: Any, dataset: str) -> None:
+    """Every example fits the model's positions (``max_position_embeddings``): one that does not
+    is an error naming it, before anything is trained."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit:
+        return
+    for i, ex in enumerate(examples):
+        n = len(encode_example(ex.prompt, ex.response, tokenizer)[0])
+        if n > limit:
+            raise ValueError(
+                f"--dataset: example {i} of {dataset} has {n} tokens, longer than the model's "
+                f"{limit} positions (max_position_embeddings)"
+            )

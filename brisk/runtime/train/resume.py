@@ -174,9 +174,12 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def interrupted_at(
-    step: int, total: int | str, checkpoint: Path, save: Callable[[Path], object],
+    step: int,
+    total: int | str,
+    checkpoint: Path,
+    save: Callable[[Path], object],
     metrics: MetricsLog,
-) -> Interrupted:  # fmt: skip
+) -> Interrupted:
     """The safe point after a signal: save step ``step`` to ``checkpoint`` (unless it is on disk
     already) and return the :class:`Interrupted` to raise, whose message says what was saved.
     ``total`` is the run's number of steps, or, for a run whose length is not counted in steps,

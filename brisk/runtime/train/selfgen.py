@@ -113,8 +113,9 @@ class SelfGenResult:
 def resolve_task(checkpoint: Path, options: SelfGenOptions) -> ResolvedTask:
     """The task ``options`` sample from: its ``problems`` drawn with ``problem_seed``, the
     train split of a world."""
-    return options.task.resolve(n=options.problems, seed=options.problem_seed, split="train",
-                                checkpoint=checkpoint)  # fmt: skip
+    return options.task.resolve(
+        n=options.problems, seed=options.problem_seed, split="train", checkpoint=checkpoint
+    )
 
 
 def _provenance(checkpoint: Path, options: SelfGenOptions, task: ResolvedTask) -> dict[str, Any]:
@@ -231,9 +232,15 @@ def generate_dataset(
             seeds = [options.decode_seed(i, r) for i, r in index]
             try:
                 with stop.abortable(), torch.inference_mode():
-                    result = decode(backbone, prompts, dec, seeds=seeds, request_ids=seeds,
-                                    batch_size=options.batch_size,
-                                    on_finish=lambda _r, _o: progress.advance(bar))  # fmt: skip
+                    result = decode(
+                        backbone,
+                        prompts,
+                        dec,
+                        seeds=seeds,
+                        request_ids=seeds,
+                        batch_size=options.batch_size,
+                        on_finish=lambda _r, _o: progress.advance(bar),
+                    )
             except KeyboardInterrupt:
                 raise _interrupted(out, c, len(chunks), rows) from None
             table, grades = _part(tokenizer, task, problems, index, seeds, result, dec.M)
@@ -284,9 +291,14 @@ def _interrupted(out: Path, done: int, total: int, rows: int) -> Interrupted:
 
 
 def _part(
-    tokenizer: Any, task: ResolvedTask, problems: list[Any], index: list[tuple[int, int]],
-    seeds: list[int], result: Any, M: int,
-) -> tuple[Any, Any]:  # fmt: skip
+    tokenizer: Any,
+    task: ResolvedTask,
+    problems: list[Any],
+    index: list[tuple[int, int]],
+    seeds: list[int],
+    result: Any,
+    M: int,
+) -> tuple[Any, Any]:
     """A chunk's graded responses as a Parquet table (the columns of the module docstring) and
     their grades; a response the grader raised on counts as wrong."""
     import pyarrow as pa

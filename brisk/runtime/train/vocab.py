@@ -90,9 +90,15 @@ def stream_losses(
     clean_labels = batch.clean_labels[rows, cols]
     chunk = max(1, chunk_elements // weight.shape[0])
     ce_noisy, ce_clean, beta = _ChunkedStreams.apply(
-        hidden_noisy[rows, cols], hidden_clean[rows, cols], weight, noisy_labels, clean_labels,
-        chunk, float(temperature), int(top_k),
-    )  # fmt: skip
+        hidden_noisy[rows, cols],
+        hidden_clean[rows, cols],
+        weight,
+        noisy_labels,
+        clean_labels,
+        chunk,
+        float(temperature),
+        int(top_k),
+    )
     shape = batch.noisy_labels.shape
     device = hidden_noisy.device
 
@@ -156,8 +162,11 @@ class _ChunkedStreams(torch.autograd.Function):
                 beta[s : s + chunk] = torch.where(noisy_labels[s : s + chunk] != IGNORE, b, 0.0)
         ctx.save_for_backward(h_noisy, h_clean, weight, noisy_labels, clean_labels, lse)
         ctx.chunk = chunk
-        ctx.autocast = torch.get_autocast_dtype(h_noisy.device.type) if torch.is_autocast_enabled(
-            h_noisy.device.type) else None  # fmt: skip
+        ctx.autocast = (
+            torch.get_autocast_dtype(h_noisy.device.type)
+            if torch.is_autocast_enabled(h_noisy.device.type)
+            else None
+        )
         ctx.mark_non_differentiable(beta)
         return ce_noisy, ce_clean, beta
 

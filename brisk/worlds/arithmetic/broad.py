@@ -91,9 +91,16 @@ class BroadConfig(Config):
         """The other arithmetic: up to three-digit operands and steps, multiplication, half the
         additions swapped, every style (the reference corpus's mixture for the base one)."""
         return replace(
-            self.target, min_operands=2, max_operands=5, min_digits=1, max_digits=3,
-            step_max_digits=2, ops="+-*", style_weights=(0.35, 0.2, 0.15, 0.3), swap_prob=0.5,
-        )  # fmt: skip
+            self.target,
+            min_operands=2,
+            max_operands=5,
+            min_digits=1,
+            max_digits=3,
+            step_max_digits=2,
+            ops="+-*",
+            style_weights=(0.35, 0.2, 0.15, 0.3),
+            swap_prob=0.5,
+        )
 
 
 def _word(rng: random.Random, max_chars: int) -> str:
@@ -115,8 +122,9 @@ def _count(rng: random.Random) -> Example:
 def _sort(rng: random.Random) -> Example:
     xs = [rng.randint(0, 99) for _ in range(rng.randint(2, 8))]
     body = " ".join(map(str, sorted(xs)))
-    return Example("sort", f"Sort: {' '.join(map(str, xs))}\n", f"{body}\n#### {len(xs)}",
-                   str(len(xs)))  # fmt: skip
+    return Example(
+        "sort", f"Sort: {' '.join(map(str, xs))}\n", f"{body}\n#### {len(xs)}", str(len(xs))
+    )
 
 
 def _digits(rng: random.Random) -> Example:
@@ -167,10 +175,14 @@ def broad_corpus(cfg: BroadConfig, seed: int) -> Iterator[Example]:
         return Example("reverse", f"Reverse: {text}\n", text[::-1])
 
     draw: dict[str, Callable[[], Example]] = {
-        "chains": chain, "variants": variant, "copy": copy, "reverse": reverse,
-        "count": lambda: _count(own["count"]), "sort": lambda: _sort(own["sort"]),
+        "chains": chain,
+        "variants": variant,
+        "copy": copy,
+        "reverse": reverse,
+        "count": lambda: _count(own["count"]),
+        "sort": lambda: _sort(own["sort"]),
         "digits": lambda: _digits(own["digits"]),
-    }  # fmt: skip
+    }
     while True:
         yield draw[rng.choices(FAMILIES, weights=cfg.weights)[0]]()
 
@@ -196,7 +208,12 @@ class BroadTask:
     grader: str = "gsm8k"
 
     @classmethod
-    def build(cls, settings: BroadConfig | None = None, **options: Any) -> BroadTask:
+    def build(
+        cls, preset: str = "", settings: BroadConfig | None = None, **options: Any
+    ) -> BroadTask:
+        """The mixture of ``settings`` (default: :class:`BroadConfig`'s); it has no presets."""
+        if preset:
+            raise ValueError(f"preset: the broad corpus has no presets, got {preset!r}")
         return cls(settings if settings is not None else BroadConfig(), **options)
 
     @property

@@ -76,8 +76,11 @@ class TaskConfig(Config):
     def __post_init__(self) -> None:
         if self.step_max_digits is not None and self.step_max_digits < 1:
             raise ValueError(f"step_max_digits: must be ≥ 1, got {self.step_max_digits!r}")
-        for name, names in (("style_weights", STYLES), ("reference_weights", STYLES),
-                            ("verb_weights", VERBS)):  # fmt: skip
+        for name, names in (
+            ("style_weights", STYLES),
+            ("reference_weights", STYLES),
+            ("verb_weights", VERBS),
+        ):
             w = getattr(self, name)
             if len(w) != len(names) or min(w) < 0 or not sum(w) > 0:
                 raise ValueError(
@@ -228,8 +231,11 @@ def _draw(cfg: TaskConfig, rng: random.Random) -> Problem:
 
     n = rng.randint(cfg.min_operands, cfg.max_operands)
     operands, ops = [number(cfg.min_digits, cfg.max_digits)], []
-    step_low, step_high = (cfg.min_digits, cfg.max_digits) if cfg.step_max_digits is None else (
-        1, cfg.step_max_digits)  # fmt: skip
+    step_low, step_high = (
+        (cfg.min_digits, cfg.max_digits)
+        if cfg.step_max_digits is None
+        else (1, cfg.step_max_digits)
+    )
     value = operands[0]
     while len(operands) < n:
         op, x = rng.choice(cfg.ops), number(step_low, step_high)

@@ -53,10 +53,14 @@ class ArithmeticTask:
     def problems(self, tokenizer: Any = None) -> list[Problem]:
         """The problems; each record also holds the canonical ``response``."""
         return [
-            Problem(i, p.prompt, p.answer,
-                    {"prompt": p.prompt, "answer": p.answer, "response": p.response})
+            Problem(
+                i,
+                p.prompt,
+                p.answer,
+                {"prompt": p.prompt, "answer": p.answer, "response": p.response},
+            )
             for i, p in enumerate(make_split(self.config, self.split, self.n, self.seed))
-        ]  # fmt: skip
+        ]
 
     def corpus(self, seed: int) -> Iterator[tuple[Any, str]]:
         """Endless (problem, response) pairs of the split, responses from the base corpus (what
@@ -70,15 +74,21 @@ class ArithmeticTask:
         out = []
         for i, _ in enumerate(problems):
             rng = random.Random(f"reference:{i}")
-            out.append([sample_response(world[i], self.config, rng, "reference")
-                        for _ in range(samples)])  # fmt: skip
+            out.append(
+                [sample_response(world[i], self.config, rng, "reference") for _ in range(samples)]
+            )
         return out
 
     def describe(self) -> dict[str, Any]:
         """What rebuilds this task (:meth:`from_description`): the world's settings."""
-        return {"name": "arithmetic", "config": dataclasses.asdict(self.config),
-                "split": self.split, "n": self.n, "seed": self.seed,
-                "grader": self.grader}  # fmt: skip
+        return {
+            "name": "arithmetic",
+            "config": dataclasses.asdict(self.config),
+            "split": self.split,
+            "n": self.n,
+            "seed": self.seed,
+            "grader": self.grader,
+        }
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> ArithmeticTask:
@@ -86,8 +96,13 @@ class ArithmeticTask:
 
         config = parse_config(TaskConfig, description["config"], "task.config.")
         assert isinstance(config, TaskConfig)
-        return cls(config, description["split"], description["n"], description["seed"],
-                   description["grader"])  # fmt: skip
+        return cls(
+            config,
+            description["split"],
+            description["n"],
+            description["seed"],
+            description["grader"],
+        )
 
     def grade(
         self, problems: list[Problem], responses: list[str], workers: int | None = None

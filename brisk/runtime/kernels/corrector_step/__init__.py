@@ -45,8 +45,11 @@ _warned: set[str] = set()
 def _warn_once(reason: str) -> None:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"corrector: naive selection instead of the fused kernel: {reason}",
-                      RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"corrector: naive selection instead of the fused kernel: {reason}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @functools.cache  # once per process: select runs every verify round
@@ -84,9 +87,21 @@ def select(
     """:func:`corrector_select` (arguments as there) through the implementation ``impl``."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-    args: tuple[Any, ...] = (s0, mask_x, anchor_e, cand_e, cand_c, cand_logits, cand_ids,
-                             anchor_ids, weights, temperature, u, forced_prev,
-                             feedback)  # fmt: skip
+    args: tuple[Any, ...] = (
+        s0,
+        mask_x,
+        anchor_e,
+        cand_e,
+        cand_c,
+        cand_logits,
+        cand_ids,
+        anchor_ids,
+        weights,
+        temperature,
+        u,
+        forced_prev,
+        feedback,
+    )
     if impl == "naive":
         return corrector_select(*args)
     device = cand_logits.device

@@ -106,10 +106,16 @@ class CorrectorGraphs:
 
         def run() -> Any:
             return self.head.select(
-                self.backbone, inputs["anchor_hidden"], inputs["anchor_ids"],
-                inputs["mask_hidden"], inputs["cand_logits"], inputs["cand_ids"], temperature,
-                u=inputs["u"] if temperature > 0 else None, impl=self.impl,
-            )  # fmt: skip
+                self.backbone,
+                inputs["anchor_hidden"],
+                inputs["anchor_ids"],
+                inputs["mask_hidden"],
+                inputs["cand_logits"],
+                inputs["cand_ids"],
+                temperature,
+                u=inputs["u"] if temperature > 0 else None,
+                impl=self.impl,
+            )
 
         stream = torch.cuda.Stream(device=dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
@@ -156,23 +162,36 @@ class CorrectorGraphs:
         B = anchor_ids.shape[0]
         bucket = self.bucket(B)
         if bucket is None:  # beyond the largest bucket: eager
-            return self.head.select(backbone, anchor_hidden, anchor_ids, mask_hidden,
-                                    cand_logits, cand_ids, temperature, u,
-                                    impl=impl or self.impl)  # fmt: skip
+            return self.head.select(
+                backbone,
+                anchor_hidden,
+                anchor_ids,
+                mask_hidden,
+                cand_logits,
+                cand_ids,
+                temperature,
+                u,
+                impl=impl or self.impl,
+            )
         if temperature > 0 and u is None:
             raise ValueError("u: uniforms [B, M] are required when temperature > 0")
         if impl is not None and impl != self.impl:
             raise ValueError(f"impl: the graphs were captured with {self.impl!r}, not {impl!r}")
         cap = self._graph(bucket, temperature)
-        given = {"anchor_hidden": anchor_hidden, "anchor_ids": anchor_ids,
-                 "mask_hidden": mask_hidden, "cand_logits": cand_logits,
-                 "cand_ids": cand_ids}  # fmt: skip
+        given = {
+            "anchor_hidden": anchor_hidden,
+            "anchor_ids": anchor_ids,
+            "mask_hidden": mask_hidden,
+            "cand_logits": cand_logits,
+            "cand_ids": cand_ids,
+        }
         if u is not None:
             given["u"] = u
         for name, value in given.items():  # copy_ would broadcast a wrong shape: refuse it
             if value.shape != (B, *cap.inputs[name].shape[1:]):
-                raise ValueError(f"{name}: expected {[B, *cap.inputs[name].shape[1:]]}, got "
-                                 f"{list(value.shape)}")  # fmt: skip
+                raise ValueError(
+                    f"{name}: expected {[B, *cap.inputs[name].shape[1:]]}, got {list(value.shape)}"
+                )
             cap.inputs[name][:B].copy_(value)
         cap.graph.replay()
         out = cap.output  # the static buffers: the next replay overwrites them
