@@ -103,9 +103,11 @@ reproduce-converted: converted
 reproduce-corrector: $(STAMP)
 	$(BIN)/brisk experiment corrector --config configs/corrector_experiment.toml
 
+# ruff, and the layers of docs/architecture.md as import-linter contracts (.importlinter).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

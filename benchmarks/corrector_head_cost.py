@@ -37,14 +37,24 @@ from brisk.runtime.corrector import Corrector, CorrectorConfig
 
 SHAPES = {  # name → Qwen3 sizes
     "tiny world (H 128, 4 layers, V 101)": dict(
-        hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, vocab_size=101,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=101,
     ),
     "wider (H 1024, 8 layers, V 32k)": dict(
-        hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=64, vocab_size=32_000,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32_000,
     ),
-}  # fmt: skip
+}
 
 
 def backbone_of(sizes: dict[str, int]) -> HFBackbone:
@@ -92,8 +102,9 @@ def measure(backbone: HFBackbone, C: int, M: int, context: int, repeats: int) ->
     u = torch.rand(C, M, generator=g)
 
     def select() -> Any:
-        return head.select(backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids,
-                           1.0, u)  # fmt: skip
+        return head.select(
+            backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, 1.0, u
+        )
 
     f = median_s(forward, repeats)
     h = median_s(select, repeats)
@@ -116,16 +127,26 @@ def main() -> None:
     if args.shapes is not None:
         names = [names[int(i)] for i in args.shapes.split(",")]
     rows = []
-    table = Table("backbone", "C", "forward (ms)", "eager head (ms)", "head ÷ forward",
-                  title=f"Eager corrector per verify round, N = {args.stride}, CPU, "
-                        f"{args.threads} thread(s)")  # fmt: skip
+    table = Table(
+        "backbone",
+        "C",
+        "forward (ms)",
+        "eager head (ms)",
+        "head ÷ forward",
+        title=f"Eager corrector per verify round, N = {args.stride}, CPU, {args.threads} thread(s)",
+    )
     for name in names:
         backbone = backbone_of(SHAPES[name])
         for C in batches:
             r = measure(backbone, C, args.stride - 1, args.context, args.repeats)
             rows.append({"backbone": name, "C": C, **r})
-            table.add_row(name, str(C), f"{r['forward_ms']:.2f}", f"{r['head_ms']:.2f}",
-                          f"{100 * r['share']:.1f} %")  # fmt: skip
+            table.add_row(
+                name,
+                str(C),
+                f"{r['forward_ms']:.2f}",
+                f"{r['head_ms']:.2f}",
+                f"{100 * r['share']:.1f} %",
+            )
     Console().print(table)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -101,10 +101,17 @@ def forward_backbone(layers: int) -> Any:
 
     from brisk.runtime.backbone import HFBackbone
 
-    config = Qwen3Config(hidden_size=H, intermediate_size=12288, num_hidden_layers=layers,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                         vocab_size=V, max_position_embeddings=4096,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = Qwen3Config(
+        hidden_size=H,
+        intermediate_size=12288,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=V,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -140,22 +147,30 @@ def forward_graph_ms(C: int, layers: int, context: int, repeats: int) -> float:
     cache = StaticCache(config=model.config, max_cache_len=context + S)
     with torch.inference_mode():
         prefix = torch.randint(0, V - 1, (C, context), device="cuda")
-        model(input_ids=prefix, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(context, device="cuda"))  # fmt: skip
+        model(
+            input_ids=prefix,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.arange(context, device="cuda"),
+        )
         ids = torch.randint(0, V - 1, (C, S), device="cuda")
         positions = torch.arange(context, context + S, device="cuda")
 
         # transformers' static layers write at a running counter, not at cache_position: every
         # forward (and every replay) first puts the counter back at the prefix's end, inside
         # the graph (one tiny fill per layer, ≈ 1 µs each)
-        counters = [layer.cumulative_length for layer in cache.layers
-                    if isinstance(getattr(layer, "cumulative_length", None), Tensor)]  # fmt: skip
+        counters = [
+            layer.cumulative_length
+            for layer in cache.layers
+            if isinstance(getattr(layer, "cumulative_length", None), Tensor)
+        ]
 
         def fwd() -> Tensor:
             for counter in counters:
                 counter.fill_(context)
-            return model(input_ids=ids, past_key_values=cache, use_cache=True,
-                         cache_position=positions).logits  # fmt: skip
+            return model(
+                input_ids=ids, past_key_values=cache, use_cache=True, cache_position=positions
+            ).logits
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -176,8 +191,15 @@ def measure(
     """One table row: the head's latencies at batch C (and the forward's, on a GPU)."""
     cuda = device.type == "cuda"
     x = inputs(C, device, torch.bfloat16)
-    call = (backbone, x["anchor_hidden"], x["anchor_ids"], x["mask_hidden"], x["cand_logits"],
-            x["cand_ids"], 1.0)  # fmt: skip
+    call = (
+        backbone,
+        x["anchor_hidden"],
+        x["anchor_ids"],
+        x["mask_hidden"],
+        x["cand_logits"],
+        x["cand_ids"],
+        1.0,
+    )
 
     def eager(fold: bool) -> None:
         head.fold_tables = fold
@@ -194,18 +216,23 @@ def measure(
         want = head.select(*call, u=x["u"], impl="naive")
         fused = head.select(*call, u=x["u"], impl="triton")
         replay = graphs.select(*call, u=x["u"])
-        row["tokens_equal"] = bool(torch.equal(fused.tokens, want.tokens)
-                                   and torch.equal(replay.tokens, want.tokens))  # fmt: skip
-        row["max_logit_diff"] = max(float((fused.refined - want.refined).abs().max()),
-                                    float((replay.refined - want.refined).abs().max()))  # fmt: skip
-        row["fused_ms"] = time_ms(lambda: head.select(*call, u=x["u"], impl="triton"),
-                                  args.repeats, cuda)  # fmt: skip
+        row["tokens_equal"] = bool(
+            torch.equal(fused.tokens, want.tokens) and torch.equal(replay.tokens, want.tokens)
+        )
+        row["max_logit_diff"] = max(
+            float((fused.refined - want.refined).abs().max()),
+            float((replay.refined - want.refined).abs().max()),
+        )
+        row["fused_ms"] = time_ms(
+            lambda: head.select(*call, u=x["u"], impl="triton"), args.repeats, cuda
+        )
         row["graph_ms"] = time_ms(lambda: graphs.select(*call, u=x["u"]), args.repeats, cuda)
         if not args.no_forward:
             row["forward_ms"] = forward_ms(C, args.layers, args.context, args.repeats)
             try:
-                row["forward_graph_ms"] = forward_graph_ms(C, args.layers, args.context,
-                                                           args.repeats)  # fmt: skip
+                row["forward_graph_ms"] = forward_graph_ms(
+                    C, args.layers, args.context, args.repeats
+                )
             except Exception as e:  # reported beside the table; the other rows still run
                 row["forward_graph_error"] = f"{type(e).__name__}: {e}"[:300]
             torch.cuda.empty_cache()
@@ -243,30 +270,53 @@ def main() -> None:
         return f"{row[key]:.3f}" if key in row else "needs a GPU"
 
     title = f"Corrector head per verify round, Qwen3-8B shapes, {device.type}"
-    table = Table("C", "eager, gathered rows (ms)", "eager (ms)", "fused (ms)",
-                  "fused + graph (ms)", "speed-up fused", "speed-up graph", "forward (ms)",
-                  "head ÷ forward", "graphed forward (ms)", "head ÷ graphed forward",
-                  "tokens = eager", title=title)  # fmt: skip
+    table = Table(
+        "C",
+        "eager, gathered rows (ms)",
+        "eager (ms)",
+        "fused (ms)",
+        "fused + graph (ms)",
+        "speed-up fused",
+        "speed-up graph",
+        "forward (ms)",
+        "head ÷ forward",
+        "graphed forward (ms)",
+        "head ÷ graphed forward",
+        "tokens = eager",
+        title=title,
+    )
     for row in rows:
 
         def share(key: str, row: dict[str, Any] = row) -> str:
             return f"{100 * row['graph_ms'] / row[key]:.2f} %" if key in row else "–"
 
-        table.add_row(str(row["C"]), cell(row, "eager_gather_ms"), cell(row, "eager_ms"),
-                      cell(row, "fused_ms"), cell(row, "graph_ms"), speedup(row, "fused_ms"),
-                      speedup(row, "graph_ms"), cell(row, "forward_ms"), share("forward_ms"),
-                      cell(row, "forward_graph_ms"), share("forward_graph_ms"),
-                      str(row.get("tokens_equal", "–")))  # fmt: skip
+        table.add_row(
+            str(row["C"]),
+            cell(row, "eager_gather_ms"),
+            cell(row, "eager_ms"),
+            cell(row, "fused_ms"),
+            cell(row, "graph_ms"),
+            speedup(row, "fused_ms"),
+            speedup(row, "graph_ms"),
+            cell(row, "forward_ms"),
+            share("forward_ms"),
+            cell(row, "forward_graph_ms"),
+            share("forward_graph_ms"),
+            str(row.get("tokens_equal", "–")),
+        )
         if "forward_graph_error" in row:
             console.print(f"C = {row['C']}: graphed forward failed: {row['forward_graph_error']}")
     console.print(table)
     console.print(f"folding the two [V, 64] tables once: {fold_s:.2f} s on {device.type}")
     if not cuda:
-        console.print("GPU rows (fused, fused + CUDA graph, share of the forward) need a GPU: "
-                      "unmeasured on this machine.")  # fmt: skip
+        console.print(
+            "GPU rows (fused, fused + CUDA graph, share of the forward) need a GPU: "
+            "unmeasured on this machine."
+        )
     if args.json is not None:
-        args.json.write_text(json.dumps({"device": device.type, "fold_s": fold_s, "rows": rows},
-                                        indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps({"device": device.type, "fold_s": fold_s, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

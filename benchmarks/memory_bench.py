@@ -49,10 +49,18 @@ def narrow_model(vocab: int, positions: int, seed: int = 0) -> Any:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, max_position_embeddings=positions, tie_word_embeddings=False,
-                      attn_implementation="sdpa")  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=positions,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg).eval()
 
@@ -75,9 +83,16 @@ def decode_peak(vocab: int, prompts: int, length: int, new_tokens: int) -> dict[
     decode(backbone, ids.tolist(), options, batch_size=prompts)
     peak = _kib("VmHWM") - base
     full = prompts * length * vocab * 4  # float32 prefill logits
-    return {"what": "decode", "vocab": vocab, "prompts": prompts, "length": length,
-            "new_tokens": new_tokens, "peak_above_weights": peak, "full_prefill_logits": full,
-            "ratio": peak / full}  # fmt: skip
+    return {
+        "what": "decode",
+        "vocab": vocab,
+        "prompts": prompts,
+        "length": length,
+        "new_tokens": new_tokens,
+        "peak_above_weights": peak,
+        "full_prefill_logits": full,
+        "ratio": peak / full,
+    }
 
 
 def training_peak(vocab: int, L: int, batch: int = 1) -> dict[str, Any]:
@@ -127,9 +142,17 @@ def training_peak(vocab: int, L: int, batch: int = 1) -> dict[str, Any]:
     with VocabTensors():
         step()
     logits = batch * 2 * L * vocab * 2  # bf16 logits of the micro-batch
-    return {"what": "proposal step", "vocab": vocab, "L": L, "batch": batch,
-            "peak_above_weights": peak, "bf16_logits": logits, "ratio": peak / logits,
-            "largest_vocab_rows": seen["largest"], "vocab_float64": seen["float64"]}  # fmt: skip
+    return {
+        "what": "proposal step",
+        "vocab": vocab,
+        "L": L,
+        "batch": batch,
+        "peak_above_weights": peak,
+        "bf16_logits": logits,
+        "ratio": peak / logits,
+        "largest_vocab_rows": seen["largest"],
+        "vocab_float64": seen["float64"],
+    }
 
 
 def _hidden(model: Any, batch: Any) -> tuple[Any, Any]:
@@ -140,10 +163,13 @@ def _hidden(model: Any, batch: Any) -> tuple[Any, Any]:
 
 def run_child(kind: str, **kwargs: Any) -> dict[str, Any]:
     """One measurement in a fresh process (its own resident set and peak counter)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import memory_bench as m; print(json.dumps(m.{kind}(**{kwargs!r})))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False, env=_env())  # fmt: skip
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"import memory_bench as m; print(json.dumps(m.{kind}(**{kwargs!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=_env()
+    )
     if done.returncode:
         raise RuntimeError(f"{kind}: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -171,14 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     print("| measurement | peak above weights | full-vocabulary tensor | ratio | target |")
     print("|---|---|---|---|---|")
     d, t = rows
-    print(f"| brisk decode, {d['prompts']} × {d['length']} tokens, V = {V:,} | "
-          f"{d['peak_above_weights'] / GB:.2f} GB | prefill logits (fp32) "
-          f"{d['full_prefill_logits'] / GB:.2f} GB | {d['ratio']:.3f} | ≤ 0.10 |")  # fmt: skip
-    print(f"| proposal step, L = {t['L']:,}, V = {V:,} | {t['peak_above_weights'] / GB:.2f} GB | "
-          f"bf16 logits of the micro-batch {t['bf16_logits'] / GB:.2f} GB | {t['ratio']:.3f} | "
-          f"≤ 2 |")  # fmt: skip
-    print(f"largest [*, V] tensor of the step: {t['largest_vocab_rows']} rows; float64 [*, V]: "
-          f"{t['vocab_float64']}")  # fmt: skip
+    print(
+        f"| brisk decode, {d['prompts']} × {d['length']} tokens, V = {V:,} | "
+        f"{d['peak_above_weights'] / GB:.2f} GB | prefill logits (fp32) "
+        f"{d['full_prefill_logits'] / GB:.2f} GB | {d['ratio']:.3f} | ≤ 0.10 |"
+    )
+    print(
+        f"| proposal step, L = {t['L']:,}, V = {V:,} | {t['peak_above_weights'] / GB:.2f} GB | "
+        f"bf16 logits of the micro-batch {t['bf16_logits'] / GB:.2f} GB | {t['ratio']:.3f} | "
+        f"≤ 2 |"
+    )
+    print(
+        f"largest [*, V] tensor of the step: {t['largest_vocab_rows']} rows; float64 [*, V]: "
+        f"{t['vocab_float64']}"
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -67,9 +67,19 @@ QWEN3_32B = Shape("Qwen3-32B", 32.8e9, 64, 5120, 25600, 64, 151_936)
 
 
 def terms(
-    m: Shape, L: int, b: int, P: int, *, fsdp: bool, flex: bool, checkpoint: bool,
-    chunked_loss: bool, act_bytes: int = 2, state_bytes: int = 16, math: bool = False,
-) -> dict[str, float]:  # fmt: skip
+    m: Shape,
+    L: int,
+    b: int,
+    P: int,
+    *,
+    fsdp: bool,
+    flex: bool,
+    checkpoint: bool,
+    chunked_loss: bool,
+    act_bytes: int = 2,
+    state_bytes: int = 16,
+    math: bool = False,
+) -> dict[str, float]:
     """The model's terms in bytes per GPU (module docstring); ``math``: sdpa's math path."""
     S = 2 * L
     recompute = b * S * (10 * m.hidden + 3 * m.ffn) * act_bytes
@@ -92,62 +102,127 @@ def terms(
 
 def paper_table(console: Console) -> None:
     rows = [
-        (QWEN3_8B, 4096, "DDP, dense (math path), no checkpointing",
-         dict(fsdp=False, flex=False, checkpoint=False, math=True)),
-        (QWEN3_8B, 4096, "FSDP2, dense (math path), checkpointing",
-         dict(fsdp=True, flex=False, checkpoint=True, math=True)),
-        (QWEN3_8B, 4096, "FSDP2, dense (efficient sdpa), checkpointing",
-         dict(fsdp=True, flex=False, checkpoint=True)),
-        (QWEN3_8B, 4096, "FSDP2, flex, checkpointing", dict(fsdp=True, flex=True,
-                                                            checkpoint=True)),
-        (QWEN3_32B, 8192, "FSDP2, flex, checkpointing", dict(fsdp=True, flex=True,
-                                                             checkpoint=True)),
-        (QWEN3_32B, 8192, "FSDP2 over 8 × TP 4 (≈ 32 shards), flex, checkpointing",
-         dict(fsdp=True, flex=True, checkpoint=True, P=32)),
-    ]  # fmt: skip
-    table = Table("model", "L", "setup", "states", "layer inputs + recompute", "scores + mask",
-                  "logits (full / chunked)", "total (full / chunked)", "fits 80 GB",
-                  title="One micro-batch of 1 sequence per GPU, 8 GPUs, bf16 compute, fp32 "
-                        "master weights and AdamW")  # fmt: skip
+        (
+            QWEN3_8B,
+            4096,
+            "DDP, dense (math path), no checkpointing",
+            dict(fsdp=False, flex=False, checkpoint=False, math=True),
+        ),
+        (
+            QWEN3_8B,
+            4096,
+            "FSDP2, dense (math path), checkpointing",
+            dict(fsdp=True, flex=False, checkpoint=True, math=True),
+        ),
+        (
+            QWEN3_8B,
+            4096,
+            "FSDP2, dense (efficient sdpa), checkpointing",
+            dict(fsdp=True, flex=False, checkpoint=True),
+        ),
+        (QWEN3_8B, 4096, "FSDP2, flex, checkpointing", dict(fsdp=True, flex=True, checkpoint=True)),
+        (
+            QWEN3_32B,
+            8192,
+            "FSDP2, flex, checkpointing",
+            dict(fsdp=True, flex=True, checkpoint=True),
+        ),
+        (
+            QWEN3_32B,
+            8192,
+            "FSDP2 over 8 × TP 4 (≈ 32 shards), flex, checkpointing",
+            dict(fsdp=True, flex=True, checkpoint=True, P=32),
+        ),
+    ]
+    table = Table(
+        "model",
+        "L",
+        "setup",
+        "states",
+        "layer inputs + recompute",
+        "scores + mask",
+        "logits (full / chunked)",
+        "total (full / chunked)",
+        "fits 80 GB",
+        title="One micro-batch of 1 sequence per GPU, 8 GPUs, bf16 compute, fp32 "
+        "master weights and AdamW",
+    )
     for shape, L, label, kw in rows:
         P = int(kw.pop("P", 8))
         full = terms(shape, L, 1, P, chunked_loss=False, **kw)  # type: ignore[arg-type]
         chunk = terms(shape, L, 1, P, chunked_loss=True, **kw)  # type: ignore[arg-type]
-        acts = sum(full.get(k, 0.0) for k in ("layer inputs", "one layer recomputed",
-                                              "layer activations"))  # fmt: skip
+        acts = sum(
+            full.get(k, 0.0) for k in ("layer inputs", "one layer recomputed", "layer activations")
+        )
         att = full["attention scores"] + full["mask"]
         tot_full, tot_chunk = sum(full.values()), sum(chunk.values())
         fits = "yes" if tot_chunk < 80 * GB * 0.9 else "no"
         if tot_full < 80 * GB * 0.9:
             fits = "yes (either)"
-        table.add_row(shape.name, str(L), label, f"{full['states'] / GB:.1f}", f"{acts / GB:.1f}",
-                      f"{att / GB:.1f}", f"{full['logits'] / GB:.1f} / 0",
-                      f"{tot_full / GB:.1f} / {tot_chunk / GB:.1f}", fits)  # fmt: skip
+        table.add_row(
+            shape.name,
+            str(L),
+            label,
+            f"{full['states'] / GB:.1f}",
+            f"{acts / GB:.1f}",
+            f"{att / GB:.1f}",
+            f"{full['logits'] / GB:.1f} / 0",
+            f"{tot_full / GB:.1f} / {tot_chunk / GB:.1f}",
+            fits,
+        )
     console.print(table)
 
 
 def check_table(console: Console, measured: Path) -> None:
     data = json.loads(measured.read_text())
     cfg = data["meta"]["model"]
-    m = Shape("bench", 0.0, cfg["num_hidden_layers"], cfg["hidden_size"],
-              cfg["intermediate_size"], cfg["num_attention_heads"], cfg["vocab_size"])  # fmt: skip
+    m = Shape(
+        "bench",
+        0.0,
+        cfg["num_hidden_layers"],
+        cfg["hidden_size"],
+        cfg["intermediate_size"],
+        cfg["num_attention_heads"],
+        cfg["vocab_size"],
+    )
     # the benchmark's parameter count, from its shapes (untied embeddings, GQA projections)
     H, F, a, kv, d = m.hidden, m.ffn, m.heads, cfg["num_key_value_heads"], cfg["head_dim"]
     layer = H * a * d + 2 * H * kv * d + a * d * H + 3 * H * F + 2 * H + 2 * d
     params = m.layers * layer + 2 * m.vocab * H + H
     m = Shape("bench", float(params), m.layers, H, F, a, m.vocab)
-    table = Table("L", "mode", "predicted (MiB)", "measured (MiB)", "measured ÷ predicted",
-                  title=f"The model at the benchmark's shape (P = 1, fp32, no checkpointing, "
-                        f"batch {data['meta']['batch']}), against its CPU peaks")  # fmt: skip
+    table = Table(
+        "L",
+        "mode",
+        "predicted (MiB)",
+        "measured (MiB)",
+        "measured ÷ predicted",
+        title=f"The model at the benchmark's shape (P = 1, fp32, no checkpointing, "
+        f"batch {data['meta']['batch']}), against its CPU peaks",
+    )
     for row in data["rows"]:
         if row.get("status") != "ok" or row["mode"] != "dense":
             continue
-        t = terms(m, row["L"], data["meta"]["batch"], 1, fsdp=False, flex=False,
-                  checkpoint=False, chunked_loss=False, act_bytes=4, state_bytes=12)  # fmt: skip
+        t = terms(
+            m,
+            row["L"],
+            data["meta"]["batch"],
+            1,
+            fsdp=False,
+            flex=False,
+            checkpoint=False,
+            chunked_loss=False,
+            act_bytes=4,
+            state_bytes=12,
+        )
         predicted = sum(t.values())
         got = row["peak_bytes"]
-        table.add_row(str(row["L"]), row["mode"], f"{predicted / 2**20:.0f}",
-                      f"{got / 2**20:.0f}", f"{got / predicted:.2f}")  # fmt: skip
+        table.add_row(
+            str(row["L"]),
+            row["mode"],
+            f"{predicted / 2**20:.0f}",
+            f"{got / 2**20:.0f}",
+            f"{got / predicted:.2f}",
+        )
     console.print(table)
 
 

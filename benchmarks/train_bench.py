@@ -59,10 +59,16 @@ def model_config() -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=2048, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-        max_position_embeddings=8192, attn_implementation="sdpa",
-    )  # fmt: skip
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
 
 
 def make_batch(L: int, batch: int, device: torch.device) -> Any:
@@ -135,16 +141,30 @@ def run_row(args: argparse.Namespace) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated(device) - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    return {"L": args.row_L, "mode": args.row_mode, "status": "ok", "step_s": statistics.median(
-        walls[1:]), "warmup_s": walls[0], "peak_bytes": peak, "loss": loss}  # fmt: skip
+    return {
+        "L": args.row_L,
+        "mode": args.row_mode,
+        "status": "ok",
+        "step_s": statistics.median(walls[1:]),
+        "warmup_s": walls[0],
+        "peak_bytes": peak,
+        "loss": loss,
+    }
 
 
 def spawn_row(args: argparse.Namespace, L: int, mode: str) -> dict[str, Any]:
     """Run one row in a fresh interpreter; OOM (CUDA's error or the kernel's SIGKILL) is a
     result, not a crash."""
-    cmd = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype,
-           "--batch", str(args.batch), "--steps", str(args.steps), "--row-L", str(L),
-           "--row-mode", mode] + (["--compile"] if args.compile else [])  # fmt: skip
+    row = {
+        "--device": args.device,
+        "--dtype": args.dtype,
+        "--batch": args.batch,
+        "--steps": args.steps,
+        "--row-L": L,
+        "--row-mode": mode,
+    }
+    cmd = [sys.executable, __file__, *(str(x) for pair in row.items() for x in pair)]
+    cmd += ["--compile"] if args.compile else []
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     try:
@@ -162,10 +182,11 @@ def spawn_row(args: argparse.Namespace, L: int, mode: str) -> dict[str, Any]:
 def show(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     by = {(r["L"], r["mode"]): r for r in rows}
     flex = "flex+compile" if args.compile else "flex eager"
-    table = Table(title=f"one I-DLM training step · {args.device} {args.dtype} · batch "
-                  f"{args.batch} · M = {M} · median of {args.steps} · {flex}")  # fmt: skip
-    for col in ("L", "2L", "dense ms", "flex ms", "dense MiB", "flex MiB", "time d÷f",
-                "peak d÷f"):  # fmt: skip
+    table = Table(
+        title=f"one I-DLM training step · {args.device} {args.dtype} · batch "
+        f"{args.batch} · M = {M} · median of {args.steps} · {flex}"
+    )
+    for col in ("L", "2L", "dense ms", "flex ms", "dense MiB", "flex MiB", "time d÷f", "peak d÷f"):
         table.add_column(col, justify="right")
 
     def cell(r: dict[str, Any], key: str, scale: float, fmt: str) -> str:
@@ -175,12 +196,15 @@ def show(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         d, f = by[(L, "dense")], by[(L, "flex")]
         ok = d["status"] == "ok" and f["status"] == "ok"
         table.add_row(
-            str(L), str(2 * L),
-            cell(d, "step_s", 1e-3, ",.0f"), cell(f, "step_s", 1e-3, ",.0f"),
-            cell(d, "peak_bytes", 2**20, ",.0f"), cell(f, "peak_bytes", 2**20, ",.0f"),
+            str(L),
+            str(2 * L),
+            cell(d, "step_s", 1e-3, ",.0f"),
+            cell(f, "step_s", 1e-3, ",.0f"),
+            cell(d, "peak_bytes", 2**20, ",.0f"),
+            cell(f, "peak_bytes", 2**20, ",.0f"),
             f"{d['step_s'] / f['step_s']:.2f}" if ok else "–",
             f"{d['peak_bytes'] / max(f['peak_bytes'], 1):.2f}" if ok else "–",
-        )  # fmt: skip
+        )
     Console().print(table)
 
 
@@ -188,8 +212,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--lengths", default="256,512,1024,2048,4096",
-                   type=lambda s: [int(x) for x in s.split(",")])  # fmt: skip
+    p.add_argument(
+        "--lengths", default="256,512,1024,2048,4096", type=lambda s: [int(x) for x in s.split(",")]
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile flex_attention (CUDA)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
@@ -213,11 +238,18 @@ def main() -> None:
     if args.json is not None:
         import transformers
 
-        meta = {"device": args.device, "dtype": args.dtype, "compile": args.compile,
-                "batch": args.batch, "steps": args.steps, "M": M, "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-                "model": model_config().to_dict()}  # fmt: skip
+        meta = {
+            "device": args.device,
+            "dtype": args.dtype,
+            "compile": args.compile,
+            "batch": args.batch,
+            "steps": args.steps,
+            "M": M,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+            "model": model_config().to_dict(),
+        }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
 
 

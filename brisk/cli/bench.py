@@ -33,8 +33,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         required=True,
         help="server base URL; repeat it to compare servers (later ÷ earlier)",
     )
-    s.add_argument("--label", action="append",
-                   help="a name per --url (default: A, B, C, …)")  # fmt: skip
+    s.add_argument("--label", action="append", help="a name per --url (default: A, B, C, …)")
     s.add_argument(
         "--tokenizer",
         required=True,
@@ -46,19 +45,27 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help='a JSON Lines file of {"prompt": ...} rows (e.g. brisk tasks export) to draw the '
         "requests from, instead of random ids (--input-len is then unused)",
     )
-    s.add_argument("--stop-at-eos", action="store_true",
-                   help="let each response end at its EOS (--output-len a cap) instead of "
-                   "generating exactly --output-len tokens")  # fmt: skip
-    s.add_argument("--concurrency", type=comma_separated(int, "concurrencies"),
-                   default=[1, 2, 4, 8, 16, 32])  # fmt: skip
+    s.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="let each response end at its EOS (--output-len a cap) instead of "
+        "generating exactly --output-len tokens",
+    )
+    s.add_argument(
+        "--concurrency", type=comma_separated(int, "concurrencies"), default=[1, 2, 4, 8, 16, 32]
+    )
     s.add_argument("--runs", type=int, default=3)
     s.add_argument("--input-len", type=int, default=128)
     s.add_argument("--output-len", type=int, default=2048)
     s.add_argument("--prompts-per-c", type=int, default=4, help="requests per run = this × C")
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--ready-timeout", type=int, default=60,
-                   help="seconds to wait for each server to answer /v1/models")  # fmt: skip
+    s.add_argument(
+        "--ready-timeout",
+        type=int,
+        default=60,
+        help="seconds to wait for each server to answer /v1/models",
+    )
     s.add_argument("--out", type=Path, required=True, help="directory for results and logs")
     s.set_defaults(run=_serve)
 
@@ -66,7 +73,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from brisk.runtime.serving import bench
+    from brisk.runtime.serving import bench, bench_summary
 
     labels = args.label or [chr(ord("A") + i) for i in range(len(args.url))]
     if len(args.url) > 8:
@@ -81,11 +88,17 @@ def _serve(args: argparse.Namespace) -> int:
             "serving extra (pip install 'brisk[serving]', or make serving-venv)"
         )
     options = bench.ServeBenchOptions(
-        concurrencies=tuple(args.concurrency), runs=args.runs, input_len=args.input_len,
-        output_len=args.output_len, prompts_per_c=args.prompts_per_c,
-        temperature=args.temperature, seed=args.seed, ready_timeout_s=args.ready_timeout,
-        prompts=None if args.prompts is None else str(args.prompts), stop_at_eos=args.stop_at_eos,
-    )  # fmt: skip
+        concurrencies=tuple(args.concurrency),
+        runs=args.runs,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        prompts_per_c=args.prompts_per_c,
+        temperature=args.temperature,
+        seed=args.seed,
+        ready_timeout_s=args.ready_timeout,
+        prompts=None if args.prompts is None else str(args.prompts),
+        stop_at_eos=args.stop_at_eos,
+    )
     servers = dict(zip(labels, args.url, strict=True))
     console = Console(stderr=True)
     total = len(options.concurrencies) * options.runs * len(servers)
@@ -94,25 +107,27 @@ def _serve(args: argparse.Namespace) -> int:
     def on_run(run: bench.Run) -> None:
         nonlocal done
         done += 1
-        console.print(f"[{done}/{total}] {run.server} C = {run.concurrency} run {run.run}: "
-                      f"{run.aggregate_tps:.1f} tok/s")  # fmt: skip
+        console.print(
+            f"[{done}/{total}] {run.server} C = {run.concurrency} run {run.run}: "
+            f"{run.aggregate_tps:.1f} tok/s"
+        )
 
     try:
         runs = bench.sweep(servers, args.tokenizer, options, args.out, on_run)
     except RuntimeError as err:  # a server down or failing requests: one line, exit 2
         raise ValueError(str(err)) from err
-    rows = bench.summarize(runs)
-    pairs = bench.comparisons(runs, labels)
-    text = bench.markdown(rows) + "".join(
-        "\n" + bench.ratio_table(ratios, names) for names, ratios in pairs.items()
+    rows = bench_summary.summarize(runs)
+    pairs = bench_summary.comparisons(runs, labels)
+    text = bench_summary.markdown(rows) + "".join(
+        "\n" + bench_summary.ratio_table(ratios, names) for names, ratios in pairs.items()
     )
     print(text, end="")
     atomic_write_text(args.out / "serve_bench.md", text)
     first = next(iter(pairs.values()), [])
     atomic_write_text(
         args.out / "serve_bench.json",
-        bench.dumps(bench.to_json(runs, rows, first, options, servers, pairs)),
+        bench_summary.dumps(bench_summary.to_json(runs, rows, first, options, servers, pairs)),
     )
-    bench.plot(rows, pairs, args.out / "serve_bench.png")
+    bench_summary.plot(rows, pairs, args.out / "serve_bench.png")
     console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")
     return 0

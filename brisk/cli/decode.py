@@ -102,10 +102,9 @@ def _positive(value: int, flag: str) -> None:
 
 
 def run_problems(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from brisk.cli._common import task_from_args
     from brisk.runtime.decoding import check_output_file, write_jsonl
+    from brisk.runtime.loader import load_tokenizer
     from brisk.runtime.tasks.spec import task_flag_errors
     from brisk.runtime.train.config import BaseTrainConfig
 
@@ -125,7 +124,7 @@ def run_problems(args: argparse.Namespace) -> int:
         seed = cfg.eval_seed if split == "test" else cfg.seed
     with task_flag_errors():
         task = spec.resolve(n=args.n, seed=seed or 0, split=split, checkpoint=args.checkpoint)
-        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
+        tokenizer = load_tokenizer(args.checkpoint, where="--checkpoint")
         problems = task.problems(tokenizer)
     grader = task.describe().get("grader")
     rows = [

@@ -59,9 +59,9 @@ def run_export(args: argparse.Namespace) -> int:
         raise ValueError(f"--out: {args.out} is a directory")
     tokenizer = None
     if args.checkpoint is not None:
-        from transformers import AutoTokenizer
+        from brisk.runtime.loader import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint, local_files_only=True)
+        tokenizer = load_tokenizer(args.checkpoint, where="--checkpoint")
     with task_flag_errors():
         task = spec.resolve(
             n=args.n, seed=args.seed, split=spec.split or "test", checkpoint=args.checkpoint

@@ -367,6 +367,11 @@ def _print_report(report: object) -> None:
         f"answer accuracy (greedy, clean stream): [bold]{report.accuracy:.1%}[/] "
         f"on {report.n_problems} held-out problems"
     )
+    if report.grader_errors:
+        console.print(
+            f"[yellow]the grader raised on {report.grader_errors} answers (counted wrong), "
+            f"first: {report.first_grader_error}[/]"
+        )
     for N, acc in report.proposal_accuracy.items():
         table = Table("position i", *(str(i + 1) for i in range(len(acc))), title=f"N = {N}")
         table.add_row("MASK argmax acc", *(f"{a:.3f}" for a in acc))

@@ -80,13 +80,13 @@ class CandidateCoverage:
             for name in ("coverage", "mass", "set_mass")
         }
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "first_breakers": self.first_breakers,
             "K_prime": list(range(1, len(self.coverage) + 1)),
-            "coverage": self.coverage.as_dict(),
-            "mass": self.mass.as_dict(),
-            "set_mass": self.set_mass.as_dict(),
+            "coverage": self.coverage.to_dict(),
+            "mass": self.mass.to_dict(),
+            "set_mass": self.set_mass.to_dict(),
         }
 
 

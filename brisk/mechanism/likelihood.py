@@ -54,9 +54,9 @@ class BlockLikelihood:
     tied: Rate
     negative: Rate
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"pairs": self.pairs} | {
-            k: v.as_dict() for k, v in self.__dict__.items() if k != "pairs"
+            k: v.to_dict() for k, v in self.__dict__.items() if k != "pairs"
         }
 
 

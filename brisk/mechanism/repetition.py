@@ -107,8 +107,8 @@ class Repetition:
     nonadjacent_per_block_base: Mean
     nonadjacent_per_block_head: Mean
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v if isinstance(v, int) else v.as_dict() for k, v in self.__dict__.items()}
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v if isinstance(v, int) else v.to_dict() for k, v in self.__dict__.items()}
 
 
 def repetition(sums: dict[str, IntArray], boot: Bootstrap) -> Repetition:

@@ -246,11 +246,11 @@ class SameStateReplay:
     regression_by_position: RateArray
     intervention_by_position: RateArray
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in self.__dict__.items():
             if isinstance(value, Rate | RateArray):
-                out[key] = value.as_dict()
+                out[key] = value.to_dict()
             elif isinstance(value, np.ndarray):
                 out[key] = value.tolist()
             else:

@@ -45,6 +45,6 @@ def write_report(s: MechanismSummary, out: str | os.PathLike[str]) -> list[Path]
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = save_plots(s, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(s.as_dict(), indent=1, allow_nan=False))
+    (out_dir / "summary.json").write_text(json.dumps(s.to_dict(), indent=1, allow_nan=False))
     (out_dir / "summary.md").write_text(markdown(s, [str(p) for p in pngs]))
     return [out_dir / "summary.json", out_dir / "summary.md", *pngs]

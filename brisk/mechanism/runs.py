@@ -125,7 +125,7 @@ class RunTPF:
             f"{name}: {value} ({counts}; {what})" for name, value, counts, what in self.lines()
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         r = self.renewal
         return {
             "requests": self.requests,

@@ -1,4 +1,5 @@
-"""The block-log schema: one Parquet row per proposal block (DESIGN.md, "mechanism — the contract").
+"""The block-log schema: one Parquet row per proposal block (docs/architecture.md,
+"mechanism: the contract").
 
 Columns (B blocks, M proposal positions, K candidates per position; lists are fixed-size and
 flattened position-major, so entry ``i·K + k`` is candidate k of position i + 1):

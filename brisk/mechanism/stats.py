@@ -51,7 +51,7 @@ class Rate:
     requests: int
     excluded: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 
@@ -96,7 +96,7 @@ class RateArray:
             self.excluded[start:stop],
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {k: [_json_number(x) for x in v.tolist()] for k, v in self.__dict__.items()}
 
 
@@ -115,7 +115,7 @@ class Mean:
     requests: int
     excluded: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 
@@ -160,8 +160,8 @@ class Interval:
             return m
         return f"{m} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields for JSON, as :meth:`Rate.as_dict`: a NaN bound (k = 1) becomes null."""
+    def to_dict(self) -> dict[str, Any]:
+        """The fields for JSON, as :meth:`Rate.to_dict`: a NaN bound (k = 1) becomes null."""
         return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 

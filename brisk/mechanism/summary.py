@@ -97,7 +97,7 @@ class MechanismSummary:
             return None
         return _HEAD_GAPS[column] if self.has_corrector else NO_CORRECTOR
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         lo, hi = self.profile.interval(self.level)
         return {
             "files": list(self.files),
@@ -114,7 +114,7 @@ class MechanismSummary:
                 "unchecked_blocks": self.replay.unchecked_blocks,
             },
             "tpf": (
-                self.run.as_dict() | {"requests_without_row": self.unlisted_requests}
+                self.run.to_dict() | {"requests_without_row": self.unlisted_requests}
                 if self.run is not None
                 else {
                     "renewal_all_rounds": {
@@ -127,10 +127,10 @@ class MechanismSummary:
             ),
             "bootstrap": {"draws": self.draws, "seed": self.seed, "level": self.level},
             "ks": list(self.ks),
-            "replay": self.replay.as_dict(),
-            "coverage": self.coverage.as_dict(),
-            "likelihood": self.likelihood.as_dict(),
-            "repetition": self.repetition.as_dict(),
+            "replay": self.replay.to_dict(),
+            "coverage": self.coverage.to_dict(),
+            "likelihood": self.likelihood.to_dict(),
+            "repetition": self.repetition.to_dict(),
             "acceptance_profile": {
                 "reached": self.profile.reached.tolist(),
                 "accepted": self.profile.accepted.tolist(),

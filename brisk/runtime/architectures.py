@@ -141,8 +141,9 @@ def model_config(path: str | Path, trust_remote_code: bool = False) -> Pretraine
     :data:`AS_TRANSFORMERS` reads as its transformers twin."""
     directory = Path(path)
     raw = _raw_config(directory)
-    twin = next((AS_TRANSFORMERS[a] for a in raw.get("architectures") or []
-                 if a in AS_TRANSFORMERS), None)  # fmt: skip
+    twin = next(
+        (AS_TRANSFORMERS[a] for a in raw.get("architectures") or [] if a in AS_TRANSFORMERS), None
+    )
     if twin is None or trust_remote_code:
         return AutoConfig.from_pretrained(
             directory, trust_remote_code=trust_remote_code, local_files_only=True
@@ -169,9 +170,13 @@ def load_causal_lm(
     check_model_weights(path, config, trust_remote_code)
     extra = {"attn_implementation": attention} if attention is not None else {}
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-        path, config=config, trust_remote_code=trust_remote_code, dtype=dtype,
-        local_files_only=True, **extra,
-    )  # fmt: skip
+        path,
+        config=config,
+        trust_remote_code=trust_remote_code,
+        dtype=dtype,
+        local_files_only=True,
+        **extra,
+    )
     return model
 
 

@@ -265,8 +265,17 @@ class Corrector(nn.Module):
         position j is fed x_{j−1} (x_0 = ``anchor_ids``) whatever the head would have picked.
         """
         self._check(backbone, mask_hidden)
-        out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
-                        temperature=0.0, u=None, forced=tokens)  # fmt: skip
+        out = self._run(
+            backbone,
+            anchor_hidden,
+            anchor_ids,
+            mask_hidden,
+            cand_logits,
+            cand_ids,
+            temperature=0.0,
+            u=None,
+            forced=tokens,
+        )
         return out.refined
 
     @torch.no_grad()
@@ -304,8 +313,17 @@ class Corrector(nn.Module):
             raise ValueError("u: uniforms [B, M] are required when temperature > 0")
         dtype = self.w_c.weight.dtype
         cand_logits = cand_logits.to(dtype)
-        out = self._run(backbone, anchor_hidden, anchor_ids, mask_hidden, cand_logits, cand_ids,
-                        temperature=temperature, u=u, impl=impl)  # fmt: skip
+        out = self._run(
+            backbone,
+            anchor_hidden,
+            anchor_ids,
+            mask_hidden,
+            cand_logits,
+            cand_ids,
+            temperature=temperature,
+            u=u,
+            impl=impl,
+        )
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
         return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
 

@@ -37,9 +37,9 @@ from transformers import PreTrainedTokenizerBase
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
+from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.loader import fit_budget, load_model
 from brisk.runtime.prompts import completion_text, encode_prompt
 from brisk.runtime.tasks.graders import grade_all, resolve_grader

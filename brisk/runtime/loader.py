@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.isd.options import ISDOptions
 
@@ -41,6 +43,7 @@ __all__ = [
     "default_placement",
     "fit_budget",
     "load_model",
+    "load_tokenizer",
     "placement",
 ]
 
@@ -160,8 +163,9 @@ def _check_runs(where: Placement) -> None:
     cuda_bf16 = where.device.type == "cuda" and where.dtype == torch.bfloat16
     if cuda_bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):
         gpu = torch.cuda.get_device_name(where.device)
-        raise ValueError(f"--dtype: {gpu} ({where.device}) has no bfloat16 arithmetic; "
-                         "use float16 or float32")  # fmt: skip
+        raise ValueError(
+            f"--dtype: {gpu} ({where.device}) has no bfloat16 arithmetic; use float16 or float32"
+        )
     try:
         a = torch.ones(2, 2, device=where.device, dtype=where.dtype)
         torch.nn.functional.softmax(a @ a, dim=-1)
@@ -207,8 +211,6 @@ def load_model(
     Errors are one ``ValueError`` naming the flag ``where`` (``--model``, ``--checkpoint``), or
     ``--mask-token-id`` when the checkpoint defines no MASK token, or ``--device`` / ``--dtype``.
     """
-    from transformers import AutoTokenizer
-
     from brisk._hf import quiet_transformers
     from brisk.runtime.backbone import HFBackbone
 
@@ -217,19 +219,18 @@ def load_model(
     if not (directory / "config.json").is_file():
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     quiet_transformers()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            directory, trust_remote_code=trust_remote_code, local_files_only=True
-        )
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: no tokenizer in {directory}: {_one_line(err)}") from None
+    tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code, where=where)
     # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
     mask_id = mask_token_id if mask_token_id is not None else tokenizer.mask_token_id
     try:
         backbone = HFBackbone.from_pretrained(
-            directory, mask_token_id=mask_id, trust_remote_code=trust_remote_code,
-            dtype=on.dtype, device=on.device, attention=attention,
-        )  # fmt: skip
+            directory,
+            mask_token_id=mask_id,
+            trust_remote_code=trust_remote_code,
+            dtype=on.dtype,
+            device=on.device,
+            attention=attention,
+        )
     except ValueError as err:
         if not str(err).startswith("mask_token_id:"):
             raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
@@ -242,6 +243,22 @@ def load_model(
     except OSError as err:
         raise ValueError(f"{where}: {_one_line(err)}") from None
     return LoadedModel(directory, tokenizer, backbone, on)
+
+
+def load_tokenizer(
+    path: str | Path, *, trust_remote_code: bool = False, where: str = "--model"
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of the checkpoint at ``path``, read from disk only; a missing or unreadable
+    one is a ``ValueError`` naming the flag ``where``."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            Path(path), trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: no tokenizer in {path}: {_one_line(err)}") from None
+    return tokenizer
 
 
 def _one_line(err: Exception) -> str:
@@ -308,6 +325,8 @@ def training_placement(
     global _announced
     if not _announced and where.type == "cuda" and int(os.environ.get("RANK", "0")) == 0:
         _announced = True
-        print(f"brisk: training on {where} in {chosen} (--device and --precision choose)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"brisk: training on {where} in {chosen} (--device and --precision choose)",
+            file=sys.stderr,
+        )
     return where, chosen

@@ -283,8 +283,13 @@ class ProfileTracker:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume the tracker exactly (for training checkpoints)."""
-        return {"M": self.M, "decay": self.decay, "updates": self.updates,
-                "reached": self._reached.tolist(), "accepted": self._accepted.tolist()}  # fmt: skip
+        return {
+            "M": self.M,
+            "decay": self.decay,
+            "updates": self.updates,
+            "reached": self._reached.tolist(),
+            "accepted": self._accepted.tolist(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state (its M and decay must match this tracker's)."""

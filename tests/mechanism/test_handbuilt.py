@@ -215,8 +215,8 @@ def test_version_1_log_reads_as_written(log: Path, summary: MechanismSummary) ->
     (batch,) = read_blocks(V1_LOG)
     assert batch["token_offset"].tolist() == [-1] * 5
     np.testing.assert_array_equal(batch["head_block"], batch["head_choice"])
-    old = analyze(V1_LOG, ks=(1, 2, 3), draws=50).as_dict()
-    new = summary.as_dict()
+    old = analyze(V1_LOG, ks=(1, 2, 3), draws=50).to_dict()
+    new = summary.to_dict()
     assert old.pop("files") == [str(V1_LOG)]
     new.pop("files")
     assert old == new

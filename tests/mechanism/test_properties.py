@@ -137,6 +137,6 @@ def test_splitting_into_files_and_directories(tmp_path: Path) -> None:
     directory = tally_blocks(tmp_path / "dir")
     assert one.equals(three)
     assert one.equals(directory)
-    a = summarize(one, draws=200, ks=(4,)).as_dict()
-    b = summarize(directory, draws=200, ks=(4,)).as_dict()
+    a = summarize(one, draws=200, ks=(4,)).to_dict()
+    b = summarize(directory, draws=200, ks=(4,)).to_dict()
     assert a == b

@@ -49,7 +49,7 @@ def test_progress_and_seed(log: Path) -> None:
     a = analyze(log, draws=50, seed=3, batch_rows=1000, progress=seen.append)
     assert seen == [1000] * 5
     b = analyze(log, draws=50, seed=3)
-    assert a.as_dict() == b.as_dict()
+    assert a.to_dict() == b.to_dict()
     c = analyze(log, draws=50, seed=4)
     assert c.replay.rescue.low != a.replay.rescue.low
     assert c.replay.rescue.equal_request == a.replay.rescue.equal_request

@@ -81,13 +81,13 @@ def test_one_seed_has_no_interval() -> None:
     assert iv.mean == 2.5
     assert math.isnan(iv.low)
     assert iv.format() == "2.50"
-    assert json.dumps(iv.as_dict()) == '{"mean": 2.5, "low": null, "high": null, "k": 1}'
+    assert json.dumps(iv.to_dict()) == '{"mean": 2.5, "low": null, "high": null, "k": 1}'
 
 
 def test_interval_format_and_refusals() -> None:
     iv = Interval(0.5, 0.25, 0.75, 3)
     assert iv.format(scale=100, digits=1) == "50.0 [25.0, 75.0]"
-    assert iv.as_dict() == {"mean": 0.5, "low": 0.25, "high": 0.75, "k": 3}
+    assert iv.to_dict() == {"mean": 0.5, "low": 0.25, "high": 0.75, "k": 3}
     with pytest.raises(ValueError, match="level: must lie in"):
         Interval.of([1.0, 2.0], level=1.0)
     with pytest.raises(ValueError, match="at least one value"):

@@ -50,10 +50,23 @@ def micro_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object
     backbone = micro_backbone()
     out = tmp_path_factory.mktemp("micro_head")
     options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=16, top_k=6)
-    store = collect_events(backbone, micro_prompts(600, seed=0), options, out / "events",
-                           seeds=range(600), batch_size=600)  # fmt: skip
-    cfg = CorrectorTrainConfig(events=str(store.path), out_dir=str(out / "head"), K=4,
-                               head="small", epochs=10, batch_size=128, lr=3e-3)  # fmt: skip
+    store = collect_events(
+        backbone,
+        micro_prompts(600, seed=0),
+        options,
+        out / "events",
+        seeds=range(600),
+        batch_size=600,
+    )
+    cfg = CorrectorTrainConfig(
+        events=str(store.path),
+        out_dir=str(out / "head"),
+        K=4,
+        head="small",
+        epochs=10,
+        batch_size=128,
+        lr=3e-3,
+    )
     with torch.random.fork_rng():
         result = train_corrector(cfg, show_progress=False, backbone=backbone, store=store)
     return backbone, Corrector.from_pretrained(result.checkpoint), store
@@ -70,8 +83,9 @@ def micro_prompts(n: int, seed: int) -> list[list[int]]:
     ]
 
 
-def micro_experiment_toml(out: Path, base: Path, seeds: list[int], arms: list[str],
-                          workers: int) -> str:  # fmt: skip
+def micro_experiment_toml(
+    out: Path, base: Path, seeds: list[int], arms: list[str], workers: int
+) -> str:
     """A proposal-ablation config small enough for the suite (micro base, stride 4)."""
     return f"""
 out_dir = "{out}"
@@ -99,13 +113,16 @@ def tokenizer_without_mask() -> Any:
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from brisk.runtime.tiny.tokenizer import CHARS
+    from brisk.worlds.arithmetic.tokenizer import CHARS
 
     specials = ("<pad>", "<bos>", "<eos>", "<unk>")
     vocab = {t: i for i, t in enumerate((*specials, *CHARS))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
         unk_token="<unk>",
-    )  # fmt: skip
+    )

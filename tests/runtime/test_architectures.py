@@ -14,8 +14,8 @@ from brisk.cli import main
 from brisk.runtime.architectures import add_mask_token, model_config
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.isd import ISDOptions, decode
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 from tests.runtime.conftest import tokenizer_without_mask
 
 
@@ -32,10 +32,14 @@ def qwen3_and_sdar(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
         tokenizer.save_pretrained(root / name)
     config = json.loads((root / "sdar" / "config.json").read_text())
     config |= {
-        "architectures": ["SDARForCausalLM"], "model_type": "sdar", "block_size": 4,
-        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig",
-                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
-    }  # fmt: skip
+        "architectures": ["SDARForCausalLM"],
+        "model_type": "sdar",
+        "block_size": 4,
+        "auto_map": {
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+    }
     (root / "sdar" / "config.json").write_text(json.dumps(config))
     return root / "qwen3", root / "sdar"
 
@@ -50,8 +54,9 @@ def test_an_sdar_checkpoint_loads_as_qwen3(qwen3_and_sdar: tuple[Path, Path]) ->
     assert b.mask_token_id == a.mask_token_id
     ids = torch.randint(5, 60, (2, 9))
     with torch.no_grad():
-        torch.testing.assert_close(b.model(input_ids=ids).logits, a.model(input_ids=ids).logits,
-                                   rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            b.model(input_ids=ids).logits, a.model(input_ids=ids).logits, rtol=0, atol=0
+        )
     options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=20)
     prompts = [[1, 20, 30], [1, 40]]
     assert decode(a, prompts, options).tokens == decode(b, prompts, options).tokens
@@ -66,8 +71,9 @@ def test_brisk_decode_takes_an_sdar_checkpoint(
     outs = []
     for model in (qwen3, sdar):
         out = tmp_path / f"{model.name}.jsonl"
-        argv = ["decode", "--model", str(model), "--prompts", str(prompts), "--max-new-tokens",
-                "16", "--out", str(out)]  # fmt: skip
+        argv = (
+            f"decode --model {model} --prompts {prompts} --max-new-tokens 16 --out {out}"
+        ).split()
         assert main(argv) == 0
         outs.append([json.loads(line)["completion"] for line in out.read_text().splitlines()])
     assert outs[0] == outs[1]
@@ -100,8 +106,8 @@ def test_a_model_without_a_mask_token_gets_one() -> None:
 def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Path) -> None:
     """The I-DLM conversion recipe on a user's model and data: a causal LM without a MASK token
     (--init, --add-mask-token) trained on a JSON-lines file of prompts and responses."""
-    from brisk.runtime.tiny.tasks import ArithmeticTask
     from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.worlds.arithmetic.tasks import ArithmeticTask
 
     tokenizer = tokenizer_without_mask()
     torch.manual_seed(0)
@@ -110,8 +116,9 @@ def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Pa
     tokenizer.save_pretrained(ar)
     data = tmp_path / "train.jsonl"
     problems = ArithmeticTask.build("trivial", split="train", n=40, seed=0).problems()
-    data.write_text("".join(json.dumps({"q": p.prompt, "a": p.record["response"]}) + "\n"
-                            for p in problems))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"q": p.prompt, "a": p.record["response"]}) + "\n" for p in problems)
+    )
     config = tmp_path / "convert.toml"
     config.write_text(
         f"steps = 60\nbatch_size = 16\nstrides = [2, 4]\nwarmup_steps = 5\nlog_every = 5\n"
@@ -119,8 +126,9 @@ def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Pa
         f'[data]\npath = "{data}"\nfields = ["prompt=q", "response=a"]\n'
     )
     out = tmp_path / "converted"
-    argv = ["train", "base", "--config", str(config), "--init", str(ar), "--add-mask-token",
-            "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = (
+        f"train base --config {config} --init {ar} --add-mask-token --out {out} --no-progress"
+    ).split()
     assert main(argv) == 0
     final = out / "final"
     saved = BaseTrainConfig.load(final / "train_config.json")
@@ -131,11 +139,21 @@ def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Pa
     mask_id = converted.mask_token_id
     assert mask_id == len(tokenizer.get_vocab())  # one new token, recorded in both files
     assert json.loads((final / "config.json").read_text())["mask_token_id"] == mask_id
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").open()
-              if '"train"' in line]  # fmt: skip
+    losses = [
+        json.loads(line)["loss"] for line in (out / "metrics.jsonl").open() if '"train"' in line
+    ]
     assert losses[-1] < 0.8 * losses[0]  # it learns the data
     backbone = HFBackbone.from_pretrained(final)
     assert backbone.mask_token_id == mask_id
-    no_mask = ["train", "base", "--config", str(config), "--init", str(ar), "--out",
-               str(tmp_path / "no_mask"), "--no-progress"]  # fmt: skip
+    no_mask = [
+        "train",
+        "base",
+        "--config",
+        str(config),
+        "--init",
+        str(ar),
+        "--out",
+        str(tmp_path / "no_mask"),
+        "--no-progress",
+    ]
     assert main(no_mask) == 2  # a model without a MASK token, not asked to add one

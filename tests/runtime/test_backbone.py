@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from brisk.runtime.backbone import Backbone, HFBackbone
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
 TOK = char_tokenizer()
 
@@ -151,8 +151,9 @@ def test_gather_keeps_rows_and_slots_like_a_fresh_forward(backbone: HFBackbone) 
         mask = torch.ones(2, 1, 2, 6, dtype=torch.bool)
         mask[..., 2:4] = False  # the rejected drafts
         mask[..., 4:] = torch.ones(2, 2, dtype=torch.bool).tril()
-        backbone.forward(kept[:, 2:], cache, position_ids=torch.tensor([[2, 3]] * 2),
-                         attention_mask=mask)  # fmt: skip
+        backbone.forward(
+            kept[:, 2:], cache, position_ids=torch.tensor([[2, 3]] * 2), attention_mask=mask
+        )
         backbone.gather(cache, torch.tensor([1]), torch.tensor([[0, 1, 4, 5]]))
         assert backbone.cache_length(cache) == 4
         nxt = torch.tensor([[7]])

@@ -13,9 +13,9 @@ import torch
 
 from brisk.mechanism import analyze, read_blocks
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.isd import DecodeResult, ISDOptions, decode
+from brisk.runtime.isd.blocklog import BlockLogger
 from tests.runtime.test_isd import MASK, V, micro_backbone, random_corrector
 
 EOS = 9  # a token the micro model often drafts, so blocks reach EOS
@@ -42,8 +42,15 @@ def run_logged(
 ) -> DecodeResult:
     K = corrector.config.K if corrector is not None else options.top_k
     with BlockLogger(path, options.M, K) as logger:
-        return decode(backbone, prompts(n, 0), options, corrector=corrector, logger=logger,
-                      batch_size=batch_size, seeds=range(100, 100 + n))  # fmt: skip
+        return decode(
+            backbone,
+            prompts(n, 0),
+            options,
+            corrector=corrector,
+            logger=logger,
+            batch_size=batch_size,
+            seeds=range(100, 100 + n),
+        )
 
 
 CASES = [
@@ -63,8 +70,14 @@ def test_report_of_the_log_has_the_decodes_tpfs(
     """Whole-run and complete-cycle counts equal the decoder's exactly, and the renewal
     interval is the same numbers; budget 1 makes requests that end at their opening cold start
     (no block at all), budget 5 cuts rounds, 40 lets EOS end most requests."""
-    options = ISDOptions(stride=4, temperature=T, max_new_tokens=budget, eos_token_id=EOS,
-                         top_k=4, shadow=head == "shadow")  # fmt: skip
+    options = ISDOptions(
+        stride=4,
+        temperature=T,
+        max_new_tokens=budget,
+        eos_token_id=EOS,
+        top_k=4,
+        shadow=head == "shadow",
+    )
     corrector = random_corrector(3, K=4) if head else None
     out = run_logged(backbone, tmp_path / "log", options, corrector, batch_size=batch)
     decoded = out.run_tpf()
@@ -108,8 +121,15 @@ def test_a_log_that_lost_request_rows_reports_them(backbone: HFBackbone, tmp_pat
 def test_a_non_intervening_head_ties_every_block(backbone: HFBackbone, tmp_path: Path) -> None:
     """A fresh head (zero residual) chooses what the base chooses: in shadow mode with block
     scoring every pair is tied, bitwise, and mean ΔL is exactly 0, EOS blocks included."""
-    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=40, eos_token_id=EOS,
-                         top_k=4, shadow=True, score_blocks=True)  # fmt: skip
+    options = ISDOptions(
+        stride=4,
+        temperature=1.0,
+        max_new_tokens=40,
+        eos_token_id=EOS,
+        top_k=4,
+        shadow=True,
+        score_blocks=True,
+    )
     head = Corrector(CorrectorConfig.small(32, V, M=3, K=4))
     out = run_logged(backbone, tmp_path / "log", options, head, n=30, batch_size=4)
     columns = ("base_choice", "head_choice", "head_block", "base_logp", "head_logp", "cand_ids")
@@ -148,13 +168,26 @@ def test_block_scores_match_an_independent_scoring(
     """An intervening head: every logged L(b | c) equals a from-scratch forward over the
     request's own prefix and the block (float32 model: 1e-4 nats), and a pair is tied exactly
     when its blocks agree up to and including their EOS."""
-    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=30, eos_token_id=EOS,
-                         top_k=4, shadow=shadow, score_blocks=True)  # fmt: skip
+    options = ISDOptions(
+        stride=4,
+        temperature=1.0,
+        max_new_tokens=30,
+        eos_token_id=EOS,
+        top_k=4,
+        shadow=shadow,
+        score_blocks=True,
+    )
     head = random_corrector(3, K=4)
     n = 16
     out = run_logged(backbone, tmp_path / "log", options, head, n=n, batch_size=3)
-    plain = decode(backbone, prompts(n, 0), dataclasses.replace(options, score_blocks=False),
-                   corrector=head, batch_size=3, seeds=range(100, 100 + n))  # fmt: skip
+    plain = decode(
+        backbone,
+        prompts(n, 0),
+        dataclasses.replace(options, score_blocks=False),
+        corrector=head,
+        batch_size=3,
+        seeds=range(100, 100 + n),
+    )
     assert out.tokens == plain.tokens  # the scoring forwards change nothing, lone rows included
     sequences = [p + o for p, o in zip(prompts(n, 0), out.tokens, strict=True)]
     differ = tied = with_eos = 0

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from brisk.cli import main
 from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
 WEIGHTS = "model.safetensors"
 
@@ -85,9 +85,11 @@ def decode_fails(argv: list[str], capsys: pytest.CaptureFixture[str], *words: st
 
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_model_is_one_line(
-    good: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    good: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     damage: Callable[[Path], str],
-) -> None:  # fmt: skip
+) -> None:
     model, _, prompts = good
     bad = tmp_path / "model"
     shutil.copytree(model, bad)
@@ -100,15 +102,19 @@ def test_a_damaged_model_is_one_line(
     "damage", [*DAMAGE, pytest.param(drop_one, id="missing"), pytest.param(add_one, id="extra")]
 )
 def test_a_damaged_corrector_is_one_line(
-    good: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    good: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     damage: Callable[[Path], str],
-) -> None:  # fmt: skip
+) -> None:
     model, head, prompts = good
     bad = tmp_path / "head"
     shutil.copytree(head, bad)
     words = damage(bad / WEIGHTS)
-    argv = ["decode", "--model", str(model), "--prompts", str(prompts), "--stride", "4",
-            "--corrector", str(bad), "--max-new-tokens", "8"]  # fmt: skip
+    argv = (
+        f"decode --model {model} --prompts {prompts} --stride 4 --corrector {bad} "
+        f"--max-new-tokens 8"
+    ).split()
     decode_fails(argv, capsys, "--corrector:", str(bad / WEIGHTS), words)
 
 
@@ -119,8 +125,7 @@ def test_a_corrupt_corrector_config_is_one_line(
     bad = tmp_path / "head"
     shutil.copytree(head, bad)
     (bad / "config.json").write_text('{"format": ')
-    argv = ["decode", "--model", str(model), "--prompts", str(prompts), "--stride", "4",
-            "--corrector", str(bad)]  # fmt: skip
+    argv = (f"decode --model {model} --prompts {prompts} --stride 4 --corrector {bad}").split()
     decode_fails(argv, capsys, "--corrector:", str(bad / "config.json"), "not readable JSON")
 
 
@@ -128,6 +133,8 @@ def test_the_good_files_decode(
     good: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     model, head, prompts = good
-    argv = ["decode", "--model", str(model), "--prompts", str(prompts), "--stride", "4",
-            "--corrector", str(head), "--max-new-tokens", "8"]  # fmt: skip
+    argv = (
+        f"decode --model {model} --prompts {prompts} --stride 4 --corrector {head} "
+        f"--max-new-tokens 8"
+    ).split()
     assert main(argv) == 0

@@ -11,8 +11,8 @@ import torch
 
 from brisk.cli import main
 from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 from tests.runtime.conftest import tokenizer_without_mask
 
 
@@ -221,8 +221,16 @@ def test_log_blocks_not_empty(
 
 
 def test_problems_n_0(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["decode", "problems", "--checkpoint", str(checkpoint), "--n", "0",
-            "--out", str(tmp_path / "p.jsonl")]  # fmt: skip
+    argv = [
+        "decode",
+        "problems",
+        "--checkpoint",
+        str(checkpoint),
+        "--n",
+        "0",
+        "--out",
+        str(tmp_path / "p.jsonl"),
+    ]
     one_line_error(argv, capsys, "--n", "≥ 1")
 
 
@@ -267,8 +275,9 @@ def test_config_broken_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_config_bad_value(
     tmp_path: Path, text: str, names: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    one_line_error(train_config(tmp_path, text), capsys, "--config", str(tmp_path / "c.toml"),
-                   *names)  # fmt: skip
+    one_line_error(
+        train_config(tmp_path, text), capsys, "--config", str(tmp_path / "c.toml"), *names
+    )
 
 
 def test_config_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -311,6 +320,7 @@ def test_serve_without_sglang_says_where_to_run_it(
 
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("the error path of an environment without SGLang")
-    line = one_line_error(["serve", "--model", str(checkpoint), "--port", "30999"], capsys,
-                          "SGLang is not installed")  # fmt: skip
+    line = one_line_error(
+        ["serve", "--model", str(checkpoint), "--port", "30999"], capsys, "SGLang is not installed"
+    )
     assert ".venv-serving/bin/brisk serve" in line

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from brisk.cli import main
-from brisk.mechanism.io import validate
+from brisk.mechanism import validate
 from brisk.mechanism.runs import COMPLETE_CYCLES, RENEWAL, WHOLE_RUN
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 from tests.runtime.graders import GRADER
 
 
@@ -45,9 +45,11 @@ def test_decode_logs_blocks_that_the_report_reads(
     head_dir = tmp_path / "head"
     Corrector(CorrectorConfig.small(64, len(char_tokenizer()), M=3, K=8)).save_pretrained(head_dir)
     log, out, report = tmp_path / "log", tmp_path / "out.jsonl", tmp_path / "report"
-    argv = ["decode", "--model", str(checkpoint), "--prompts", str(prompts), "--stride", "4",
-            "--corrector", str(head_dir), "--shadow", "--temperature", "1", "--score-blocks",
-            "--max-new-tokens", "24", "--log-blocks", str(log), "--out", str(out)]  # fmt: skip
+    argv = (
+        f"decode --model {checkpoint} --prompts {prompts} --stride 4 --corrector {head_dir} "
+        f"--shadow --temperature 1 --score-blocks --max-new-tokens 24 --log-blocks {log} "
+        f"--out {out}"
+    ).split()
     assert main(argv) == 0
     printed = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns
     assert "predicted from the in-output acceptance profile and the output lengths" in printed
@@ -88,8 +90,9 @@ def test_bad_prompt_file_is_one_line_and_exit_2(
 
 
 def write_prompts(path: Path, n: int) -> Path:
-    path.write_text("".join(json.dumps({"prompt": f"Q: {a % 10}+{a % 7}=?\n"}) + "\n"
-                            for a in range(n)))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Q: {a % 10}+{a % 7}=?\n"}) + "\n" for a in range(n))
+    )
     return path
 
 
@@ -109,18 +112,29 @@ def test_device_dtype_and_mask_flags_reach_the_model(
 
     monkeypatch.setattr(HFBackbone, "from_pretrained", classmethod(spy))
     prompts, out = write_prompts(tmp_path / "p.jsonl", 3), tmp_path / "out.jsonl"
-    base = ["decode", "--model", str(checkpoint), "--prompts", str(prompts), "--max-new-tokens",
-            "8", "--out", str(out)]  # fmt: skip
+    base = (
+        f"decode --model {checkpoint} --prompts {prompts} --max-new-tokens 8 --out {out}"
+    ).split()
     flags = ["--device", "cpu", "--dtype", "bfloat16", "--trust-remote-code"]
     flags += ["--mask-token-id", "4"]
     assert main([*base, *flags]) == 0
     assert main(base) == 0  # defaults: float32 on the CPU, the tokenizer's <|MASK|> (id 3)
     assert calls == [
-        {"mask_token_id": 4, "trust_remote_code": True, "dtype": torch.bfloat16,
-         "device": torch.device("cpu"), "attention": None},
-        {"mask_token_id": 3, "trust_remote_code": False, "dtype": torch.float32,
-         "device": torch.device("cpu"), "attention": None},
-    ]  # fmt: skip
+        {
+            "mask_token_id": 4,
+            "trust_remote_code": True,
+            "dtype": torch.bfloat16,
+            "device": torch.device("cpu"),
+            "attention": None,
+        },
+        {
+            "mask_token_id": 3,
+            "trust_remote_code": False,
+            "dtype": torch.float32,
+            "device": torch.device("cpu"),
+            "attention": None,
+        },
+    ]
     assert len(out.read_text().splitlines()) == 3
 
 
@@ -130,8 +144,15 @@ def test_progress_bar_on_a_terminal_only(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["decode", "--model", str(checkpoint), "--prompts",
-            str(write_prompts(tmp_path / "p.jsonl", 5)), "--max-new-tokens", "8"]  # fmt: skip
+    argv = [
+        "decode",
+        "--model",
+        str(checkpoint),
+        "--prompts",
+        str(write_prompts(tmp_path / "p.jsonl", 5)),
+        "--max-new-tokens",
+        "8",
+    ]
     assert main(argv) == 0
     assert capsys.readouterr().err == ""  # stderr is not a terminal here
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
@@ -151,14 +172,20 @@ def test_ctrl_c_saves_the_finished_completions_and_the_block_log(
     prompts = write_prompts(tmp_path / "many.jsonl", 2000)
     out, log = tmp_path / "out.jsonl", tmp_path / "log"
     partial = tmp_path / ".out.jsonl.partial"  # completions appear here as they finish
-    argv = [sys.executable, "-m", "brisk.cli", "decode", "--model", str(checkpoint), "--prompts",
-            str(prompts), "--max-new-tokens", "16", "--temperature", "1", "--batch-size", "2",
-            "--threads", "1", "--out", str(out), "--log-blocks", str(log)]  # fmt: skip
+    argv = (
+        f"{sys.executable} -m brisk.cli decode --model {checkpoint} --prompts {prompts} "
+        f"--max-new-tokens 16 --temperature 1 --batch-size 2 --threads 1 --out {out} "
+        f"--log-blocks {log}"
+    ).split()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if we ignore it
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 60
         while not (partial.exists() and partial.read_text().count("\n") >= 1):
@@ -192,8 +219,9 @@ def test_command_modules_import_without_torch() -> None:
     imports = "import sys, brisk.cli.train, brisk.cli.decode"
     code = f"{imports}; print(sys.modules.keys() & {heavy})"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert done.stdout.strip() == "set()"
 
 

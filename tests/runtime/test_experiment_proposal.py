@@ -169,7 +169,8 @@ def test_head_section_is_off_unless_given_and_its_keys_are_checked(tmp_path: Pat
 
 
 def test_best_arm_keeps_the_base_accuracy_then_maximizes_tpf() -> None:
-    from brisk.runtime.experiment.evaluate import ArmSummary, Interval
+    from brisk.mechanism.stats import Interval
+    from brisk.runtime.experiment.evaluate import ArmSummary
     from brisk.runtime.experiment.headon import choose_arm
 
     def arm(name: str, acc: list[float], tpf: float) -> ArmSummary:

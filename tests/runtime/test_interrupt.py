@@ -35,7 +35,7 @@ from brisk._interrupt import (
     stop_signals,
 )
 from brisk.cli import main
-from brisk.mechanism.io import validate
+from brisk.mechanism import validate
 from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
 from brisk.runtime.train.base import train_base
 from brisk.runtime.train.config import BaseTrainConfig
@@ -267,27 +267,11 @@ def test_selfgen_stops_on_sigint_and_resumes_to_the_same_dataset(
 ) -> None:
     out = tmp_path / "data"
     o = MICRO_SELFGEN
-    argv = [
-        "train",
-        "selfgen",
-        "--checkpoint",
-        str(micro_base),
-        "--out",
-        str(out),
-        "--problems",
-        str(o.problems),
-        "--samples",
-        str(o.samples),
-        "--stride",
-        str(o.stride),
-        "--max-new-tokens",
-        str(o.max_new_tokens),
-        "--chunk",
-        str(o.chunk),
-        "--threads",
-        "1",
-        "--no-progress",
-    ]
+    argv = (
+        f"train selfgen --checkpoint {micro_base} --out {out} --problems {o.problems} "
+        f"--samples {o.samples} --stride {o.stride} --max-new-tokens {o.max_new_tokens} "
+        f"--chunk {o.chunk} --threads 1 --no-progress"
+    ).split()
     line = interrupt(cli(*argv), lambda: (out / "part-00000.parquet").exists())
     parts = sorted(out.glob("part-*.parquet"))
     assert f"interrupted after {len(parts)}/3 parts" in line
@@ -332,30 +316,12 @@ def test_collect_stops_on_sigint_and_resumes_to_the_same_store(
     out = tmp_path / "store"
     partial = tmp_path / ".store.partial"
     c = COLLECT
-    argv = [
-        "train",
-        "corrector",
-        "collect",
-        "--checkpoint",
-        str(micro_base),
-        "--out",
-        str(out),
-        "--problems",
-        str(c.problems),
-        "--samples",
-        str(c.samples),
-        "--stride",
-        str(c.stride),
-        "--top-k",
-        str(c.top_k),
-        "--max-new-tokens",
-        str(c.max_new_tokens),
-        "--batch-size",
-        str(c.batch_size),
-        "--threads",
-        "1",
-        "--no-progress",
-    ]
+    argv = (
+        f"train corrector collect --checkpoint {micro_base} --out {out} --problems {c.problems} "
+        f"--samples {c.samples} --stride {c.stride} --top-k {c.top_k} "
+        f"--max-new-tokens {c.max_new_tokens} --batch-size {c.batch_size} --threads 1 "
+        f"--no-progress"
+    ).split()
     line = interrupt(cli(*argv), lambda: (partial / "_progress.json").exists())
     progress = json.loads((partial / "_progress.json").read_text())
     done = progress["requests"]
@@ -471,22 +437,10 @@ def test_torchrun_ranks_stop_at_one_step_when_one_rank_is_signalled(
     step and alone prints a line; torchrun --resume then ends bit-identical to an
     uninterrupted torchrun run."""
     _, config = proposal_config
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        "-m",
-        "brisk.cli",
-        "train",
-        "proposal",
-        "--config",
-        str(config),
-        "--no-progress",
-        "--out",
-    ]
+    torchrun = (
+        f"{sys.executable} -m torch.distributed.run --nproc-per-node 2 "
+        f"--standalone -m brisk.cli train proposal --config {config} --no-progress --out"
+    ).split()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     part, whole = tmp_path / "part", tmp_path / "whole"
     proc = subprocess.Popen(
@@ -561,23 +515,8 @@ def test_decode_stops_on_sigterm_and_keeps_what_finished(micro_base: Path, tmp_p
     )
     partial = tmp_path / ".out.jsonl.partial"  # completions appear here as they finish
     cmd = cli(
-        "decode",
-        "--model",
-        str(micro_base),
-        "--prompts",
-        str(prompts),
-        "--max-new-tokens",
-        "16",
-        "--temperature",
-        "1",
-        "--batch-size",
-        "2",
-        "--threads",
-        "1",
-        "--out",
-        str(out),
-        "--log-blocks",
-        str(log),
+        *f"decode --model {micro_base} --prompts {prompts} --max-new-tokens 16 --temperature 1 "
+        f"--batch-size 2 --threads 1 --out {out} --log-blocks {log}".split()
     )
 
     def finished_one() -> bool:

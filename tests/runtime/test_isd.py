@@ -21,13 +21,13 @@ from scipy import stats
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from brisk.mechanism.io import validate
+from brisk.mechanism import validate
 from brisk.mechanism.report import analyze
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.isd import batched as isd_step
+from brisk.runtime.isd.blocklog import BlockLogger
 
 V, MASK = 12, 11
 PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8])

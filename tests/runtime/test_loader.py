@@ -11,8 +11,8 @@ import torch
 
 from brisk.runtime import loader
 from brisk.runtime.loader import Placement, load_model, placement, training_placement
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.tokenizer import char_tokenizer
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 from tests.runtime.test_cli_errors import one_line_error
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_decode_peak_is_far_below_the_prefill_logits() -> None:
-    row = memory_bench.run_child("decode_peak", vocab=memory_bench.V, prompts=4, length=256,
-                                 new_tokens=16)  # fmt: skip
+    row = memory_bench.run_child(
+        "decode_peak", vocab=memory_bench.V, prompts=4, length=256, new_tokens=16
+    )
     assert row["ratio"] < 0.5, row
 
 

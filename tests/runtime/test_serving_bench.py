@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brisk.runtime.serving.bench import Run, compare, markdown, summarize
+from brisk.runtime.serving.bench import Run
+from brisk.runtime.serving.bench_summary import compare, markdown, summarize
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 
@@ -80,9 +81,16 @@ def test_summary_pools_requests_and_reads_the_server_tpf() -> None:
 
 
 def test_run_from_a_bench_serving_result() -> None:
-    result = {"duration": 2.0, "completed": 2, "total_output_tokens": 8, "output_lens": [4, 4],
-              "ttfts": [0.1, 0.2], "itls": [[0.1, 0.2], [0.3]], "errors": ["", ""],
-              "accept_length": 2.5}  # fmt: skip
+    result = {
+        "duration": 2.0,
+        "completed": 2,
+        "total_output_tokens": 8,
+        "output_lens": [4, 4],
+        "ttfts": [0.1, 0.2],
+        "itls": [[0.1, 0.2], [0.3]],
+        "errors": ["", ""],
+        "accept_length": 2.5,
+    }
     r = Run.from_result("A", 2, 0, result)
     assert r.aggregate_tps == 4.0
     assert r.e2e_s == pytest.approx([0.4, 0.5])
@@ -106,8 +114,18 @@ def test_bench_serve_without_sglang_is_one_line(tmp_path, capsys, monkeypatch) -
     tok = tmp_path / "tok"
     tok.mkdir()
     (tok / "tokenizer_config.json").write_text("{}")
-    code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--tokenizer", str(tok),
-                 "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--url",
+            "http://127.0.0.1:9",
+            "--tokenizer",
+            str(tok),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2
     assert "install the serving extra" in capsys.readouterr().err
 
@@ -142,11 +160,19 @@ def test_json_of_one_run_is_strict() -> None:
     """An interval over one run has no bounds: null in the JSON, never a NaN token."""
     import json
 
-    from brisk.runtime.serving.bench import ServeBenchOptions, dumps, to_json
+    from brisk.runtime.serving.bench import ServeBenchOptions
+    from brisk.runtime.serving.bench_summary import dumps, to_json
 
     runs = [run("A", 1, 0, 10.0), run("B", 1, 0, 12.0)]
-    text = dumps(to_json(runs, summarize(runs), compare(runs, "A", "B"),
-                         ServeBenchOptions(runs=1), {"A": "a", "B": "b"}))  # fmt: skip
+    text = dumps(
+        to_json(
+            runs,
+            summarize(runs),
+            compare(runs, "A", "B"),
+            ServeBenchOptions(runs=1),
+            {"A": "a", "B": "b"},
+        )
+    )
     doc = json.loads(text)
     assert "NaN" not in text
     assert doc["summary"][0]["aggregate_tps"]["low"] is None

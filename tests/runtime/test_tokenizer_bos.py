@@ -17,11 +17,20 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from brisk.cli import main
 from brisk.runtime.prompts import encode_prompt, encode_prompts
-from brisk.runtime.tiny.model import TinyModelConfig, build_model
-from brisk.runtime.tiny.task import TaskConfig, solutions
-from brisk.runtime.tiny.tokenizer import BOS, CHARS, EOS, MASK, PAD, SPECIALS, UNK, char_tokenizer
 from brisk.runtime.train.evaluate import encode_example, encode_problem
 from brisk.runtime.train.pretrain import encode as pretrain_encode
+from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+from brisk.worlds.arithmetic.task import TaskConfig, solutions
+from brisk.worlds.arithmetic.tokenizer import (
+    BOS,
+    CHARS,
+    EOS,
+    MASK,
+    PAD,
+    SPECIALS,
+    UNK,
+    char_tokenizer,
+)
 
 TEXTS = ["Q: 17+5-8=?\n", "", "7", " leading space", "#### 14\n"]
 
@@ -33,9 +42,16 @@ def legacy_char_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=BOS,
-                                   eos_token=EOS, unk_token=UNK, mask_token=MASK,
-                                   add_bos_token=False, add_eos_token=False)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        mask_token=MASK,
+        add_bos_token=False,
+        add_eos_token=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +136,14 @@ def test_a_checkpoint_saved_by_older_brisk_decodes_as_before(tmp_path: Path) -> 
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         out = tmp_path / f"{name}.jsonl"
-        argv = ["decode", "--model", str(path), "--prompts", str(prompts), "--stride", "3",
-                "--max-new-tokens", "12", "--device", "cpu", "--out", str(out)]  # fmt: skip
+        argv = (
+            f"decode --model {path} --prompts {prompts} --stride 3 --max-new-tokens 12 "
+            f"--device cpu --out {out}"
+        ).split()
         assert main(argv) == 0
         rows[name] = [json.loads(line) for line in out.read_text().splitlines()]
     keys = ("completion", "tokens", "forwards", "accept_hist")
-    assert [[r[k] for k in keys] for r in rows["new"]] == [[r[k] for k in keys]
-                                                             for r in rows["legacy"]]  # fmt: skip
+    assert [[r[k] for k in keys] for r in rows["new"]] == [
+        [r[k] for k in keys] for r in rows["legacy"]
+    ]
     assert any(r["completion"] for r in rows["new"])

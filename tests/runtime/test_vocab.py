@@ -26,10 +26,12 @@ def toy(seed: int, V: int = 37, H: int = 8, dtype: torch.dtype = torch.float64):
 def naive(batch, h_n, h_c, w, T: float, K: int):  # type: ignore[no-untyped-def]
     """The full [B, L, V] logits, float64 β as the acceptance module wrote it before."""
     z_q, z_p = h_n @ w.T, h_c @ w.T
-    ce_n = F.cross_entropy(z_q.transpose(1, 2), batch.noisy_labels, ignore_index=IGNORE,
-                           reduction="none")  # fmt: skip
-    ce_c = F.cross_entropy(z_p.transpose(1, 2), batch.clean_labels, ignore_index=IGNORE,
-                           reduction="none")  # fmt: skip
+    ce_n = F.cross_entropy(
+        z_q.transpose(1, 2), batch.noisy_labels, ignore_index=IGNORE, reduction="none"
+    )
+    ce_c = F.cross_entropy(
+        z_p.transpose(1, 2), batch.clean_labels, ignore_index=IGNORE, reduction="none"
+    )
     q = z_q.detach().double()
     kth = q.topk(K, dim=-1).values[..., -1:]
     q = torch.softmax(q.masked_fill(q < kth, -torch.inf) / T, -1)

@@ -69,8 +69,8 @@ def build_micro_model(out: Path, seed: int = 0) -> Path:
     """The micro causal model and its tokenizer, saved with ``save_pretrained`` under ``out``."""
     import torch
 
-    from brisk.runtime.tiny.model import TinyModelConfig, build_model
-    from brisk.runtime.tiny.tokenizer import char_tokenizer
+    from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
+    from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
     tokenizer = char_tokenizer()
     with torch.random.fork_rng():
@@ -118,8 +118,8 @@ def task_texts(n: int, seed: int = 0) -> list[str]:
     """``n`` prompts of the trivial task's test split, as text."""
     import itertools
 
-    from brisk.runtime.tiny.task import TaskConfig
-    from brisk.runtime.tiny.task import generate as problems
+    from brisk.worlds.arithmetic.task import TaskConfig
+    from brisk.worlds.arithmetic.task import generate as problems
 
     return [p.prompt for p in itertools.islice(problems(TaskConfig.trivial(), "test", seed), n)]
 
@@ -190,8 +190,9 @@ def sdar_checkpoint(model_dir: Path, out: Path, block_size: int = 4) -> Path:
     return out
 
 
-def greedy_reference(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
-                     ) -> tuple[list[list[int]], float]:  # fmt: skip
+def greedy_reference(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+) -> tuple[list[list[int]], float]:
     """Greedy AR decoding with transformers in float32, written as the definition (the full
     sequence's forward, argmax of the last logits, append), never stopping at EOS; and the
     smallest top-1 − top-2 logit gap over all steps (the margin the comparison relies on)."""
@@ -216,9 +217,8 @@ def generate(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[li
     """SGLang's greedy decoding of ``prompts`` (token ids) in one batched ``/generate`` call."""
     body = {
         "input_ids": prompts,
-        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
-                            "ignore_eos": True},
-    }  # fmt: skip
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
     return [answer["output_ids"] for answer in post_generate(url, body)]
 
 
@@ -258,8 +258,13 @@ def start_real_server(
     """
     if model is None:
         model = build_micro_model(workdir / "model")
-    launch_on = partial(server_launch, model, device="cpu", extra_args=extra_args or [],
-                        env={**_one_thread_env(), **(env or {})})  # fmt: skip
+    launch_on = partial(
+        server_launch,
+        model,
+        device="cpu",
+        extra_args=extra_args or [],
+        env={**_one_thread_env(), **(env or {})},
+    )
     server, startup = start_server(launch_on, workdir / "server.log", START_TIMEOUT_S)
     return server, RealServer(server.launch.url, model, server.log, startup)
 

@@ -25,7 +25,7 @@ def servers() -> object:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from brisk.runtime.tiny.tokenizer import char_tokenizer
+    from brisk.worlds.arithmetic.tokenizer import char_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     char_tokenizer().save_pretrained(path)
@@ -33,16 +33,21 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_brisk_bench_serve_prints_the_sweep_and_ratio_tables(
-    servers: tuple[LoopbackServer, LoopbackServer], tokenizer: Path, tmp_path: Path,
+    servers: tuple[LoopbackServer, LoopbackServer],
+    tokenizer: Path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from brisk.cli import main
 
     slow, fast = servers
-    code = main(["bench", "serve", "--url", slow.url, "--url", fast.url, "--label", "off",
-                 "--label", "on", "--tokenizer", str(tokenizer), "--concurrency", "1,2",
-                 "--runs", "2", "--input-len", "8", "--output-len", str(OUTPUT),
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        (
+            f"bench serve --url {slow.url} --url {fast.url} --label off --label on "
+            f"--tokenizer {tokenizer} --concurrency 1,2 --runs 2 --input-len 8 "
+            f"--output-len {OUTPUT} --out {tmp_path}"
+        ).split()
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "| server | C | aggregate TPS |" in out
@@ -70,13 +75,17 @@ def test_brisk_bench_serve_prints_the_sweep_and_ratio_tables(
         assert 0.6 < summary[server, 1]["median_request_tps"] / (tau / 0.008) <= 1.05
 
 
-def test_a_server_that_is_down_is_one_line(tokenizer: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_server_that_is_down_is_one_line(
+    tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from brisk.cli import main
 
-    code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--tokenizer", str(tokenizer),
-                 "--concurrency", "1", "--runs", "1", "--output-len", "4", "--ready-timeout", "1",
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        (
+            f"bench serve --url http://127.0.0.1:9 --tokenizer {tokenizer} --concurrency 1 "
+            f"--runs 1 --output-len 4 --ready-timeout 1 --out {tmp_path}"
+        ).split()
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("brisk: error: A: sglang.benchmark.serving exited")
@@ -94,14 +103,16 @@ def test_a_prompts_file_is_what_the_servers_are_sent_and_stop_at_eos_ends_respon
     file = tmp_path / "problems.jsonl"
     file.write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in prompts))
     for stop_at_eos, want in ((True, 12), (False, OUTPUT)):
-        server = LoopbackServer(0, Engine(tpf=2, forward_ms=2, per_request_ms=0), "loopback",
-                                eos_after=12).start()  # fmt: skip
+        server = LoopbackServer(
+            0, Engine(tpf=2, forward_ms=2, per_request_ms=0), "loopback", eos_after=12
+        ).start()
         out = tmp_path / f"eos{stop_at_eos}"
         try:
-            code = main(["bench", "serve", "--url", server.url, "--tokenizer", str(tokenizer),
-                         "--prompts", str(file), "--concurrency", "1,2", "--runs", "1",
-                         "--output-len", str(OUTPUT), "--out", str(out),
-                         *(["--stop-at-eos"] if stop_at_eos else [])])  # fmt: skip
+            argv = (
+                f"bench serve --url {server.url} --tokenizer {tokenizer} --prompts {file} "
+                f"--concurrency 1,2 --runs 1 --output-len {OUTPUT} --out {out}"
+            ).split()
+            code = main([*argv, *(["--stop-at-eos"] if stop_at_eos else [])])
         finally:
             server.close()
         assert code == 0, capsys.readouterr().err
@@ -116,23 +127,28 @@ def test_a_prompts_file_is_what_the_servers_are_sent_and_stop_at_eos_ends_respon
 @pytest.mark.parametrize(
     ("rows", "error"),
     [
-        (["{\"prompt\": \"a b\"}"] * 3, " holds 3 prompts; C = 2 with prompts-per-c 4 needs 8"),
-        (["{\"prompt\": \"a b\"}", "not json"], ":2: not JSON (Expecting value)"),
-        (["{\"prompt\": \"a b\"}", "", "{\"question\": \"a b\"}"],
-         ':3: needs a non-empty string "prompt"'),
+        (['{"prompt": "a b"}'] * 3, " holds 3 prompts; C = 2 with prompts-per-c 4 needs 8"),
+        (['{"prompt": "a b"}', "not json"], ":2: not JSON (Expecting value)"),
+        (['{"prompt": "a b"}', "", '{"question": "a b"}'], ':3: needs a non-empty string "prompt"'),
     ],
-)  # fmt: skip
+)
 def test_a_bad_prompts_file_is_one_line_naming_it(
-    rows: list[str], error: str, tokenizer: Path, tmp_path: Path,
+    rows: list[str],
+    error: str,
+    tokenizer: Path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from brisk.cli import main
 
     file = tmp_path / "p.jsonl"
     file.write_text("\n".join(rows) + "\n")
-    code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--tokenizer", str(tokenizer),
-                 "--prompts", str(file), "--concurrency", "1,2",
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        (
+            f"bench serve --url http://127.0.0.1:9 --tokenizer {tokenizer} --prompts {file} "
+            f"--concurrency 1,2 --out {tmp_path}"
+        ).split()
+    )
     assert code == 2
     assert capsys.readouterr().err.strip() == f"brisk: error: prompts: {file}{error}"
 

@@ -21,8 +21,12 @@ from brisk.runtime.serving.cpu.ops import (
     fill_bonus_tokens_cpu,
 )
 
-SIZES = [pytest.param(1, 1, id="B1-len1"), pytest.param(3, 7, id="B3-len7"),
-         pytest.param(5, 32, id="B5-len32"), pytest.param(8, 33, id="B8-len33")]  # fmt: skip
+SIZES = [
+    pytest.param(1, 1, id="B1-len1"),
+    pytest.param(3, 7, id="B3-len7"),
+    pytest.param(5, 32, id="B5-len32"),
+    pytest.param(8, 33, id="B8-len33"),
+]
 
 
 def spans(batch: int, max_len: int, pool_len: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -58,8 +62,11 @@ def test_assign_extend_cache_locs(batch: int, max_len: int) -> None:
     pool = torch.randint(0, 1000, (batch + 3, pool_len), generator=g, dtype=torch.int32)
     total = int((end - start).sum())
     out = torch.full((total + 2,), -7, dtype=torch.int64)
-    ref = [int(pool[r, c]) for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist(),
-                                              strict=True) for c in range(s, e)]  # fmt: skip
+    ref = [
+        int(pool[r, c])
+        for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist(), strict=True)
+        for c in range(s, e)
+    ]
     assign_extend_cache_locs_cpu(rows, pool, start, end, out, pool_len)
     assert out.tolist() == [*ref, -7, -7]  # nothing written past the spans
 
@@ -72,8 +79,11 @@ def test_assign_draft_cache_locs_contiguous(topk: int, num_cols: int) -> None:
     seq_lens = torch.randint(0, pool_len - n + 1, (batch,), generator=g)
     pool = torch.randint(0, 1000, (5, pool_len), generator=g, dtype=torch.int32)
     out = torch.empty(batch * n, dtype=torch.int64)
-    ref = [int(pool[r, L + j]) for r, L in zip(rows.tolist(), seq_lens.tolist(), strict=True)
-           for j in range(n)]  # fmt: skip
+    ref = [
+        int(pool[r, L + j])
+        for r, L in zip(rows.tolist(), seq_lens.tolist(), strict=True)
+        for j in range(n)
+    ]
     assign_draft_cache_locs_contiguous_cpu(rows, pool, seq_lens, out, pool_len, topk, num_cols)
     assert out.tolist() == ref
 
@@ -132,21 +142,30 @@ def test_copy_all_layer_kv_cache(tgt: list[int], src: list[int], loc_dtype: torc
         expected.append(ref)
     data_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
     strides = torch.tensor([b[0].numel() * b.element_size() for b in buffers], dtype=torch.int64)
-    copy_all_layer_kv_cache_cpu(data_ptrs, strides, torch.tensor(tgt, dtype=loc_dtype),
-                                torch.tensor(src, dtype=loc_dtype))  # fmt: skip
+    copy_all_layer_kv_cache_cpu(
+        data_ptrs, strides, torch.tensor(tgt, dtype=loc_dtype), torch.tensor(src, dtype=loc_dtype)
+    )
     for buf, ref in zip(buffers, expected, strict=True):
         assert torch.equal(buf.view(torch.uint8), ref.view(torch.uint8))  # bit for bit
 
 
 def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_importing_brisk_activates_nothing() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = ("import importlib.util, brisk, brisk.runtime.serving, brisk.runtime.serving.launch\n"
-            "print(importlib.util.find_spec('sgl_kernel'))")  # fmt: skip
+    code = (
+        "import importlib.util, brisk, brisk.runtime.serving, brisk.runtime.serving.launch\n"
+        "print(importlib.util.find_spec('sgl_kernel'))"
+    )
     result = python(code, env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "None"
@@ -171,10 +190,17 @@ except NotImplementedError as err:
     assert result.returncode == 0, result.stderr[-3000:]
     path, names, error = result.stdout.strip().splitlines()
     assert path == str(STANDINS / "sgl_kernel" / "__init__.py")
-    assert names.split(",") == sorted([
-        "assign_draft_cache_locs_contiguous_cpu", "assign_extend_cache_locs_cpu",
-        "assign_req_to_token_pool_cpu", "build_tree_kernel_efficient_cpu",
-        "copy_all_layer_kv_cache_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
-        "rotate_input_ids_cpu", "verify_tree_greedy_cpu",
-    ])  # fmt: skip
+    assert names.split(",") == sorted(
+        [
+            "assign_draft_cache_locs_contiguous_cpu",
+            "assign_extend_cache_locs_cpu",
+            "assign_req_to_token_pool_cpu",
+            "build_tree_kernel_efficient_cpu",
+            "copy_all_layer_kv_cache_cpu",
+            "fill_accept_out_cache_loc_cpu",
+            "fill_bonus_tokens_cpu",
+            "rotate_input_ids_cpu",
+            "verify_tree_greedy_cpu",
+        ]
+    )
     assert "verify_tree_greedy_cpu" in error

@@ -42,8 +42,15 @@ def test_the_dflash_hook_fires() -> None:
         reranked = sample(worker, hidden_states=hidden, lm_head=model.lm_head)
         mask_hidden = hidden.view(bs, block - 1, H)
         cand_logits, cand_ids = (mask_hidden @ model.lm_head.weight.T).topk(6, dim=-1)
-        expected = head.select(ModelHeads(model), torch.zeros(bs, H), anchors[:, 0], mask_hidden,
-                               cand_logits, cand_ids, 0.0).tokens.reshape(-1)  # fmt: skip
+        expected = head.select(
+            ModelHeads(model),
+            torch.zeros(bs, H),
+            anchors[:, 0],
+            mask_hidden,
+            cand_logits,
+            cand_ids,
+            0.0,
+        ).tokens.reshape(-1)
     assert torch.equal(reranked, expected)
     assert not torch.equal(reranked, own)  # the head changed some drafts
     assert DFlashWorkerV2._maybe_build_draft_sampler(worker) is None  # eager while reranking
@@ -65,8 +72,9 @@ def test_model_heads_read_a_qwen3_layout_model() -> None:
 def test_model_heads_refuse_what_the_corrector_cannot_read() -> None:
     with pytest.raises(RuntimeError, match=r"no model\.embed_tokens / lm_head\.weight .* Linear"):
         ModelHeads(torch.nn.Linear(4, 4))
-    sharded = SimpleNamespace(model=SimpleNamespace(embed_tokens=torch.nn.Embedding(16, 4)),
-                              lm_head=SimpleNamespace(weight=torch.zeros(8, 4),
-                                                      shard_indices=object()))  # fmt: skip
+    sharded = SimpleNamespace(
+        model=SimpleNamespace(embed_tokens=torch.nn.Embedding(16, 4)),
+        lm_head=SimpleNamespace(weight=torch.zeros(8, 4), shard_indices=object()),
+    )
     with pytest.raises(RuntimeError, match="sharded across tensor-parallel ranks"):
         ModelHeads(sharded, vocab_size=16)  # type: ignore[arg-type]

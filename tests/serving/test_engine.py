@@ -72,9 +72,14 @@ def test_greedy_engine_generation_with_the_head_equals_brisk_decode(
         r.accept_lengths for r in reference.requests
     ], "the head drafts as the base does: the test would not see it"
 
-    engine = isd_engine(micro_idlm, stride=STRIDE, options={"corrector": str(head_dir)},
-                        dtype="float32", max_running_requests=8,
-                        skip_server_warmup=True)  # fmt: skip
+    engine = isd_engine(
+        micro_idlm,
+        stride=STRIDE,
+        options={"corrector": str(head_dir)},
+        dtype="float32",
+        max_running_requests=8,
+        skip_server_warmup=True,
+    )
     try:
         params = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
         answers = engine.generate(input_ids=batch, sampling_params=params)

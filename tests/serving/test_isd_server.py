@@ -55,8 +55,10 @@ def _isd_server(
     tokens, which a T > 0 server refuses: it is skipped there. ``extra_args`` go to SGLang."""
     if temperature == 0:
         config = workdir / "isd.yaml"
-        config.write_text(f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n"
-                          f"log_blocks: {workdir / 'blocks'}\n")  # fmt: skip
+        config.write_text(
+            f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n"
+            f"log_blocks: {workdir / 'blocks'}\n"
+        )
         options = str(config)
     else:
         options = json.dumps({"stride": STRIDE, "temperature": temperature, "seed": 7})
@@ -89,13 +91,18 @@ def test_greedy_completions_equal_brisk_decode(isd_server: RealServer) -> None:
     batch = task_prompts(isd_server.model, 8)
     _, margin = greedy_reference(isd_server.model, batch, MAX_NEW_TOKENS)
     assert margin > MIN_MARGIN, f"the reference has a near-tie (gap {margin:.2e})"
-    reference = decode(HFBackbone.from_pretrained(isd_server.model), batch,
-                       ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    reference = decode(
+        HFBackbone.from_pretrained(isd_server.model),
+        batch,
+        ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS),
+    )
     accepted = [L for r in reference.requests for L in r.accept_lengths]
     assert max(accepted) == STRIDE - 1, "the test needs rounds that accept the whole block"
     assert min(accepted) == 0, "the test needs rounds that reject the first draft"
-    body = {"input_ids": batch, "sampling_params": {"temperature": 0, "ignore_eos": True,
-                                                    "max_new_tokens": MAX_NEW_TOKENS}}  # fmt: skip
+    body = {
+        "input_ids": batch,
+        "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": MAX_NEW_TOKENS},
+    }
     served = post_generate(isd_server.url, body)
     for i, (want, got) in enumerate(zip(reference.requests, served, strict=True)):
         tokens, meta = got["output_ids"], got["meta_info"]
@@ -112,8 +119,10 @@ def test_the_server_verifies_drafts_and_counts_its_forwards(isd_server: RealServ
     """SGLang's per-request counters: a verify forward commits accept + 1 tokens, so
     completion = 1 (the prefill's token) + forwards + accepted drafts, and TPF > 1."""
     (prompt,) = task_prompts(isd_server.model, 1, seed=1)
-    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "ignore_eos": True,
-                                                     "max_new_tokens": MAX_NEW_TOKENS}}  # fmt: skip
+    body = {
+        "input_ids": prompt,
+        "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": MAX_NEW_TOKENS},
+    }
     meta = post_generate(isd_server.url, body)["meta_info"]
     forwards, accepted = meta["spec_verify_ct"], meta["spec_num_correct_drafts"]
     assert accepted > 0
@@ -143,8 +152,7 @@ def test_eight_concurrent_requests_equal_one_at_a_time(isd_server: RealServer) -
     batch = task_prompts(isd_server.model, 8, seed=2)
     alone = [generate(isd_server.url, [p], MAX_NEW_TOKENS)[0] for p in batch]
     with ThreadPoolExecutor(len(batch)) as pool:
-        together = list(pool.map(lambda p: generate(isd_server.url, [p], MAX_NEW_TOKENS)[0],
-                                 batch))  # fmt: skip
+        together = list(pool.map(lambda p: generate(isd_server.url, [p], MAX_NEW_TOKENS)[0], batch))
     for i, (want, got) in enumerate(zip(alone, together, strict=True)):
         assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
 
@@ -167,16 +175,25 @@ def test_sampling_with_request_seeds_does_not_depend_on_the_batch(
     seeds = [11, 12, 13, 14]
 
     def body(prompts: list[list[int]], seeds: list[int], rid: list[str]) -> dict[str, object]:
-        params = [{"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True,
-                   "sampling_seed": s} for s in seeds]  # fmt: skip
+        params = [
+            {
+                "temperature": 1.0,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "ignore_eos": True,
+                "sampling_seed": s,
+            }
+            for s in seeds
+        ]
         return {"input_ids": prompts, "sampling_params": params, "rid": rid}
 
     rids = [f"seeded-{i}" for i in range(len(batch))]
     for server in _isd_server(tmp_path, micro_idlm, 1.0):
         together = [a["output_ids"] for a in post_generate(server.url, body(batch, seeds, rids))]
         # one at a time, after the batch finished: the same rids (keys) are free again
-        alone = [post_generate(server.url, body([p], [s], [r]))[0]["output_ids"]
-                 for p, s, r in zip(batch, seeds, rids, strict=True)]  # fmt: skip
+        alone = [
+            post_generate(server.url, body([p], [s], [r]))[0]["output_ids"]
+            for p, s, r in zip(batch, seeds, rids, strict=True)
+        ]
     for i, (want, got) in enumerate(zip(alone, together, strict=True)):
         assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
     greedy, _ = greedy_reference(micro_idlm, batch, MAX_NEW_TOKENS)
@@ -187,9 +204,13 @@ def test_sampling_with_request_seeds_does_not_depend_on_the_batch(
     from brisk.runtime.isd.options import ISDOptions
     from brisk.runtime.serving.common import request_key
 
-    reference = decode(HFBackbone.from_pretrained(micro_idlm), batch,
-                       ISDOptions(stride=STRIDE, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
-                       seeds=seeds, request_ids=[request_key(r) for r in rids])  # fmt: skip
+    reference = decode(
+        HFBackbone.from_pretrained(micro_idlm),
+        batch,
+        ISDOptions(stride=STRIDE, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
+        seeds=seeds,
+        request_ids=[request_key(r) for r in rids],
+    )
     for i, (want, got) in enumerate(zip(reference.tokens, together, strict=True)):
         assert got == want, f"prompt {i}: first difference at {first_difference(want, got)}"
 
@@ -197,29 +218,43 @@ def test_sampling_with_request_seeds_does_not_depend_on_the_batch(
 def test_a_verify_width_that_disagrees_with_the_stride_refuses_to_start(
     micro_idlm: Path, tmp_path: Path
 ) -> None:
-    launch = server_launch(micro_idlm, free_port(), device="cpu", isd={"stride": STRIDE},
-                           extra_args=["--speculative-num-draft-tokens", "5"])  # fmt: skip
+    launch = server_launch(
+        micro_idlm,
+        free_port(),
+        device="cpu",
+        isd={"stride": STRIDE},
+        extra_args=["--speculative-num-draft-tokens", "5"],
+    )
     server = ServerProcess(launch, tmp_path / "log").start()
     try:
         with pytest.raises(RuntimeError, match="the server exited") as failed:
             server.wait_ready(timeout=240)
     finally:
         server.stop()
-    want = (f"--speculative-num-draft-tokens: BRISK_ISD at stride {STRIDE} verifies "
-            f"2N − 1 = {2 * STRIDE - 1} slots per request, got 5")  # fmt: skip
+    want = (
+        f"--speculative-num-draft-tokens: BRISK_ISD at stride {STRIDE} verifies "
+        f"2N − 1 = {2 * STRIDE - 1} slots per request, got 5"
+    )
     assert want in str(failed.value)
 
 
 def test_brisk_serve_stride_launches_brisk_isd(micro_idlm: Path) -> None:
-    command = [sys.executable, "-m", "brisk.cli", "serve", "--model", str(micro_idlm),
-               "--device", "cpu", "--stride", "3", "--port", "30123", "--dry-run"]  # fmt: skip
+    command = (
+        f"{sys.executable} -m brisk.cli serve --model {micro_idlm} --device cpu --stride 3 "
+        f"--port 30123 --dry-run"
+    ).split()
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip()
     assert f"{ISD_CONFIG_ENV}='{{\"stride\":3}}'" in line.split()
     assert "--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 5" in line
-    refused = subprocess.run([*command[:-5], "--corrector", "x", "--dry-run"],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    refused = subprocess.run(
+        [*command[:-5], "--corrector", "x", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 2
     assert refused.stderr.strip() == "brisk: error: --corrector: needs --stride (ISD decoding)"
 
@@ -242,9 +277,11 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
     (log,) = logs
     batch = task_prompts(isd_server.model, 4, seed=4)
     rids = [f"logged-{i}" for i in range(len(batch))]
-    body = {"input_ids": batch, "rid": rids,
-            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS,
-                                "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": batch,
+        "rid": rids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+    }
     metas = [a["meta_info"] for a in post_generate(isd_server.url, body)]
     keys = {request_key(rid): meta for rid, meta in zip(rids, metas, strict=True)}
 
@@ -263,8 +300,11 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
     while not all(rows().values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     found = rows()
-    reference = decode(HFBackbone.from_pretrained(isd_server.model), batch,
-                       ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    reference = decode(
+        HFBackbone.from_pretrained(isd_server.model),
+        batch,
+        ISDOptions(stride=STRIDE, max_new_tokens=MAX_NEW_TOKENS),
+    )
     for (key, meta), want in zip(keys.items(), reference.requests, strict=True):
         rounds = sorted(found[key])
         assert rounds, "no block-log rows for a served request"
@@ -273,12 +313,21 @@ def test_the_server_block_log_is_valid_and_counts_its_rounds(
         assert len(rounds) <= meta["spec_verify_ct"]
         assert sum(L for _, L in rounds) == meta["spec_num_correct_drafts"]
     cli = [sys.executable, "-m", "brisk.cli", "mechanism"]
-    validated = subprocess.run([*cli, "validate", str(log.parent)], capture_output=True, text=True,
-                               timeout=120, check=False)  # fmt: skip
+    validated = subprocess.run(
+        [*cli, "validate", str(log.parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert validated.returncode == 0, validated.stdout + validated.stderr
-    report = subprocess.run([*cli, "report", str(log.parent), "--out", str(tmp_path / "report"),
-                             "--bootstrap", "0"], capture_output=True, text=True, timeout=300,
-                            check=False)  # fmt: skip
+    report = subprocess.run(
+        [*cli, "report", str(log.parent), "--out", str(tmp_path / "report"), "--bootstrap", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert report.returncode == 0, report.stdout + report.stderr
 
 

@@ -26,11 +26,20 @@ from brisk.runtime.serving.worker import ALGORITHM, CONFIG_ENV
 pytestmark = pytest.mark.usefixtures("plugins")
 
 TINY_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 12, "max_position_embeddings": 256,
-    "tie_word_embeddings": False, "mask_token_id": 11, "rms_norm_eps": 1e-6,
-}  # fmt: skip
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 12,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "mask_token_id": 11,
+    "rms_norm_eps": 1e-6,
+}
 
 
 def checkpoint(tmp_path: Path, **overrides: object) -> Path:
@@ -123,8 +132,12 @@ def test_a_verify_width_other_than_the_strides_is_refused(
 
     want = "--speculative-num-draft-tokens: BRISK_ISD at stride 4 verifies 2N − 1 = 7 slots"
     with pytest.raises(OptionError, match=want):
-        launch(monkeypatch, checkpoint(tmp_path), {"stride": 4},
-               ["--speculative-num-draft-tokens", "5"])  # fmt: skip
+        launch(
+            monkeypatch,
+            checkpoint(tmp_path),
+            {"stride": 4},
+            ["--speculative-num-draft-tokens", "5"],
+        )
 
 
 def test_a_model_without_a_mask_token_is_refused(
@@ -185,8 +198,9 @@ def test_a_corrector_for_another_backbone_is_refused(
     from brisk.runtime.corrector import Corrector, CorrectorConfig
     from brisk.runtime.serving.options import OptionError
 
-    Corrector(CorrectorConfig.small(head["hidden"], head["vocab"], M=head["M"], K=head["K"])
-              ).save_pretrained(tmp_path / "head")  # fmt: skip
+    Corrector(
+        CorrectorConfig.small(head["hidden"], head["vocab"], M=head["M"], K=head["K"])
+    ).save_pretrained(tmp_path / "head")
     with pytest.raises(OptionError, match=message):
         launch(monkeypatch, checkpoint(tmp_path), {"corrector": str(tmp_path / "head"), **options})
 
@@ -204,8 +218,9 @@ def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
     from brisk.runtime.serving.common import validate_sampling
 
     def params(**given: object) -> SimpleNamespace:
-        return SimpleNamespace(**{"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0,
-                                  **given})  # fmt: skip
+        return SimpleNamespace(
+            **{"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, **given}
+        )
 
     assert validate_sampling(params(), 0.0) is None
     assert validate_sampling(params(temperature=0.7, top_k=1), 0.0) is None  # top-k 1: greedy
@@ -217,9 +232,14 @@ def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
         why = validate_sampling(params(temperature=1.0, **{name: value}), 1.0)
         assert why == f"BRISK_ISD verifies plain sampling from p: {name} is not supported"
     refused: list[tuple[str, object]] = [
-        ("repetition_penalty", 1.2), ("frequency_penalty", 0.5), ("presence_penalty", 0.5),
-        ("min_new_tokens", 3), ("json_schema", "{}"), ("regex", "a+"), ("logit_bias", {"1": 2.0}),
-    ]  # fmt: skip
+        ("repetition_penalty", 1.2),
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", 0.5),
+        ("min_new_tokens", 3),
+        ("json_schema", "{}"),
+        ("regex", "a+"),
+        ("logit_bias", {"1": 2.0}),
+    ]
     for name, value in refused:
         why = validate_sampling(params(**{name: value}), 0.0)
         assert why == f"BRISK_ISD verifies against the model's p: {name} is not supported"
@@ -233,7 +253,8 @@ def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:
 
     code = (
         "import sys, brisk, brisk.cli, brisk.runtime.serving.options, "
-        "brisk.runtime.serving.bench, brisk.runtime.serving.loopback, "
+        "brisk.runtime.serving.bench, brisk.runtime.serving.bench_summary, "
+        "brisk.runtime.serving.loopback, "
         "brisk.runtime.serving.plugin, brisk.runtime.serving.dflash, "
         "brisk.runtime.serving.common, brisk.runtime.serving.launch, "
         "brisk.runtime.serving.engine; "

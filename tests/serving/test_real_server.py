@@ -53,8 +53,10 @@ def brisk(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_brisk_serve_dry_run_prints_the_cpu_command(real_server: RealServer) -> None:
-    result = brisk("serve", "--model", str(real_server.model), "--device", "cpu", "--port",
-                   "30123", "--dry-run", "--", "--dtype", "float32")  # fmt: skip
+    model = real_server.model
+    result = brisk(
+        *f"serve --model {model} --device cpu --port 30123 --dry-run -- --dtype float32".split()
+    )
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip()
     words = line.split()
@@ -81,11 +83,16 @@ def test_a_server_that_never_answers_is_stopped_with_its_children(tmp_path: Path
     """The fixture's guarantees on a stand-in process tree: bounded wait, the log's tail in the
     error, and ``stop()`` ends the launcher and the child it started (its process group)."""
     child_pid = tmp_path / "child.pid"
-    code = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
-            f"'import time; time.sleep(600)']); open({str(child_pid)!r}, 'w').write(str(c.pid)); "
-            f"print('not a server', flush=True); time.sleep(600)")  # fmt: skip
-    launch = ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
-                          url=f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    code = (
+        f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
+        f"'import time; time.sleep(600)']); open({str(child_pid)!r}, 'w').write(str(c.pid)); "
+        f"print('not a server', flush=True); time.sleep(600)"
+    )
+    launch = ServerLaunch(
+        argv=(sys.executable, "-c", code),
+        env=dict(os.environ),
+        url=f"http://127.0.0.1:{free_port()}",
+    )
     server = ServerProcess(launch, tmp_path / "log").start()
     try:
         with pytest.raises(RuntimeError, match=r"did not answer within 3 s:\nnot a server"):
@@ -134,8 +141,12 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_fresh_one(tmp_p
 
     tries: list[int] = []
     with pytest.raises(PortTaken, match=r"could not bind http://127\.0\.0\.1:\d+:\n.*Errno 98"):
-        start_server(lambda port: tries.append(port) or _bind_fails(port, tmp_path / "pid"),
-                     tmp_path / "log", timeout=60, attempts=2)  # fmt: skip
+        start_server(
+            lambda port: tries.append(port) or _bind_fails(port, tmp_path / "pid"),
+            tmp_path / "log",
+            timeout=60,
+            attempts=2,
+        )
     assert len(tries) == 2
 
 
@@ -168,17 +179,21 @@ def _answers_health(port: int, www: Path) -> ServerLaunch:
         f"directory={str(www)!r}); "
         f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), handler).serve_forever()"
     )
-    return ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
-                        url=f"http://127.0.0.1:{port}")  # fmt: skip
+    return ServerLaunch(
+        argv=(sys.executable, "-c", code), env=dict(os.environ), url=f"http://127.0.0.1:{port}"
+    )
 
 
 def _bind_fails(port: int, pid_file: Path, delay: float = 0.0) -> ServerLaunch:
     """A stand-in that logs uvicorn's bind error (after ``delay`` seconds, as SGLang binds
     once its model is up) and hangs, as SGLang's server does."""
-    code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-            f"time.sleep({delay}); "
-            f"print(\"ERROR: [Errno 98] error while attempting to bind on address "
-            f"('127.0.0.1', {port}): address already in use\", flush=True); "
-            f"time.sleep(600)")  # fmt: skip
-    return ServerLaunch(argv=(sys.executable, "-c", code), env=dict(os.environ),
-                        url=f"http://127.0.0.1:{port}")  # fmt: skip
+    code = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+        f"time.sleep({delay}); "
+        f'print("ERROR: [Errno 98] error while attempting to bind on address '
+        f"('127.0.0.1', {port}): address already in use\", flush=True); "
+        f"time.sleep(600)"
+    )
+    return ServerLaunch(
+        argv=(sys.executable, "-c", code), env=dict(os.environ), url=f"http://127.0.0.1:{port}"
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from brisk.runtime.experiment.evaluate import (
     ArmSummary,
     CheckpointEval,
-    Interval,
     evaluate_checkpoint,
     summarize,
 )
@@ -14,7 +13,6 @@ from brisk.runtime.experiment.table import markdown_table, plot_summaries
 __all__ = [
     "ArmSummary",
     "CheckpointEval",
-    "Interval",
     "evaluate_checkpoint",
     "markdown_table",
     "plot_summaries",

@@ -241,11 +241,11 @@ def held_out_problems(
     """``n`` held-out problems (the same for every arm and seed) and their grader's name: of
     ``task`` (a :class:`~brisk.runtime.tasks.spec.TaskSpec`), by default the test split of the
     world the checkpoint was trained on (its ``train_config.json``)."""
-    from transformers import AutoTokenizer
+    from brisk.runtime.loader import load_tokenizer
 
     spec = task if task is not None else TaskSpec()
     resolved = spec.resolve(n=n, seed=seed, split="test", checkpoint=checkpoint)
-    problems = resolved.problems(AutoTokenizer.from_pretrained(checkpoint, local_files_only=True))
+    problems = resolved.problems(load_tokenizer(checkpoint, where="checkpoint"))
     if not problems:
         raise ValueError("eval.task: the selection holds no problems")
     grader = resolved.describe().get("grader")

@@ -37,6 +37,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
+from brisk.mechanism.stats import Interval
 from brisk.runtime.experiment.common import (
     ensure_checkpoint,
     experiment_step,
@@ -211,7 +212,7 @@ def _summarize(
     t0: float,
     console: Any,
 ) -> dict[str, Any]:
-    from brisk.runtime.experiment.evaluate import CheckpointEval, Interval, summarize
+    from brisk.runtime.experiment.evaluate import CheckpointEval, summarize
 
     out = Path(cfg.out_dir)
 

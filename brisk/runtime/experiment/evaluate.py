@@ -36,7 +36,6 @@ from brisk.mechanism.stats import Interval
 __all__ = [
     "ArmSummary",
     "CheckpointEval",
-    "Interval",
     "TimedCorrector",
     "evaluate_checkpoint",
     "summarize",
@@ -126,8 +125,8 @@ def evaluate_checkpoint(
     import numpy as np
     import torch
 
-    from brisk.runtime.isd.blocklog import BlockLogger
     from brisk.runtime.isd import decode
+    from brisk.runtime.isd.blocklog import BlockLogger
     from brisk.runtime.loader import load_model
     from brisk.runtime.prompts import completion_texts, encode_prompts, isd_options
     from brisk.runtime.tasks.graders import grade_all

@@ -72,15 +72,14 @@ __all__ = ["ARMS", "Arm", "ExperimentConfig", "HeadSection", "epoch_tokens", "ru
 def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
     """Response tokens of one epoch of the base's correct self-generated responses (what a
     training step counts: every response token and the EOS)."""
-    from transformers import AutoTokenizer
-
+    from brisk.runtime.loader import load_tokenizer
     from brisk.runtime.train.evaluate import encode_example
     from brisk.runtime.train.proposal_data import load_examples
 
     pcfg = cfg.train.replace(
         init=cfg.base, dataset=str(data_dir), data="selfgen-correct", stride=cfg.stride
     )
-    tokenizer = AutoTokenizer.from_pretrained(cfg.base, local_files_only=True)
+    tokenizer = load_tokenizer(cfg.base, where="base")
     total = 0
     for ex in load_examples(pcfg):
         seq, prompt_len = encode_example(ex.prompt, ex.response, tokenizer)

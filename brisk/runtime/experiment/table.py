@@ -34,7 +34,8 @@ def markdown_table(
 ) -> str:
     """One row per arm. ``labels[arm]`` fills the ``label_headers`` columns (default: the arm's
     name). With ``baseline``, a last column gives each arm's whole-run TPF change against it
-    (ratio of the seed means)."""
+    (ratio of the seed means). Arms whose grader raised are named below the table with the count
+    of answers it counted wrong that way."""
     means = {s.arm: s.metrics["tpf_run"].mean for s in summaries}
     if baseline is not None and baseline not in means:
         raise ValueError(f"baseline: no arm named {baseline!r} (arms: {', '.join(means)})")
@@ -54,6 +55,9 @@ def markdown_table(
         if baseline is not None:
             cells.append(f"{100 * (means[s.arm] / means[baseline] - 1):+.1f} %")
         lines.append("| " + " | ".join(cells) + " |")
+    errors = [f"{s.arm} {s.grader_errors}" for s in summaries if s.grader_errors]
+    if errors:
+        lines += ["", f"Grader errors (answers counted wrong): {', '.join(errors)}."]
     return "\n".join(lines) + "\n"
 
 

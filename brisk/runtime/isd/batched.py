@@ -83,10 +83,12 @@ class _Rows:
                 value = type(value).concat(column)
             elif any(isinstance(v, Tensor) for v in column):
                 like = next(v for v in column if isinstance(v, Tensor))
-                value = torch.cat([
-                    v if isinstance(v, Tensor) else like.new_zeros((p.rows(), *like.shape[1:]))
-                    for v, p in zip(column, parts, strict=True)
-                ])  # fmt: skip
+                value = torch.cat(
+                    [
+                        v if isinstance(v, Tensor) else like.new_zeros((p.rows(), *like.shape[1:]))
+                        for v, p in zip(column, parts, strict=True)
+                    ]
+                )
             elif isinstance(value, bool):
                 value = any(column)
             values[f.name] = value
@@ -198,11 +200,16 @@ def init_state(
         return torch.full(shape, fill, dtype=dtype, device=device)
 
     draft = Draft(
-        tokens=zeros(B, M), ranks=zeros(B, M), cand_ids=zeros(B, M, K),
-        law=zeros(B, M, K, dtype=torch.float32, fill=1.0), anchor=zeros(B), offset=zeros(B),
-        base_choice=zeros(B, M), head_choice=zeros(B, M, fill=-1),
+        tokens=zeros(B, M),
+        ranks=zeros(B, M),
+        cand_ids=zeros(B, M, K),
+        law=zeros(B, M, K, dtype=torch.float32, fill=1.0),
+        anchor=zeros(B),
+        offset=zeros(B),
+        base_choice=zeros(B, M),
+        head_choice=zeros(B, M, fill=-1),
         head_block=zeros(B, M, fill=-1),
-    )  # fmt: skip
+    )
     return ISDState(
         seed=seeds.to(device=device, dtype=torch.long),
         request=requests.to(device=device, dtype=torch.long),
@@ -310,8 +317,16 @@ def propose(
     alt: Tensor | None = None
     if head is not None and not shadow:
         assert ctx.backbone is not None
-        sel = head.select(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
-                          cand_ids, T, u=u if T > 0 else None)  # fmt: skip
+        sel = head.select(
+            ctx.backbone,
+            anchor_hidden,
+            anchor,
+            mask_hidden,
+            cand_logits,
+            cand_ids,
+            T,
+            u=u if T > 0 else None,
+        )
         ranks, law = sel.ranks, sel.probs
         head_choice = head_block = ranks
         alt = cand_ids.gather(-1, base_rank[..., None])[..., 0]  # the base's whole block
@@ -320,13 +335,22 @@ def propose(
         if head is not None and ctx.log:  # shadow: the head beside the base, for the logs
             assert ctx.backbone is not None
             tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
-            refined = head(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
-                           cand_ids, tokens)  # fmt: skip
+            refined = head(
+                ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, tokens
+            )
             head_choice = (
                 refined.argmax(-1) if T == 0 else sample_inverse_cdf(probs_at(refined, T), u)
             )
-            free = head.select(ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits,
-                               cand_ids, T, u=u if T > 0 else None)  # fmt: skip
+            free = head.select(
+                ctx.backbone,
+                anchor_hidden,
+                anchor,
+                mask_hidden,
+                cand_logits,
+                cand_ids,
+                T,
+                u=u if T > 0 else None,
+            )
             head_block, alt = free.ranks, free.tokens
     if T == 0 and head_drafted:
         law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
@@ -336,11 +360,22 @@ def propose(
         scaled = _float(mask_logits) / (T if T > 0 else 1.0)
         q = torch.exp(_float(cand_logits) / (T if T > 0 else 1.0) - scaled.logsumexp(-1, True))
     return Draft(
-        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0], ranks=ranks, cand_ids=cand_ids,
-        law=law, anchor=anchor, offset=offset, base_choice=base_rank, head_choice=head_choice,
-        head_block=head_block, q=q, alt_tokens=alt, head_drafted=head_drafted,
-        anchor_hidden=kept[0], mask_hidden=kept[1], cand_logits=kept[2],
-    )  # fmt: skip
+        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
+        ranks=ranks,
+        cand_ids=cand_ids,
+        law=law,
+        anchor=anchor,
+        offset=offset,
+        base_choice=base_rank,
+        head_choice=head_choice,
+        head_block=head_block,
+        q=q,
+        alt_tokens=alt,
+        head_drafted=head_drafted,
+        anchor_hidden=kept[0],
+        mask_hidden=kept[1],
+        cand_logits=kept[2],
+    )
 
 
 def first_step(
@@ -371,9 +406,16 @@ def first_step(
     tokens = torch.zeros(B, ctx.M + 1, dtype=torch.long, device=device)
     tokens[:, 0] = first
     none = torch.zeros(B, dtype=torch.bool, device=device)
-    return StepResult(state, tokens, torch.ones_like(first), torch.full_like(first, -1),
-                      torch.zeros(B, 0, dtype=torch.bool, device=device), none, state.draft,
-                      u)  # fmt: skip
+    return StepResult(
+        state,
+        tokens,
+        torch.ones_like(first),
+        torch.full_like(first, -1),
+        torch.zeros(B, 0, dtype=torch.bool, device=device),
+        none,
+        state.draft,
+        u,
+    )
 
 
 def step(
@@ -403,8 +445,9 @@ def step(
     nxt = draw_next(logits[:, 0], opt.temperature, u_next)
     L = torch.zeros(B, dtype=torch.long, device=device)
     if S == 2 * M + 1:
-        L_v, nxt_v = verify_block(logits[:, : M + 1], state.draft, opt.temperature, u_accept,
-                                  u_next)  # fmt: skip
+        L_v, nxt_v = verify_block(
+            logits[:, : M + 1], state.draft, opt.temperature, u_accept, u_next
+        )
         L, nxt = torch.where(ver, L_v, L), torch.where(ver, nxt_v, nxt)
 
     # Commit x_1..x_L and the next token (cold start: the next token alone).
@@ -418,9 +461,14 @@ def step(
     first_mask = torch.where(ver, M + 1, 1) if S == 2 * M + 1 else torch.ones_like(L)
     span = first_mask[:, None] + torch.arange(M, device=device)  # [B, M]
     draft = propose(
-        logits[ar[:, None], span], hidden[ar[:, None], span], hidden[ar, first_mask - 1], nxt,
-        length, u_draft, ctx,
-    )  # fmt: skip
+        logits[ar[:, None], span],
+        hidden[ar[:, None], span],
+        hidden[ar, first_mask - 1],
+        nxt,
+        length,
+        u_draft,
+        ctx,
+    )
 
     keep = torch.arange(S, device=device) <= torch.where(ver, L, 0)[:, None]
     new_state = ISDState(

@@ -1,4 +1,5 @@
-"""Block logging from ISD: one mechanism-schema row per verify round (DESIGN.md, mechanism).
+"""Block logging from ISD: one mechanism-schema row per verify round (docs/architecture.md,
+"mechanism: the contract").
 
 Each row records the state the replay diagnostics need: where the block sits in its request
 (``token_offset``: the index of x_1 in prompt + output, so hidden states can be recomputed), the
@@ -94,15 +95,23 @@ class BlockRecord:
         reached = torch.arange(M, device=p.device)[None] <= accept_len[:, None]
         top_prob, top1 = p.max(-1)
         return cls(
-            request_id=request_id, block_index=block_index, token_offset=draft.offset,
-            anchor=draft.anchor, cand_ids=draft.cand_ids, q=draft.q,
+            request_id=request_id,
+            block_index=block_index,
+            token_offset=draft.offset,
+            anchor=draft.anchor,
+            cand_ids=draft.cand_ids,
+            q=draft.q,
             p=p.gather(-1, draft.cand_ids).masked_fill(~reached[..., None], float("nan")),
             verifier_top1=torch.where(reached, top1, -1),
-            verifier_top1_prob=torch.where(reached, top_prob, float("nan")), u=u,
-            base_choice=draft.base_choice, head_choice=draft.head_choice,
-            head_block=draft.head_block, accept_len=accept_len, base_logp=base_logp,
+            verifier_top1_prob=torch.where(reached, top_prob, float("nan")),
+            u=u,
+            base_choice=draft.base_choice,
+            head_choice=draft.head_choice,
+            head_block=draft.head_block,
+            accept_len=accept_len,
+            base_logp=base_logp,
             head_logp=head_logp,
-        )  # fmt: skip
+        )
 
 
 class BlockLogger(BlockLogWriter):
@@ -123,14 +132,16 @@ class BlockLogger(BlockLogWriter):
 
     def log_request(self, request_id: int, prompt_tokens: int, output: RequestOutput) -> None:
         """The request table's row of a finished request (:mod:`brisk.mechanism.requests`)."""
-        self.write_requests({
-            "request_id": np.array([request_id], dtype=np.int64),
-            "prompt_tokens": np.array([prompt_tokens], dtype=np.int64),
-            "output_tokens": np.array([len(output.tokens)], dtype=np.int64),
-            "forwards": np.array([output.forwards], dtype=np.int64),
-            "verify_rounds": np.array([len(output.accept_lengths)], dtype=np.int64),
-            "finished": np.array([output.finished], dtype=object),
-        })  # fmt: skip
+        self.write_requests(
+            {
+                "request_id": np.array([request_id], dtype=np.int64),
+                "prompt_tokens": np.array([prompt_tokens], dtype=np.int64),
+                "output_tokens": np.array([len(output.tokens)], dtype=np.int64),
+                "forwards": np.array([output.forwards], dtype=np.int64),
+                "verify_rounds": np.array([len(output.accept_lengths)], dtype=np.int64),
+                "finished": np.array([output.finished], dtype=object),
+            }
+        )
 
     def log_round(self, record: BlockRecord, draft: Draft) -> None:
         """One verify round's rows; ``draft`` is the verified draft (rows as in ``record``).

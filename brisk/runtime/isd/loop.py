@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
-from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, first_step, step
+from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord, verification_for
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.outputs import Outputs, commit
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
@@ -135,8 +135,14 @@ def decode(
         raise ValueError(
             f"logger: holds M = {logger.M}, K = {logger.K}; decoding uses {options.M}, {K}"
         )
-    ctx = StepContext(options, K, backbone, corrector, log=logger is not None,
-                      collect=logger is not None and logger.collects)  # fmt: skip
+    ctx = StepContext(
+        options,
+        K,
+        backbone,
+        corrector,
+        log=logger is not None,
+        collect=logger is not None and logger.collects,
+    )
     if logger is not None:
         logger.declare(verification_for(options, corrector))
     outputs: list[RequestOutput | None] = [None] * len(prompts)
@@ -151,9 +157,17 @@ def decode(
     with torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
             index = list(range(start, min(start + batch_size, len(prompts))))
-            _Batch(backbone, ctx, logger, [list(prompts[r]) for r in index],
-                   [seeds[r] for r in index], [request_ids[r] for r in index], index,
-                   finish, prefill_chunk).run()  # fmt: skip
+            _Batch(
+                backbone,
+                ctx,
+                logger,
+                [list(prompts[r]) for r in index],
+                [seeds[r] for r in index],
+                [request_ids[r] for r in index],
+                index,
+                finish,
+                prefill_chunk,
+            ).run()
     assert all(o is not None for o in outputs)
     return DecodeResult([o for o in outputs if o is not None], options.M)
 
@@ -226,8 +240,9 @@ class _Batch:
             out = self.bb.forward(ids, self.cache, logits_at=logits_at)
         else:
             mask, positions = self.kv.attention(new_valid)
-            out = self.bb.forward(ids, self.cache, position_ids=positions, attention_mask=mask,
-                                  logits_at=logits_at)  # fmt: skip
+            out = self.bb.forward(
+                ids, self.cache, position_ids=positions, attention_mask=mask, logits_at=logits_at
+            )
         return out.logits, out.hidden
 
     def _prefill(self) -> None:
@@ -253,8 +268,7 @@ class _Batch:
             self.kv.append(valid[:, start:end])
         self._compact()
         assert last is not None
-        result = first_step(last, lengths, self.seed, self.request, self.ctx,
-                            u=self.uniforms[:, 0])  # fmt: skip
+        result = first_step(last, lengths, self.seed, self.request, self.ctx, u=self.uniforms[:, 0])
         self.state = result.state
         self.outputs = commit(self.outputs, result, self.ctx.options)
         if bool(self.outputs.done.any()):
@@ -275,8 +289,9 @@ class _Batch:
 
     def _keep(self, keep: Tensor) -> None:
         if len(keep) == 1:  # a lone row keeps a prefix of its new slots: trim, no bookkeeping
-            self.bb.trim(self.cache, self.bb.cache_length(self.cache) - keep.shape[1] +
-                         int(keep.sum()))  # fmt: skip
+            self.bb.trim(
+                self.cache, self.bb.cache_length(self.cache) - keep.shape[1] + int(keep.sum())
+            )
             return
         self.kv.append(keep)
         self._compact()
@@ -330,8 +345,16 @@ class _Batch:
     def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:
         assert self.logger is not None
         opt = self.ctx.options
-        log_verified(self.logger, self.state, result, logits, opt.temperature, alt_logp,
-                     scored=opt.score_blocks, eos_token_id=opt.eos_token_id)  # fmt: skip
+        log_verified(
+            self.logger,
+            self.state,
+            result,
+            logits,
+            opt.temperature,
+            alt_logp,
+            scored=opt.score_blocks,
+            eos_token_id=opt.eos_token_id,
+        )
 
 
 def log_verified(
@@ -364,13 +387,18 @@ def log_verified(
         base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
     logger.log_round(
         BlockRecord.from_round(
-            request_id=state.request[rows], block_index=state.block_index[rows], draft=draft,
-            verifier_logits=logits[rows, : M + 1], temperature=temperature,
-            u=result.u[rows, 1 : 1 + M], accept_len=result.accept_len[rows],
-            base_logp=base_logp, head_logp=head_logp,
+            request_id=state.request[rows],
+            block_index=state.block_index[rows],
+            draft=draft,
+            verifier_logits=logits[rows, : M + 1],
+            temperature=temperature,
+            u=result.u[rows, 1 : 1 + M],
+            accept_len=result.accept_len[rows],
+            base_logp=base_logp,
+            head_logp=head_logp,
         ),
         draft,
-    )  # fmt: skip
+    )
 
 
 def _dense_slots(length: int, batch: int, device: torch.device) -> KVSlots:

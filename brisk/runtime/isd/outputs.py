@@ -61,12 +61,18 @@ class Outputs(_Rows):
             return torch.full(shape, fill, dtype=torch.long, device=device)
 
         stats = RoundStats(
-            forwards=zeros(B), committed=zeros(B), rounds=zeros(B),
-            accept_log=zeros(B, options.max_new_tokens + 1, fill=-1), cycle_tokens=zeros(B),
-            cycle_forwards=zeros(B), cycle_hist=zeros(B, M + 1), open_L=zeros(B, fill=-1),
-        )  # fmt: skip
-        return cls(zeros(B, options.max_new_tokens + M + 1), zeros(B),
-                   zeros(B).to(torch.int8), stats)  # fmt: skip
+            forwards=zeros(B),
+            committed=zeros(B),
+            rounds=zeros(B),
+            accept_log=zeros(B, options.max_new_tokens + 1, fill=-1),
+            cycle_tokens=zeros(B),
+            cycle_forwards=zeros(B),
+            cycle_hist=zeros(B, M + 1),
+            open_L=zeros(B, fill=-1),
+        )
+        return cls(
+            zeros(B, options.max_new_tokens + M + 1), zeros(B), zeros(B).to(torch.int8), stats
+        )
 
     @property
     def done(self) -> Tensor:
@@ -134,5 +140,5 @@ def commit(outputs: Outputs, result: StepResult, options: ISDOptions) -> Outputs
         cycle_forwards=st.cycle_forwards + full.long() + 2 * closing.long(),
         cycle_hist=st.cycle_hist.scatter_add(1, hist_at[:, None], (full | closing).long()[:, None]),
         open_L=torch.where(rejected, L, torch.where(closing, -1, st.open_L)),
-    )  # fmt: skip
+    )
     return Outputs(out, outputs.n_out + take, finished, stats)

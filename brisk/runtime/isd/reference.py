@@ -95,15 +95,30 @@ def _verify(logits: Tensor, block: _Block, T: float, u: Tensor) -> tuple[int, in
 
 
 def _propose(
-    logits: Tensor, hidden: Tensor, anchor_hidden: Tensor, anchor: int, u: Tensor, K: int,
-    T: float, backbone: Backbone, corrector: Corrector | None, shadow: bool,
-) -> _Block:  # fmt: skip
+    logits: Tensor,
+    hidden: Tensor,
+    anchor_hidden: Tensor,
+    anchor: int,
+    u: Tensor,
+    K: int,
+    T: float,
+    backbone: Backbone,
+    corrector: Corrector | None,
+    shadow: bool,
+) -> _Block:
     """The next block from the M MASK slots' ``logits [M, V]`` and ``hidden [M, H]``."""
     cand_logits, candidates = logits.topk(K, dim=-1)
     if corrector is not None and not shadow:
-        sel = corrector.select(backbone, anchor_hidden[None], torch.tensor([anchor]),
-                               hidden[None], cand_logits[None], candidates[None], T,
-                               u=u[None] if T > 0 else None)  # fmt: skip
+        sel = corrector.select(
+            backbone,
+            anchor_hidden[None],
+            torch.tensor([anchor]),
+            hidden[None],
+            cand_logits[None],
+            candidates[None],
+            T,
+            u=u[None] if T > 0 else None,
+        )
         ranks, law = sel.ranks[0].tolist(), sel.probs[0]
     else:
         law = _law(cand_logits, T)
@@ -145,8 +160,15 @@ def reference_decode(
 
     # prefill: the whole prompt; its last logits give the first token
     u = uniforms()
-    emit([_choose(_law(backbone.forward(torch.tensor([list(prompt)]), cache).logits[0, -1], T),
-                  T, u[0])])  # fmt: skip
+    emit(
+        [
+            _choose(
+                _law(backbone.forward(torch.tensor([list(prompt)]), cache).logits[0, -1], T),
+                T,
+                u[0],
+            )
+        ]
+    )
     pending, block = out.tokens[-1], None  # block: the drafts to verify (None → cold start)
     while not out.finished:
         u = uniforms()
@@ -167,7 +189,16 @@ def reference_decode(
         pending = committed[-1]
         block = None
         if full and not out.finished:  # the MASK slots propose the next block
-            block = _propose(logits[first : first + M], hidden[first : first + M],
-                             hidden[first - 1], pending, u[1 + M :], K, T, backbone, corrector,
-                             options.shadow)  # fmt: skip
+            block = _propose(
+                logits[first : first + M],
+                hidden[first : first + M],
+                hidden[first - 1],
+                pending,
+                u[1 + M :],
+                K,
+                T,
+                backbone,
+                corrector,
+                options.shadow,
+            )
     return out

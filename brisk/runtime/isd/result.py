@@ -141,11 +141,15 @@ class DecodeResult:
         posterior median and ``level`` credible interval). A block log of this run reports the
         same values."""
         return RunTPF.from_counts(
-            requests=len(self.requests), output_tokens=self.generated, forwards=self.forwards,
+            requests=len(self.requests),
+            output_tokens=self.generated,
+            forwards=self.forwards,
             cycle_tokens=sum(r.cycle_tokens for r in self.requests),
             cycle_forwards=sum(r.cycle_forwards for r in self.requests),
-            cycle_profile=self.cycle_profile(), level=level, seed=seed,
-        )  # fmt: skip
+            cycle_profile=self.cycle_profile(),
+            level=level,
+            seed=seed,
+        )
 
     def predicted_run_tpf(
         self,

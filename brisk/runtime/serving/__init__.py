@@ -10,7 +10,8 @@
   launch-time checks of the model and the corrector against the options (no SGLang needed);
 - :mod:`~brisk.runtime.serving.dflash` — the corrector over DFlash's Top-K draft candidates;
 - :mod:`~brisk.runtime.serving.bench` — ``brisk bench serve``: the paper's serving sweep over
-  ``sglang.benchmark.serving``, with paired ratios;
+  ``sglang.benchmark.serving``; :mod:`~brisk.runtime.serving.bench_summary` its summary, paired
+  ratios, tables and plot;
 - :mod:`~brisk.runtime.serving.loopback` — a small OpenAI-compatible server with a known speed,
   which the sweep is tested against;
 - :mod:`~brisk.runtime.serving.launch` — the command line and environment of a real SGLang

@@ -85,7 +85,7 @@ def validate_sampling(params: Any, temperature: float) -> str | None:
                 name == "top_k" and getattr(params, name) >= (1 << 30)
             ):
                 return f"{ALGORITHM} verifies plain sampling from p: {name} is not supported"
-    for name in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias"):  # fmt: skip
+    for name in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias"):
         if getattr(params, name, None):
             return f"{ALGORITHM} verifies against the model's p: {name} is not supported"
     if getattr(params, "min_new_tokens", 0):
@@ -163,8 +163,9 @@ request's tokens; m has 8 positions
             "'{\"mask_token_id\": ID}' if the checkpoint was trained with one)"
         )
     if not 0 <= mask_id < vocab:
-        raise OptionError(f"--model-path: {model}'s mask_token_id {mask_id} is outside its "
-                          f"vocabulary of {vocab}")  # fmt: skip
+        raise OptionError(
+            f"--model-path: {model}'s mask_token_id {mask_id} is outside its vocabulary of {vocab}"
+        )
     positions = getattr(model_config, "context_len", None)
     if positions is not None and options.block_size + 1 > int(positions):
         raise OptionError(
@@ -178,8 +179,9 @@ request's tokens; m has 8 positions
     except ValueError as err:  # not JSON
         raise OptionError(f"corrector: {options.corrector}: {' '.join(str(err).split())}") from None
     if c.get("M") != options.M:
-        raise OptionError(f"corrector: built for M = {c.get('M')}, stride {options.stride} "
-                          f"gives M = {options.M}")  # fmt: skip
+        raise OptionError(
+            f"corrector: built for M = {c.get('M')}, stride {options.stride} gives M = {options.M}"
+        )
     text = getattr(model_config, "hf_text_config", hf)
     served = (int(text.hidden_size), vocab)
     if (c.get("hidden_size"), c.get("vocab_size")) != served:

@@ -66,16 +66,24 @@ def rerank(
     corrector's greedy pick over the Top-K of ``hidden_states @ lm_head.weight.T``."""
     head = reranker(self)
     if head is None or hidden_states.numel() == 0:
-        return original(self, hidden_states=hidden_states, lm_head=lm_head,  # type: ignore[no-any-return]
-                        chunk_size=chunk_size)  # fmt: skip
+        return original(
+            self,
+            hidden_states=hidden_states,
+            lm_head=lm_head,  # type: ignore[no-any-return]
+            chunk_size=chunk_size,
+        )
     weight = getattr(lm_head, "weight", None)
     if (hasattr(lm_head, "shard_indices") and _tp_size() > 1) or not _dense(weight):
         _warn_once(
             "brisk: DFlash reranking needs one dense, unsharded LM head (tensor parallelism "
             "1, no quantized head); drafting with DFlash's own sampler"
         )
-        return original(self, hidden_states=hidden_states, lm_head=lm_head,  # type: ignore[no-any-return]
-                        chunk_size=chunk_size)  # fmt: skip
+        return original(
+            self,
+            hidden_states=hidden_states,
+            lm_head=lm_head,  # type: ignore[no-any-return]
+            chunk_size=chunk_size,
+        )
     M = int(self.block_size) - 1
     if head.config.M != M:
         raise ValueError(
@@ -90,8 +98,15 @@ def rerank(
     cand_logits, cand_ids = logits.float().topk(head.config.K, dim=-1)
     anchor = self._draft_block_ids_buf[:bs, 0]
     anchor_hidden = torch.zeros_like(mask_hidden[:, 0])
-    sel = head.select(heads, anchor_hidden, anchor, mask_hidden, cand_logits,  # type: ignore[arg-type]
-                      cand_ids, 0.0)  # fmt: skip
+    sel = head.select(
+        heads,
+        anchor_hidden,
+        anchor,
+        mask_hidden,
+        cand_logits,  # type: ignore[arg-type]
+        cand_ids,
+        0.0,
+    )
     return sel.tokens.reshape(-1).to(torch.long)
 
 
@@ -110,8 +125,11 @@ def _heads(worker: Any, head: Corrector, device: torch.device) -> ModelHeads:
 
 
 def _dense(weight: Any) -> bool:
-    return isinstance(weight, Tensor) and weight.dtype in (torch.float32, torch.float16,
-                                                           torch.bfloat16)  # fmt: skip
+    return isinstance(weight, Tensor) and weight.dtype in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    )
 
 
 def _tp_size() -> int:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from brisk.runtime.serving.cpu import activate
+from brisk.runtime.serving.options import BriskISDOptions
 
 __all__ = [
     "CPU_FLAGS",
@@ -62,17 +63,22 @@ __all__ = [
 Device = Literal["cpu", "cuda"]
 
 CPU_FLAGS: tuple[str, ...] = (
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
     # SGLang 0.5.23's spelling of --disable-cuda-graph (deprecated there)
-    "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled",
+    "--cuda-graph-backend-decode",
+    "disabled",
+    "--cuda-graph-backend-prefill",
+    "disabled",
     "--disable-overlap-schedule",
     "--disable-radix-cache",
-    "--max-total-tokens", "4096",
+    "--max-total-tokens",
+    "4096",
     # the idle scheduler otherwise polls its sockets flat out: one core per idle server
     "--sleep-on-idle",
-)  # fmt: skip
+)
 """The flags of SGLang's CPU server, as ``brisk serve --device cpu`` passes them."""
 
 
@@ -95,9 +101,17 @@ def isd_flags(stride: int) -> tuple[str, ...]:
     ('--speculative-algorithm', 'BRISK_ISD', '--speculative-num-draft-tokens', '7')
     """
     n = 2 * stride - 1
-    return ("--speculative-algorithm", "BRISK_ISD", "--speculative-num-draft-tokens", str(n),
-            "--speculative-eagle-topk", "1", "--speculative-num-steps", str(n - 1),
-            "--disable-overlap-schedule")  # fmt: skip
+    return (
+        "--speculative-algorithm",
+        "BRISK_ISD",
+        "--speculative-num-draft-tokens",
+        str(n),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-steps",
+        str(n - 1),
+        "--disable-overlap-schedule",
+    )
 
 
 @dataclass(frozen=True)
@@ -111,8 +125,11 @@ class ServerLaunch:
     def shell(self) -> str:
         """The command as one shell line, with the variables it sets (for logs and READMEs)."""
         set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV)
-        extra = [f"{k}={_quoted(self.env[k])}" for k in set_here
-                 if k in self.env and self.env.get(k) != os.environ.get(k)]  # fmt: skip
+        extra = [
+            f"{k}={_quoted(self.env[k])}"
+            for k in set_here
+            if k in self.env and self.env.get(k) != os.environ.get(k)
+        ]
         return " ".join([*extra, *map(_quoted, self.argv)])
 
 
@@ -158,7 +175,7 @@ def server_arguments(
         run_env = activate(run_env)
         run_env["SGLANG_USE_CPU_ENGINE"] = "1"
     if isd is not None:
-        flags += isd_flags(int(isd.get("stride", 4)))  # type: ignore[call-overload]
+        flags += isd_flags(BriskISDOptions.from_mapping(isd).stride)  # every option checked
         run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
     passed, asked = _model_overrides_passed(extra_args)
     overrides = {**_causal_overrides(model, asked), **asked}
@@ -235,8 +252,15 @@ def server_launch(
     >>> "SGLANG_USE_CPU_ENGINE" in server_launch("m", 30000, device="cuda", env={}).env
     False
     """
-    flags, run_env = server_arguments(model, device=device, dtype=dtype, address=(host, port),
-                                      extra_args=extra_args, env=env, isd=isd)  # fmt: skip
+    flags, run_env = server_arguments(
+        model,
+        device=device,
+        dtype=dtype,
+        address=(host, port),
+        extra_args=extra_args,
+        env=env,
+        isd=isd,
+    )
     argv = (python, "-m", "sglang.launch_server", *flags)
     return ServerLaunch(argv=argv, env=run_env, url=f"http://{host}:{port}")
 
@@ -305,9 +329,13 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         self._log_file = self.log.open("wb")
         self.process = subprocess.Popen(
-            self.launch.argv, env=dict(self.launch.env), stdin=subprocess.DEVNULL,
-            stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            self.launch.argv,
+            env=dict(self.launch.env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return self
 
     def wait_ready(self, timeout: float) -> float:

@@ -50,8 +50,10 @@ class Engine:
         if not tpf >= 1:
             raise ValueError(f"tpf: tokens per forward must be ≥ 1, got {tpf!r}")
         if not (forward_ms > 0 and per_request_ms >= 0):
-            raise ValueError(f"forward_ms: need > 0 (and per_request_ms ≥ 0), got "
-                             f"{forward_ms!r}, {per_request_ms!r}")  # fmt: skip
+            raise ValueError(
+                f"forward_ms: need > 0 (and per_request_ms ≥ 0), got "
+                f"{forward_ms!r}, {per_request_ms!r}"
+            )
         self.tpf, self.forward_ms, self.per_request_ms = tpf, forward_ms, per_request_ms
         self._rng = random.Random(seed)
         self._running: list[_Request] = []
@@ -107,8 +109,7 @@ class Engine:
 class LoopbackServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, engine: Engine, model: str,
-                 eos_after: int | None = None) -> None:  # fmt: skip
+    def __init__(self, port: int, engine: Engine, model: str, eos_after: int | None = None) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.engine, self.model, self.eos_after = engine, model, eos_after
         self.prompts: list[str] = []
@@ -168,8 +169,12 @@ class _Handler(BaseHTTPRequestHandler):
             total = 0
             while (n := chunks.get()) is not _DONE:
                 total += n
-            self._json({"choices": [{"text": " a" * total, "index": 0}],
-                        "usage": {"completion_tokens": total}})  # fmt: skip
+            self._json(
+                {
+                    "choices": [{"text": " a" * total, "index": 0}],
+                    "usage": {"completion_tokens": total},
+                }
+            )
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -201,8 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     engine = Engine(args.tpf, args.forward_ms, args.per_request_ms, args.seed)
     server = LoopbackServer(args.port, engine, args.model, args.eos_after)
-    print(f"loopback server on {server.url}: τ = {args.tpf}, {args.forward_ms} ms + "
-          f"{args.per_request_ms} ms × running per forward", flush=True)  # fmt: skip
+    print(
+        f"loopback server on {server.url}: τ = {args.tpf}, {args.forward_ms} ms + "
+        f"{args.per_request_ms} ms × running per forward",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -67,8 +67,9 @@ def register() -> None:
         )
     for target, hook in HOOKS.items():
         module, name = hook.split(":")
-        HookRegistry.register(target, getattr(importlib.import_module(module), name),
-                              HookType.AROUND)  # fmt: skip
+        HookRegistry.register(
+            target, getattr(importlib.import_module(module), name), HookType.AROUND
+        )
 
 
 def installed() -> dict[str, bool]:

@@ -56,9 +56,9 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from torch import Tensor
 
-from brisk.runtime.isd.blocklog import verification_for
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
+from brisk.runtime.isd.blocklog import verification_for
 from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.serving.chain import PoolStates, chain_attention, chain_layout, verify_mask
 from brisk.runtime.serving.common import (
@@ -129,13 +129,18 @@ class BriskISDSpec(CustomSpecAlgo):
     def get_platform_worker_cls(self) -> type | None:
         return None
 
-    def create_future_map(self, device: Any, req_to_token_pool: Any,
-                          needs_cpu_seq_lens: bool = True,
-                          needs_confidence_relay: bool = False) -> Any:  # fmt: skip
+    def create_future_map(
+        self,
+        device: Any,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> Any:
         from sglang.srt.managers.overlap_utils import FutureMap
 
-        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens,
-                         needs_confidence_relay)  # fmt: skip
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
 
     def handle_server_args(self, server_args: Any) -> None:
         """Refuse to start, with one line naming the option, what ``BRISK_ISD`` cannot serve.
@@ -185,8 +190,10 @@ class BriskISDWorker(BaseSpecWorker):
 
         self.options = opt = load_options()
         if self.draft_token_num != opt.block_size:
-            raise OptionError(f"--speculative-num-draft-tokens: need {opt.block_size} at stride "
-                              f"{opt.stride}, got {self.draft_token_num}")  # fmt: skip
+            raise OptionError(
+                f"--speculative-num-draft-tokens: need {opt.block_size} at stride "
+                f"{opt.stride}, got {self.draft_token_num}"
+            )
         # refused at launch already (handle_server_args); kept for workers built otherwise
         check_model(opt, self.model_runner.model_config)
         self.mask_id = int(self.model_runner.model_config.hf_config.mask_token_id)
@@ -242,9 +249,13 @@ class BriskISDWorker(BaseSpecWorker):
             return
         if self.logger is not None:
             self.logger.flush()
-        _LOG.info("BRISK_ISD TPF %.3f: %d committed tokens in %d request-forwards since start "
-                  "(each request's prefill included)", self.tpf, self.tokens,
-                  self.forwards)  # fmt: skip
+        _LOG.info(
+            "BRISK_ISD TPF %.3f: %d committed tokens in %d request-forwards since start "
+            "(each request's prefill included)",
+            self.tpf,
+            self.tokens,
+            self.forwards,
+        )
         _LOG.info("BRISK_ISD decode forwards since start, by batch size: %s", self.clock_report())
 
     def clock_report(self) -> str:
@@ -285,8 +296,9 @@ class BriskISDWorker(BaseSpecWorker):
         # the server's temperature (SGLang's /health_generate asks for one).
         argmax_rows = [_one_greedy_token(r.sampling_params) for r in batch.reqs]
         for req, argmax in zip(batch.reqs, argmax_rows, strict=True):
-            why = None if argmax else validate_sampling(req.sampling_params,
-                                                        self.options.temperature)  # fmt: skip
+            why = (
+                None if argmax else validate_sampling(req.sampling_params, self.options.temperature)
+            )
             if why is None and getattr(req, "return_logprob", False):
                 why = "BRISK_ISD does not return logprobs"
             if why is not None and not req.finished():
@@ -304,8 +316,9 @@ class BriskISDWorker(BaseSpecWorker):
         # the forwards a request has run are at most its output tokens (each commits ≥ 1), so
         # a re-prefilled (retracted) request's counter resumes past every uniform it has used
         counters = torch.tensor([len(r.output_ids) for r in batch.reqs], dtype=torch.long)
-        lengths = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs],
-                               dtype=torch.long)  # fmt: skip
+        lengths = torch.tensor(
+            [len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs], dtype=torch.long
+        )
         rows = first_step(logits, lengths, seeds, keys, self.ctx, counters).state
         argmax = torch.tensor(argmax_rows, device=device)
         first = torch.where(argmax, logits.argmax(-1), rows.pending)
@@ -330,15 +343,19 @@ class BriskISDWorker(BaseSpecWorker):
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
         new_seq_lens = batch.seq_lens.clone()
         return GenerationBatchResult(
-            logits_output=result.logits_output, next_token_ids=next_ids,
-            can_run_cuda_graph=result.can_run_cuda_graph, accept_lens=accept_lens,
+            logits_output=result.logits_output,
+            next_token_ids=next_ids,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+            accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(draft_token_num=self.draft_token_num,
-                                              new_seq_lens=new_seq_lens,
-                                              accept_tokens=accept_tokens.flatten(),
-                                              accept_lens=accept_lens),
+            next_draft_input=NgramVerifyInput(
+                draft_token_num=self.draft_token_num,
+                new_seq_lens=new_seq_lens,
+                accept_tokens=accept_tokens.flatten(),
+                accept_lens=accept_lens,
+            ),
             speculative_num_draft_tokens=self.draft_token_num,
-        )  # fmt: skip
+        )
 
     # -- decode: one ISD round per request
     def _states(self, batch: Any) -> ISDState:
@@ -467,12 +484,19 @@ class BriskISDWorker(BaseSpecWorker):
         clock[1] += model_s
         clock[2] += time.perf_counter() - started
         return GenerationBatchResult(
-            logits_output=lo, next_token_ids=next_ids, can_run_cuda_graph=out.can_run_cuda_graph,
-            accept_lens=accept_lens, new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(draft_token_num=n, new_seq_lens=new_seq_lens,
-                                              accept_tokens=next_ids, accept_lens=accept_lens),
+            logits_output=lo,
+            next_token_ids=next_ids,
+            can_run_cuda_graph=out.can_run_cuda_graph,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=NgramVerifyInput(
+                draft_token_num=n,
+                new_seq_lens=new_seq_lens,
+                accept_tokens=next_ids,
+                accept_lens=accept_lens,
+            ),
             speculative_num_draft_tokens=n,
-        )  # fmt: skip
+        )
 
     def forward_batch_generation(
         self, batch: Any, on_publish: Any = None, pp_proxy_tensors: Any = None

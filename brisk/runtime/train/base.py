@@ -94,13 +94,12 @@ def _tokenizer(cfg: BaseTrainConfig) -> Any:
     every rank adds it the same way, so the ids agree)."""
     if not cfg.init:
         return cfg.model.tokenizer()
-    from transformers import AutoTokenizer
-
     from brisk.runtime.backbone import MASK_TOKEN
+    from brisk.runtime.loader import load_tokenizer
 
     if not (Path(cfg.init) / "config.json").is_file():
         raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
+    tokenizer = load_tokenizer(cfg.init, where="--init")
     if cfg.add_mask_token:  # the tokenizer's side of add_mask_token (the model's: _model)
         existing = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
         if isinstance(existing, int) and existing != tokenizer.unk_token_id:

@@ -156,7 +156,7 @@ class EventStore:
         """Open and check a store; every error names the file and what is wrong."""
         import pyarrow.parquet as pq
 
-        from brisk.mechanism.io import read_blocks
+        from brisk.mechanism import read_blocks
 
         path = Path(path)
         meta_file = path / META

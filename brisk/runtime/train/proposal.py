@@ -187,16 +187,16 @@ def _train(
     cfg: ProposalTrainConfig, resume: bool, show_progress: bool, stop: StopSignals
 ) -> ProposalResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers import AutoTokenizer
 
     from brisk.runtime.architectures import load_causal_lm, training_token_ids
+    from brisk.runtime.loader import load_tokenizer
 
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
     device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
     out, M = Path(cfg.out_dir), cfg.M
     examples = load_examples(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.init, local_files_only=True)
+    tokenizer = load_tokenizer(cfg.init, where="--init")
 
     # Where to start: the init checkpoint, or the newest checkpoint of this run. Every rank
     # reads the directory before rank 0 writes to it.

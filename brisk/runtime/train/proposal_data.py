@@ -74,10 +74,10 @@ def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
             f"training uses stride {cfg.stride}"
         )
     if cfg.data == "reference":
-        from transformers import AutoTokenizer
+        from brisk.runtime.loader import load_tokenizer
 
         task = provenance_task(provenance)
-        problems = task.problems(AutoTokenizer.from_pretrained(init, local_files_only=True))
+        problems = task.problems(load_tokenizer(init, where="--init"))
         references = task.references(problems, provenance["options"]["samples"])
         return [
             Example(p.prompt, r) for p, rs in zip(problems, references, strict=True) for r in rs

@@ -192,10 +192,10 @@ def generate_dataset(
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
-    from transformers import AutoTokenizer
+    from brisk.runtime.loader import load_tokenizer
 
     task = resolve_task(checkpoint, options)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = load_tokenizer(checkpoint, where="--checkpoint")
     problems = task.problems(tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")

@@ -49,15 +49,50 @@ def _pick(values, index, at):
 
 @triton.jit
 def _corrector_select_kernel(
-    s0_ptr, mask_x_ptr, anchor_e_ptr, cand_e_ptr, cand_c_ptr, cand_logits_ptr, cand_ids_ptr,
-    anchor_ids_ptr, u_ptr, forced_ids_ptr, forced_e_ptr,
-    pos_ptr, feat_w_ptr, feat_b_ptr, w_z_ptr, w_h_ptr, w_s_ptr, gate_w_ptr, gate_b_ptr, alpha_ptr,
-    ranks_ptr, probs_ptr, refined_ptr,
-    M, K, S, DH, DE, DP, DF, R, temperature,
-    BK: tl.constexpr, BS: tl.constexpr, BDH: tl.constexpr, BDE: tl.constexpr,
-    BDP: tl.constexpr, BDF: tl.constexpr, BR: tl.constexpr, NF: tl.constexpr,
-    SAMPLE: tl.constexpr, FORCED: tl.constexpr, FEEDBACK: tl.constexpr,
-):  # fmt: skip
+    s0_ptr,
+    mask_x_ptr,
+    anchor_e_ptr,
+    cand_e_ptr,
+    cand_c_ptr,
+    cand_logits_ptr,
+    cand_ids_ptr,
+    anchor_ids_ptr,
+    u_ptr,
+    forced_ids_ptr,
+    forced_e_ptr,
+    pos_ptr,
+    feat_w_ptr,
+    feat_b_ptr,
+    w_z_ptr,
+    w_h_ptr,
+    w_s_ptr,
+    gate_w_ptr,
+    gate_b_ptr,
+    alpha_ptr,
+    ranks_ptr,
+    probs_ptr,
+    refined_ptr,
+    M,
+    K,
+    S,
+    DH,
+    DE,
+    DP,
+    DF,
+    R,
+    temperature,
+    BK: tl.constexpr,
+    BS: tl.constexpr,
+    BDH: tl.constexpr,
+    BDE: tl.constexpr,
+    BDP: tl.constexpr,
+    BDF: tl.constexpr,
+    BR: tl.constexpr,
+    NF: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    FORCED: tl.constexpr,
+    FEEDBACK: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     DIN = DH + DE + DP + DF
     rk = tl.arange(0, BK)
@@ -130,8 +165,9 @@ def _corrector_select_kernel(
         cm = mk[:, None] & (rr[None, :] < R)
         cc = tl.load(cand_c_ptr + (row * K + rk[:, None]) * R + rr[None, :], mask=cm, other=0.0)
         d = tl.sum(cc.to(tl.float32) * v[None, :], axis=1)
-        gate = gate_a * tl.sigmoid(tl.sum(gate_ws * s, axis=0) + tl.sum(gate_wf * phi, axis=0)
-                                   + gate_b)  # fmt: skip
+        gate = gate_a * tl.sigmoid(
+            tl.sum(gate_ws * s, axis=0) + tl.sum(gate_wf * phi, axis=0) + gate_b
+        )
         refined = lg + gate * d
 
         # the proposal law over C_j and the selection
@@ -158,18 +194,32 @@ def _block(n: int) -> int:
 
 
 def unsupported(
-    s0: Tensor, mask_x: Tensor, cand_e: Tensor, cand_c: Tensor, cand_logits: Tensor,
+    s0: Tensor,
+    mask_x: Tensor,
+    cand_e: Tensor,
+    cand_c: Tensor,
+    cand_logits: Tensor,
     weights: StepWeights,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Why the kernel cannot take these inputs (None: it can)."""
-    for name, t in (("s0", s0), ("mask_x", mask_x), ("cand_e", cand_e), ("cand_c", cand_c),
-                    ("cand_logits", cand_logits)):  # fmt: skip
+    for name, t in (
+        ("s0", s0),
+        ("mask_x", mask_x),
+        ("cand_e", cand_e),
+        ("cand_c", cand_c),
+        ("cand_logits", cand_logits),
+    ):
         if t.dtype not in DTYPES:
             return f"{name} has dtype {t.dtype} (the kernel reads float32, bfloat16, float16)"
-    widths = {"K": cand_logits.shape[-1], "state": s0.shape[-1], "rank": cand_c.shape[-1],
-              "hidden projection": mask_x.shape[-1], "token projection": cand_e.shape[-1],
-              "position": weights.pos_emb.shape[-1],
-              "feature": weights.feat_w.shape[0]}  # fmt: skip
+    widths = {
+        "K": cand_logits.shape[-1],
+        "state": s0.shape[-1],
+        "rank": cand_c.shape[-1],
+        "hidden projection": mask_x.shape[-1],
+        "token projection": cand_e.shape[-1],
+        "position": weights.pos_emb.shape[-1],
+        "feature": weights.feat_w.shape[0],
+    }
     for name, width in widths.items():
         if width > MAX_BLOCK:
             return f"{name} width {width} exceeds the kernel's {MAX_BLOCK}"
@@ -222,14 +272,48 @@ def corrector_select_fused(
         (c(forced_prev[0]), c(forced_prev[1])) if forced_prev is not None else (ranks, probs)
     )
     _corrector_select_kernel[(B,)](
-        c(s0), c(mask_x), c(anchor_e), c(cand_e), c(cand_c), c(cand_logits), ids(cand_ids),
-        ids(anchor_ids), u_arg, f_ids, f_e,
-        f(weights.pos_emb), f(weights.feat_w), f(weights.feat_b), f(weights.w_z), f(weights.w_h),
-        f(weights.w_s), f(weights.gate_w), f(weights.gate_b), f(weights.alpha),
-        ranks, probs, refined,
-        M, K, S, DH, DE, DP, DF, R, temperature if sample else 1.0,
-        BK=_block(K), BS=_block(S), BDH=_block(DH), BDE=_block(DE), BDP=_block(DP),
-        BDF=_block(DF), BR=_block(R), NF=N_FEATURES, SAMPLE=sample,
-        FORCED=forced_prev is not None, FEEDBACK=feedback,
-    )  # fmt: skip
+        c(s0),
+        c(mask_x),
+        c(anchor_e),
+        c(cand_e),
+        c(cand_c),
+        c(cand_logits),
+        ids(cand_ids),
+        ids(anchor_ids),
+        u_arg,
+        f_ids,
+        f_e,
+        f(weights.pos_emb),
+        f(weights.feat_w),
+        f(weights.feat_b),
+        f(weights.w_z),
+        f(weights.w_h),
+        f(weights.w_s),
+        f(weights.gate_w),
+        f(weights.gate_b),
+        f(weights.alpha),
+        ranks,
+        probs,
+        refined,
+        M,
+        K,
+        S,
+        DH,
+        DE,
+        DP,
+        DF,
+        R,
+        temperature if sample else 1.0,
+        BK=_block(K),
+        BS=_block(S),
+        BDH=_block(DH),
+        BDE=_block(DE),
+        BDP=_block(DP),
+        BDF=_block(DF),
+        BR=_block(R),
+        NF=N_FEATURES,
+        SAMPLE=sample,
+        FORCED=forced_prev is not None,
+        FEEDBACK=feedback,
+    )
     return SelectOutput(ranks, probs, refined)

@@ -96,8 +96,9 @@ def assign_draft_cache_locs_contiguous_cpu(
     n = topk * num_cols
     start = seq_lens.to(torch.int64)
     end = start + n
-    assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start, end, out_cache_loc,
-                                 pool_len)  # fmt: skip
+    assign_extend_cache_locs_cpu(
+        req_pool_indices, req_to_token, start, end, out_cache_loc, pool_len
+    )
 
 
 def fill_accept_out_cache_loc_cpu(
