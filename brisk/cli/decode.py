@@ -175,10 +175,11 @@ def run_decode(args: argparse.Namespace) -> int:
     options = _options(args)
     import torch
 
-    from brisk.runtime.decoding import decode_requests, prepare_decode, read_prompts
+    from brisk.runtime.decoding import decode_requests, prepare_decode, read_prompt_lines
 
-    prompts = read_prompts(args.prompts)
-    requests = [{**r, "sample": k} for r in prompts for k in range(args.samples)]
+    lines = read_prompt_lines(args.prompts)
+    requests = [{**r, "sample": k} for _, r in lines for k in range(args.samples)]
+    labels = [f"{args.prompts} line {n}" for n, _ in lines for _ in range(args.samples)]
     with stop_signals() as stop:
         try:
             with stop.abortable():  # loading: nothing to keep
@@ -195,6 +196,7 @@ def run_decode(args: argparse.Namespace) -> int:
                     dtype=args.dtype,
                     mask_token_id=args.mask_token_id,
                     trust_remote_code=args.trust_remote_code,
+                    labels=labels,
                 )
         except KeyboardInterrupt:
             print(

@@ -54,6 +54,7 @@ __all__ = [
     "check_output_file",
     "decode_requests",
     "prepare_decode",
+    "read_prompt_lines",
     "read_prompts",
     "rejection",
     "summarize",
@@ -65,6 +66,11 @@ DEFAULT_GRADER = "gsm8k"  # normalized answer matching: for rows with an answer 
 
 def read_prompts(path: Path) -> list[dict[str, Any]]:
     """Requests from ``path``; anything malformed is an error naming the file and line."""
+    return [item for _, item in read_prompt_lines(path)]
+
+
+def read_prompt_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`read_prompts` with each request's line number in the file."""
     if not path.exists():
         raise ValueError(f"--prompts: {path} does not exist")
     if not path.is_file():
@@ -89,7 +95,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
             raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
     if not items:
         raise ValueError(f"--prompts: {path} holds no prompts")
-    return [item for _, item in items]
+    return items
 
 
 def check_output_file(path: Path, flag: str) -> None:
@@ -135,11 +141,13 @@ def prepare_decode(
     dtype: str | None = None,
     mask_token_id: int | None = None,
     trust_remote_code: bool = False,
+    labels: Sequence[str] | None = None,
 ) -> DecodeJob:
     """Load ``model`` and ``corrector``, encode the requests' prompts and check the options
     against both: the EOS becomes the tokenizer's, and a budget not given (``budget_given``) is
-    lowered to what fits the model's positions (said on stderr). The block log opens last, so
-    a failed check leaves no directory behind."""
+    lowered to what fits the model's positions (said on stderr); a prompt too long is named by
+    its label in ``labels`` (where each request came from). The block log opens last, so a
+    failed check leaves no directory behind."""
     loaded = load_model(
         model,
         device=device,
@@ -162,7 +170,9 @@ def prepare_decode(
             )
     options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
     prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
-    options = fit_budget(options, loaded.backbone.max_positions, prompts, budget_given=budget_given)
+    options = fit_budget(
+        options, loaded.backbone.max_positions, prompts, budget_given=budget_given, labels=labels
+    )
     logger = None
     if log_blocks is not None:
         K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)

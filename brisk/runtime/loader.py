@@ -273,19 +273,24 @@ def fit_budget(
     budget_given: bool = True,
     stride_flag: str = "--stride",
     budget_flag: str = "--max-new-tokens",
+    labels: Sequence[str] | None = None,
 ) -> ISDOptions:
     """The stride and the token budget against the model's ``max_positions``: ``options`` as
     they are when the longest prompt, its budget and the 2M slots of a verify round fit; the
     budget lowered to what fits (said on stderr) when it was not given (``budget_given``);
-    else a ``ValueError`` naming the flag."""
+    else a ``ValueError`` naming the flag and the longest prompt by its label in ``labels``
+    (where it came from, e.g. ``prompts.jsonl line 7``; default ``prompt i``, from 0)."""
     M, limit = options.M, max_positions
-    longest = max(len(p) for p in prompts)
+    lengths = [len(p) for p in prompts]
+    longest = max(lengths)
     if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
         return options
+    at = lengths.index(longest)
+    which = labels[at] if labels is not None else f"prompt {at}"
     if longest + 1 + 2 * M > limit:
         raise ValueError(
             f"{stride_flag}: N = {options.stride} needs 2M = {2 * M} positions after the longest "
-            f"prompt ({longest} tokens); the model has {limit} positions"
+            f"prompt ({which}: {longest} tokens); the model has {limit} positions"
         )
     fits = limit - longest - 2 * M
     if not budget_given:
@@ -297,7 +302,7 @@ def fit_budget(
         )
         return dataclasses.replace(options, max_new_tokens=fits)
     raise ValueError(
-        f"{budget_flag}: the longest prompt ({longest} tokens) + {options.max_new_tokens} "
+        f"{budget_flag}: the longest prompt ({which}: {longest} tokens) + {options.max_new_tokens} "
         f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
         f"positions; at most {fits} new tokens fit"
     )

@@ -15,7 +15,9 @@ Built in (:data:`GRADERS`):
   problem's ``prompt``, ``test`` and ``entry_point`` (HumanEval's fields), and the response is the
   completion of the prompt.
 
-Any importable ``module:function`` with that signature is a grader too. :func:`grade_all` grades
+A world registers its own graders by name (:func:`register_grader`: the code world's
+``compiles`` and ``exact-body``), and any importable ``module:function`` with that signature is
+a grader too. :func:`grade_all` grades
 many responses in parallel processes; a grader that raises on a response is counted and
 reported, never allowed to stop the run.
 """
@@ -32,12 +34,16 @@ from decimal import Decimal
 from multiprocessing import get_context
 from typing import Any
 
+from brisk.runtime.registry import Registry
+
 __all__ = [
     "GRADERS",
     "Grades",
     "extract_answer",
     "grade_all",
+    "grader_names",
     "normalize_answer",
+    "register_grader",
     "resolve_grader",
 ]
 
@@ -154,14 +160,33 @@ GRADERS: dict[str, Grader] = {
 }
 
 
+_REGISTERED: Registry[Grader] = Registry("grader")
+
+
+def register_grader(name: str, grader: Grader) -> None:
+    """Make ``grader`` resolvable as ``name`` everywhere a grader is named (a task, a prompt
+    file's ``"grader"``, ``--grader``); a built-in name cannot be taken."""
+    if name in GRADERS or ":" in name:
+        raise ValueError(f"grader: {name!r} is a built-in grader or not a plain name")
+    _REGISTERED.register(name, grader)
+
+
+def grader_names() -> list[str]:
+    """The built-in graders, then the registered ones."""
+    return [*GRADERS, *(n for n in _REGISTERED.names() if n not in GRADERS)]
+
+
 def resolve_grader(name: str) -> Grader:
-    """A built-in grader by name, or ``module:function``; a ``ValueError`` naming it if neither."""
+    """A built-in or registered grader by name, or ``module:function``; a ``ValueError`` naming
+    it if none of these."""
     if name in GRADERS:
         return GRADERS[name]
     module, sep, attr = name.partition(":")
     if not (sep and module and attr):
+        if name in grader_names():
+            return _REGISTERED.get(name)
         raise ValueError(
-            f"grader: {name!r} is not one of {', '.join(GRADERS)} nor a module:function"
+            f"grader: {name!r} is not one of {', '.join(grader_names())} nor a module:function"
         )
     try:
         found = getattr(importlib.import_module(module), attr)

@@ -196,7 +196,8 @@ def _train(
     n_params = sum(p.numel() for p in model.parameters())
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
-    held_out = _world(cfg, "test", n_eval, cfg.eval_seed).problems() if n_eval else []
+    eval_world = _world(cfg, "test", n_eval, cfg.eval_seed) if n_eval else None
+    held_out = eval_world.problems() if eval_world is not None else []
     state = load_state(start) if start is not None else {}
     own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
     precision = autocast(precision_name, cfg.fsdp, device)
@@ -240,7 +241,7 @@ def _train(
         # Every rank decodes the same problems (a sharded forward needs every shard).
         model.set_attn_implementation(own_attention)  # decoding passes its own dense masks
         model.eval()
-        report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n])
+        report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n], task=eval_world)
         set_attention(model, cfg.attention)
         model.train()
         log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})

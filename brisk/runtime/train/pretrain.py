@@ -11,7 +11,8 @@ The objective is next-token cross-entropy over every token of ``[bos, prompt, re
 
     L = −(1/n) Σ_b Σ_{j < ℓ_b − 1} log p_θ(x_b[j + 1] | x_b[..j]),   n = Σ_b (ℓ_b − 1),
 
-with rows right-padded, so the causal mask alone keeps padding out of every scored position.
+with rows right-padded, so the causal mask alone keeps padding out of every scored position. An
+example longer than the model's positions is trained on its first ``max_positions`` tokens.
 
 One loop, read top to bottom: draw a batch from the corpus stream, take an AdamW step, log, now
 and then checkpoint. Checkpoints, resume and the run-directory rules are those of ``brisk train
@@ -126,6 +127,7 @@ def _train(
         n_params = sum(p.numel() for p in model.parameters())
         metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
     corpus = cfg.corpus.build(split="train", n=1, seed=cfg.seed).corpus(cfg.seed)
+    limit = cfg.model.max_positions
     stream = islice(corpus, done * cfg.batch_size, None)
 
     def save(path: Path) -> Path:
@@ -162,6 +164,7 @@ def _train(
             # Step: next-token CE over whole examples, cosine schedule as `train base`.
             pairs = [next(stream) for _ in range(cfg.batch_size)]  # (example, response)
             seqs = [encode_example(ex.prompt, response, tokenizer)[0] for ex, response in pairs]
+            seqs = [s[:limit] for s in seqs]  # a document past the positions: its first window
             batch = ar_batch(seqs, pad_id)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr_at_step(step)
@@ -207,11 +210,15 @@ def _train(
 
 
 def _evaluate(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
-    """Greedy answer accuracy of the causal LM on the corpus task's held-out problems (the
-    broad corpus's: its target world's; the MASK stream is untrained here, so no proposal
-    accuracy)."""
+    """Greedy answer accuracy of the causal LM on the corpus task's held-out problems, graded by
+    that task (the broad corpus's: its target world's; the MASK stream is untrained here, so no
+    proposal accuracy)."""
     world = cfg.corpus.build(split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed)
     model.eval()
     return evaluate(
-        HFBackbone(model, tokenizer.mask_token_id), tokenizer, world.problems(), strides=()
+        HFBackbone(model, tokenizer.mask_token_id),
+        tokenizer,
+        world.problems(),
+        strides=(),
+        task=world,
     )
