@@ -108,7 +108,7 @@ def assert_same(naive, fused) -> None:  # type: ignore[no-untyped-def]
     torch.testing.assert_close(fused.probs.cpu(), naive.probs.float().cpu(), atol=1e-7, rtol=P_RTOL)
 
 
-@pytest.mark.parametrize("B", [1, 3, 32])
+@pytest.mark.parametrize("B", [1, 3, 16])  # one program per row: 16 rows run what 32 do
 @pytest.mark.parametrize("M", [1, 3, 7])
 @pytest.mark.parametrize("K", [4, 16, 32])
 @pytest.mark.parametrize("T", [0.0, 0.8], ids=["greedy", "T0.8"])
@@ -291,7 +291,7 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     backbone = HFBackbone.from_pretrained(micro_base, device=DEVICE)
     tokenizer = AutoTokenizer.from_pretrained(micro_base)
     task = BaseTrainConfig.load(micro_base / "train_config.json").task
-    prompts = encode_prompts(tokenizer, [p.prompt for p in make_split(task, "test", 16, 1)])
+    prompts = encode_prompts(tokenizer, [p.prompt for p in make_split(task, "test", 8, 1)])
     head = randomized(
         CorrectorConfig.small(backbone.hidden_size, backbone.vocab_size, M=3, K=8), seed=2
     ).to(DEVICE)
@@ -299,7 +299,7 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     outs = {}
     for impl in ("naive", "triton"):
         head.impl = impl
-        outs[impl] = decode(backbone, prompts, options, corrector=head, batch_size=16)
+        outs[impl] = decode(backbone, prompts, options, corrector=head, batch_size=8)
     assert outs["triton"].tokens == outs["naive"].tokens
     assert [r.accept_lengths for r in outs["triton"].requests] == [
         r.accept_lengths for r in outs["naive"].requests
