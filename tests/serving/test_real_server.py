@@ -150,6 +150,39 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_fresh_one(tmp_p
     assert len(tries) == 2
 
 
+def test_a_server_that_exits_on_its_bind_error_is_retried_on_a_fresh_port(tmp_path: Path) -> None:
+    """SGLang may also exit (3) right after uvicorn's bind error: that is the same taken port,
+    retried, not a failed server (two test workers once drew one port and the second failed)."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health_generate").write_text("ok")
+    ports: list[int] = []
+
+    def launch_on(port: int) -> ServerLaunch:
+        ports.append(port)
+        if len(ports) == 1:
+            return _bind_fails(port, tmp_path / "first.pid", then_exit=True)
+        return _answers_health(port, www)
+
+    server, _ = start_server(launch_on, tmp_path / "log", timeout=60)
+    try:
+        assert len(ports) == 2
+        assert server.launch.url == f"http://127.0.0.1:{ports[1]}"
+    finally:
+        server.stop(grace=5)
+
+
+def test_free_port_does_not_draw_from_the_global_generator() -> None:
+    """Processes that seeded ``random`` alike (pytest workers, a user's seeded jobs) must not
+    draw the same ports: the draw takes nothing from the global generator's state."""
+    import random
+
+    random.seed(0)
+    state = random.getstate()
+    free_port()
+    assert random.getstate() == state
+
+
 def test_a_server_whose_port_another_answers_on_is_not_taken_for_ready(tmp_path: Path) -> None:
     """SGLang binds its port seconds after it starts; when another server took the port
     meanwhile, that one answers ``/health_generate`` first. The launched server is ready only
@@ -184,15 +217,19 @@ def _answers_health(port: int, www: Path) -> ServerLaunch:
     )
 
 
-def _bind_fails(port: int, pid_file: Path, delay: float = 0.0) -> ServerLaunch:
+def _bind_fails(
+    port: int, pid_file: Path, delay: float = 0.0, then_exit: bool = False
+) -> ServerLaunch:
     """A stand-in that logs uvicorn's bind error (after ``delay`` seconds, as SGLang binds
-    once its model is up) and hangs, as SGLang's server does."""
+    once its model is up) and hangs, as SGLang's server does, or with ``then_exit`` exits 3, as
+    it also does."""
+    end = "raise SystemExit(3)" if then_exit else "time.sleep(600)"
     code = (
         f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
         f"time.sleep({delay}); "
         f'print("ERROR: [Errno 98] error while attempting to bind on address '
         f"('127.0.0.1', {port}): address already in use\", flush=True); "
-        f"time.sleep(600)"
+        f"{end}"
     )
     return ServerLaunch(
         argv=(sys.executable, "-c", code), env=dict(os.environ), url=f"http://127.0.0.1:{port}"

@@ -283,6 +283,7 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+_PORTS = random.SystemRandom()
 FREE_PORTS = range(12000, 22000)
 """Where :func:`free_port` looks: below the kernel's ephemeral range (32768 up by default, from
 which every ``bind(0)`` and outgoing connection takes its port, so a port picked there can be
@@ -296,7 +297,9 @@ def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
     Another process may still bind it before the server does; :func:`start_server` retries on a
     fresh port when that happens.
     """
-    for port in random.sample(FREE_PORTS, attempts):
+    # OS entropy, not the global generator: processes that seeded `random` alike (test workers,
+    # a user's seeded jobs) would otherwise draw the same ports and collide
+    for port in _PORTS.sample(FREE_PORTS, attempts):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
@@ -348,12 +351,14 @@ class ServerProcess:
         bound = f"Uvicorn running on {self.launch.url}".encode()
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
+            exited = self.process.poll() is not None
             log = self.log.read_bytes() if self.log.exists() else b""
             if _BIND_FAILED in log:
-                # uvicorn logs the failure and then hangs in its shutdown: say so now
+                # uvicorn logs the failure, then hangs in its shutdown or exits: either way the
+                # port was taken, and a fresh one is the answer
                 raise PortTaken(f"the server could not bind {self.launch.url}:\n{self.tail()}")
+            if exited:
+                raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
             try:
                 with urllib.request.urlopen(f"{self.launch.url}/health_generate", timeout=10) as r:
                     if r.status == 200 and bound in log:
