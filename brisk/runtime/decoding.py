@@ -127,6 +127,7 @@ class DecodeJob:
     corrector: Corrector | None
     corrector_path: Path | None
     logger: BlockLogger | None
+    budgets: list[int]  # each prompt's token budget (options.max_new_tokens: the largest)
 
 
 def prepare_decode(
@@ -145,7 +146,8 @@ def prepare_decode(
 ) -> DecodeJob:
     """Load ``model`` and ``corrector``, encode the requests' prompts and check the options
     against both: the EOS becomes the tokenizer's, and a budget not given (``budget_given``) is
-    lowered to what fits the model's positions (said on stderr); a prompt too long is named by
+    lowered, prompt by prompt, to what fits the model's positions (said on stderr); a prompt
+    too long is named by
     its label in ``labels`` (where each request came from). The block log opens last, so a
     failed check leaves no directory behind."""
     loaded = load_model(
@@ -170,9 +172,10 @@ def prepare_decode(
             )
     options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
     prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
-    options = fit_budget(
+    fitted = fit_budget(
         options, loaded.backbone.max_positions, prompts, budget_given=budget_given, labels=labels
     )
+    options = fitted.options
     logger = None
     if log_blocks is not None:
         K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)
@@ -181,7 +184,15 @@ def prepare_decode(
         except ValueError as err:
             raise _named("--log-blocks", err) from None
     return DecodeJob(
-        list(requests), prompts, options, loaded.tokenizer, loaded.backbone, head, corrector, logger
+        list(requests),
+        prompts,
+        options,
+        loaded.tokenizer,
+        loaded.backbone,
+        head,
+        corrector,
+        logger,
+        fitted.per_prompt,
     )
 
 
@@ -238,6 +249,7 @@ def decode_requests(
                 logger=job.logger,
                 batch_size=batch_size,
                 on_finish=on_finish,
+                budgets=job.budgets,
             )
     except KeyboardInterrupt:
         pass  # save what finished
@@ -263,6 +275,7 @@ def _row(job: DecodeJob, r: int, output: RequestOutput, grader: str) -> dict[str
         "completion": completion_text(job.tokenizer, output.tokens),
         "forwards": output.forwards,
         "tokens": len(output.tokens),
+        "finished": output.finished,  # "eos" or "length" (the request's budget)
         "tpf": output.tpf,
         "accept_hist": output.histogram(job.options.M),
     }

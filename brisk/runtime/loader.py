@@ -16,7 +16,7 @@ dtype the device cannot run, are a ``ValueError`` naming the flag.
 (:meth:`HFBackbone.from_pretrained`).
 
 **The fit check** (:func:`fit_budget`): the stride and the token budget against the model's
-positions, before anything decodes.
+positions, before anything decodes; a budget not given is fitted to each prompt.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPES",
+    "Budgets",
     "LoadedModel",
     "Placement",
     "default_placement",
@@ -265,6 +266,15 @@ def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """The options fitted to a model (:func:`fit_budget`) and each prompt's token budget; the
+    options' ``max_new_tokens`` is the largest budget."""
+
+    options: ISDOptions
+    per_prompt: list[int]
+
+
 def fit_budget(
     options: ISDOptions,
     max_positions: int | None,
@@ -274,17 +284,19 @@ def fit_budget(
     stride_flag: str = "--stride",
     budget_flag: str = "--max-new-tokens",
     labels: Sequence[str] | None = None,
-) -> ISDOptions:
-    """The stride and the token budget against the model's ``max_positions``: ``options`` as
-    they are when the longest prompt, its budget and the 2M slots of a verify round fit; the
-    budget lowered to what fits (said on stderr) when it was not given (``budget_given``);
-    else a ``ValueError`` naming the flag and the longest prompt by its label in ``labels``
-    (where it came from, e.g. ``prompts.jsonl line 7``; default ``prompt i``, from 0)."""
-    M, limit = options.M, max_positions
+) -> Budgets:
+    """The stride and the token budget against the model's ``max_positions``: every prompt
+    keeps ``options.max_new_tokens`` where it, that budget and the 2M slots of a verify round
+    fit. Where they do not, a budget not given (``budget_given``) is lowered for that prompt
+    alone to what fits after it (said on stderr), so a long prompt does not cut the others'
+    budgets; a budget given is a ``ValueError`` naming the flag and the longest prompt by its
+    label in ``labels`` (where it came from, e.g. ``prompts.jsonl line 7``; default
+    ``prompt i``, from 0), as is a prompt after which not even one token and 2M fit."""
+    M, limit, budget = options.M, max_positions, options.max_new_tokens
     lengths = [len(p) for p in prompts]
     longest = max(lengths)
-    if limit is None or longest + options.max_new_tokens + 2 * M <= limit:
-        return options
+    if limit is None or longest + budget + 2 * M <= limit:
+        return Budgets(options, [budget] * len(prompts))
     at = lengths.index(longest)
     which = labels[at] if labels is not None else f"prompt {at}"
     if longest + 1 + 2 * M > limit:
@@ -293,19 +305,21 @@ def fit_budget(
             f"prompt ({which}: {longest} tokens); the model has {limit} positions"
         )
     fits = limit - longest - 2 * M
-    if not budget_given:
-        print(
-            f"brisk: decoding at most {fits} new tokens per request, what fits the model's "
-            f"{limit} positions after the longest prompt ({longest} tokens) and 2M = {2 * M} "
-            f"({budget_flag} sets the budget)",
-            file=sys.stderr,
+    if budget_given:
+        raise ValueError(
+            f"{budget_flag}: the longest prompt ({which}: {longest} tokens) + {budget} "
+            f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
+            f"positions; at most {fits} new tokens fit"
         )
-        return dataclasses.replace(options, max_new_tokens=fits)
-    raise ValueError(
-        f"{budget_flag}: the longest prompt ({which}: {longest} tokens) + {options.max_new_tokens} "
-        f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
-        f"positions; at most {fits} new tokens fit"
+    per_prompt = [min(budget, limit - n - 2 * M) for n in lengths]
+    lowered = sum(b < budget for b in per_prompt)
+    print(
+        f"brisk: {lowered} of {len(prompts)} prompts decode fewer than {budget} new tokens, "
+        f"what fits the model's {limit} positions after each and 2M = {2 * M} (the longest, "
+        f"{which}: {longest} tokens, at most {fits}; {budget_flag} sets one budget for all)",
+        file=sys.stderr,
     )
+    return Budgets(dataclasses.replace(options, max_new_tokens=max(per_prompt)), per_prompt)
 
 
 def training_placement(

@@ -118,21 +118,28 @@ def test_token_budget_beyond_the_model_positions(
     assert "at most 112 new tokens fit" in line  # 128 − 10 prompt tokens − 2M = 6
 
 
-def test_the_default_budget_fits_the_model(
-    checkpoint: Path, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_default_budget_fits_each_prompt(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """No --max-new-tokens on a 128-position model: 256 would not fit, so it decodes with what
-    does and says so in one line on stderr."""
-    out = tmp_path / "out.jsonl"
+    """No --max-new-tokens on a 128-position model: 256 would not fit, so each prompt decodes
+    what fits after it (a long prompt does not cut the short ones' budgets), said in one line on
+    stderr."""
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    texts = ["Q: 1+1=?\n", "Q: " + "+".join(["1"] * 30) + "=?\n", "Q: 2+1=?\n"]
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     assert main([*decode_argv(checkpoint, prompts), "--out", str(out)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "brisk: decoding at most 112 new tokens per request, what fits the model's 128 "
-        "positions after the longest prompt (10 tokens) and 2M = 6 (--max-new-tokens sets "
-        "the budget)"
+        "brisk: 3 of 3 prompts decode fewer than 256 new tokens, what fits the model's 128 "
+        f"positions after each and 2M = 6 (the longest, {prompts} line 2: 66 tokens, at most 56; "
+        "--max-new-tokens sets one budget for all)"
     ]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert max(r["tokens"] for r in rows) <= 112
+    budgets = [128 - 10 - 6, 56, 128 - 10 - 6]
+    for row, budget in zip(rows, budgets, strict=True):
+        assert row["tokens"] <= budget
+        assert row["finished"] == "eos" or row["tokens"] == budget
+    assert max(r["tokens"] for r in rows) > 56, "a short prompt kept more than the long one's fit"
 
 
 def test_checkpoint_without_a_mask_token(

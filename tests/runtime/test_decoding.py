@@ -78,8 +78,9 @@ def test_the_budget_not_given_is_fitted_to_the_model(micro_base: Path) -> None:
     lowered to what does; a budget given is refused, naming its flag."""
     options = ISDOptions(stride=4)
     job = prepare_decode(micro_base, requests(2), options, budget_given=False)
-    longest = max(len(p) for p in job.prompts)
-    assert job.options.max_new_tokens == 128 - longest - 2 * options.M
+    fits = [128 - len(p) - 2 * options.M for p in job.prompts]
+    assert job.budgets == fits
+    assert job.options.max_new_tokens == max(fits)
     assert job.options.eos_token_id == job.tokenizer.eos_token_id
     with pytest.raises(ValueError, match=r"^--max-new-tokens: the longest prompt"):
         prepare_decode(micro_base, requests(2), options)

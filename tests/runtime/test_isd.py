@@ -326,6 +326,28 @@ def test_stops_at_eos_and_budget(backbone: HFBackbone) -> None:
     )
 
 
+def test_each_request_stops_at_its_own_budget(backbone: HFBackbone) -> None:
+    """Per-request budgets: each request's output is what it gives decoded alone with that
+    budget as ``max_new_tokens`` (same tokens and forwards), whatever the others' budgets."""
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [2, 2]]
+    budgets = [3, 13, 1, 8]
+    options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=13)
+    together = decode(backbone, prompts, options, budgets=budgets, batch_size=3).requests
+    for r, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+        alone = decode(
+            backbone, [prompt], replace(options, max_new_tokens=budget), seeds=[r], request_ids=[r]
+        ).requests[0]
+        assert together[r].tokens == alone.tokens
+        assert len(together[r].tokens) == budget
+        assert together[r].finished == "length"
+        assert together[r].forwards == alone.forwards
+    for bad, match in (([3, 14, 1, 8], "request 1's must be"), ([3, 13], "one per prompt")):
+        with pytest.raises(ValueError, match=match):
+            decode(backbone, prompts, options, budgets=bad)
+    with pytest.raises(ValueError, match=r"^budgets: prompt 2 \(6 tokens\) \+ 250 new tokens"):
+        decode(backbone, prompts, replace(options, max_new_tokens=256), budgets=[1, 1, 250, 1])
+
+
 def test_forward_counts_equal_with_and_without_head(backbone: HFBackbone) -> None:
     """The head adds no backbone forward: with the same accept lengths, same forwards."""
     prompts = [[1, 2, 3], [7, 8]]

@@ -90,12 +90,15 @@ def decode(
     batch_size: int = 64,
     prefill_chunk: int = 8192,
     on_finish: Callable[[int, RequestOutput], None] | None = None,
+    budgets: Sequence[int] | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` (token ids, BOS included if the model wants one) with ISD.
 
     ``seeds[r]`` (default r) and ``request_ids[r]`` (default r) key request r's uniforms, so its
     output depends only on its prompt, seed and id: not on the batch, its order or the device.
-    Stop at ``options.eos_token_id`` (included in the output) or ``options.max_new_tokens``.
+    Stop at ``options.eos_token_id`` (included in the output) or at request r's budget,
+    ``budgets[r]`` new tokens (each 1..``options.max_new_tokens``; default that for every
+    request): a request's tokens do not depend on the others' budgets.
     ``logger`` receives one block-log row per verify round and, when a request finishes, its
     row of the request table (the log records how it was verified); ``on_finish(r, output)`` is
     called as soon as request r finishes. Runs under ``torch.inference_mode``; the model's
@@ -122,14 +125,27 @@ def decode(
         raise ValueError(
             f"request_ids: need one per prompt ({len(prompts)}), got {len(request_ids)}"
         )
+    if budgets is None:
+        budgets = [options.max_new_tokens] * len(prompts)
+    budgets = list(budgets)
+    if len(budgets) != len(prompts):
+        raise ValueError(f"budgets: need one per prompt ({len(prompts)}), got {len(budgets)}")
+    for r, b in enumerate(budgets):
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= options.max_new_tokens:
+            raise ValueError(
+                f"budgets: request {r}'s must be an integer in 1..max_new_tokens "
+                f"({options.max_new_tokens}), got {b!r}"
+            )
     limit = backbone.max_positions
-    longest = max(len(p) for p in prompts)
-    if limit is not None and longest + options.max_new_tokens + 2 * options.M > limit:
-        raise ValueError(
-            f"max_new_tokens: the longest prompt ({longest}) + max_new_tokens "
-            f"({options.max_new_tokens}) + 2M ({2 * options.M}, stride {options.stride}) "
-            f"exceeds the model's {limit} positions"
-        )
+    if limit is not None:
+        need = [len(p) + b + 2 * options.M for p, b in zip(prompts, budgets, strict=True)]
+        r = max(range(len(need)), key=need.__getitem__)
+        if need[r] > limit:
+            which = "max_new_tokens" if budgets[r] == options.max_new_tokens else "budgets"
+            raise ValueError(
+                f"{which}: prompt {r} ({len(prompts[r])} tokens) + {budgets[r]} new tokens + 2M "
+                f"({2 * options.M}, stride {options.stride}) exceeds the model's {limit} positions"
+            )
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     if logger is not None and (logger.M, logger.K) != (options.M, K):
         raise ValueError(
@@ -164,6 +180,7 @@ def decode(
                 [list(prompts[r]) for r in index],
                 [seeds[r] for r in index],
                 [request_ids[r] for r in index],
+                [budgets[r] for r in index],
                 index,
                 finish,
                 prefill_chunk,
@@ -183,6 +200,7 @@ class _Batch:
         prompts: list[list[int]],
         seeds: list[int],
         request_ids: list[int],
+        budgets: list[int],
         index: list[int],
         finish: Callable[[int, RequestOutput], None],
         prefill_chunk: int,
@@ -196,7 +214,7 @@ class _Batch:
         self.kv = KVSlots(len(prompts), self.device)
         seed, request = torch.tensor(seeds), torch.tensor(request_ids)
         self.seed, self.request = seed, request
-        self.outputs = Outputs.empty(len(prompts), ctx.options, self.device)
+        self.outputs = Outputs.empty(len(prompts), ctx.options, self.device, torch.tensor(budgets))
         # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
         # so no request runs more than max_new_tokens of them (greedy decoding without a log
         # reads none: ctx.needs_uniforms).

@@ -4,7 +4,7 @@ round without a host synchronization.
 
 :func:`brisk.runtime.isd.batched.step` commits ``count = L + 1`` tokens per row and knows nothing
 of stops; :func:`commit` appends them, cuts a request at its first EOS (kept) or when it reaches
-``max_new_tokens``, and counts:
+its budget (``max_new_tokens``, or its own smaller one), and counts:
 
 - ``forwards`` and ``committed`` (tokens committed by those forwards, before the cut): TPF;
 - ``accept_log``: L of every verify round;
@@ -52,9 +52,17 @@ class Outputs(_Rows):
     n_out: Tensor  # [B]
     finished: Tensor  # [B] int8: RUNNING, FINISHED_EOS or FINISHED_LENGTH
     stats: RoundStats
+    budget: Tensor  # [B] the request's token budget, ≤ max_new_tokens
 
     @classmethod
-    def empty(cls, B: int, options: ISDOptions, device: torch.device | str) -> Outputs:
+    def empty(
+        cls,
+        B: int,
+        options: ISDOptions,
+        device: torch.device | str,
+        budget: Tensor | None = None,
+    ) -> Outputs:
+        """B requests with nothing output yet; ``budget [B]`` defaults to ``max_new_tokens``."""
         M = options.M
 
         def zeros(*shape: int, fill: int = 0) -> Tensor:
@@ -70,9 +78,10 @@ class Outputs(_Rows):
             cycle_hist=zeros(B, M + 1),
             open_L=zeros(B, fill=-1),
         )
-        return cls(
-            zeros(B, options.max_new_tokens + M + 1), zeros(B), zeros(B).to(torch.int8), stats
-        )
+        if budget is None:
+            budget = zeros(B, fill=options.max_new_tokens)
+        out = zeros(B, options.max_new_tokens + M + 1)
+        return cls(out, zeros(B), zeros(B).to(torch.int8), stats, budget.to(device, torch.long))
 
     @property
     def done(self) -> Tensor:
@@ -98,13 +107,13 @@ class Outputs(_Rows):
 
 def commit(outputs: Outputs, result: StepResult, options: ISDOptions) -> Outputs:
     """``outputs`` after one round of ``result``: its committed tokens appended up to the first
-    EOS (kept) or the budget, the request marked finished there, the statistics counted. Every
+    EOS (kept) or its budget, the request marked finished there, the statistics counted. Every
     row of ``result`` is a running request."""
     M = options.M
     count, chunk, L, ver = result.count, result.tokens, result.accept_len, result.verified
     device = count.device
     j = torch.arange(M + 1, device=device)
-    room = options.max_new_tokens - outputs.n_out
+    room = outputs.budget - outputs.n_out
     cut = count
     is_eos = torch.zeros_like(ver)
     if options.eos_token_id is not None:
@@ -141,4 +150,4 @@ def commit(outputs: Outputs, result: StepResult, options: ISDOptions) -> Outputs
         cycle_hist=st.cycle_hist.scatter_add(1, hist_at[:, None], (full | closing).long()[:, None]),
         open_L=torch.where(rejected, L, torch.where(closing, -1, st.open_L)),
     )
-    return Outputs(out, outputs.n_out + take, finished, stats)
+    return Outputs(out, outputs.n_out + take, finished, stats, outputs.budget)
