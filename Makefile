@@ -102,12 +102,12 @@ code-world: $(STAMP)
 	test -d $(CODE)/base/final || \
 	  $(BIN)/brisk train base --config configs/code_base.toml --resume
 	$(BIN)/brisk decode problems --checkpoint $(CODE)/base/final --n 68 --out $(CODE)/test.jsonl
-	for T in 0 1; do \
-	  rm -rf $(CODE)/blocks_N8_T$$T; \
-	  $(BIN)/brisk decode --model $(CODE)/base/final --prompts $(CODE)/test.jsonl --stride 8 \
-	    --temperature $$T --max-new-tokens 256 --batch-size 68 --out $(CODE)/out_N8_T$$T.jsonl \
-	    --log-blocks $(CODE)/blocks_N8_T$$T || exit 1; \
-	done
+	for N in 4 8; do for T in 0 1; do \
+	  rm -rf $(CODE)/blocks_N$${N}_T$$T; \
+	  $(BIN)/brisk decode --model $(CODE)/base/final --prompts $(CODE)/test.jsonl --stride $$N \
+	    --temperature $$T --max-new-tokens 256 --batch-size 68 --out $(CODE)/out_N$${N}_T$$T.jsonl \
+	    --log-blocks $(CODE)/blocks_N$${N}_T$$T || exit 1; \
+	done; done
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).

@@ -8,8 +8,9 @@ Importing the package registers what it brings (:mod:`brisk.runtime.registry` im
 first lookup): the tasks ``heldout-functions`` (documented functions of the held-out files,
 graded ``compiles`` or ``exact-body``, graders registered by those names) and ``stdlib`` (the
 same task, named as the corpus ``brisk train ar`` trains on: ``[corpus] name = "stdlib"``), each
-with the settings presets ``stdlib`` and ``micro``, and the model preset ``code`` (settings
-presets ``small`` and ``micro``).
+with the settings presets ``stdlib`` and ``micro``; ``humaneval`` (HumanEval's 164 problems,
+graded by running them: the grader ``humaneval``, :mod:`~brisk.worlds.code.humaneval`); and the
+model preset ``code`` (settings presets ``small`` and ``micro``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from brisk.runtime.presets import register_preset
 from brisk.runtime.tasks.graders import register_grader
 from brisk.runtime.tasks.task import register_task
 from brisk.worlds.code.grader import GRADERS
+from brisk.worlds.code.humaneval import HumanEvalTask, humaneval
 from brisk.worlds.code.model import CodeModelConfig, code_preset, preset_tokenizer
 from brisk.worlds.code.tasks import PRESETS, CodeTask, CodeTaskConfig
 
@@ -31,7 +33,8 @@ for _name in ("heldout-functions", "stdlib"):
         CodeTaskConfig,
         PRESETS,
     )
-for _grader, _function in GRADERS.items():
+register_task("humaneval", HumanEvalTask.build, HumanEvalTask.from_description)
+for _grader, _function in {**GRADERS, "humaneval": humaneval}.items():
     register_grader(_grader, _function)
 register_preset(
     "code",
