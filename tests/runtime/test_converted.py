@@ -139,3 +139,30 @@ def test_ar_resume_is_exact(tmp_path: Path) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     with pytest.raises(ValueError, match="finished run"):
         train_ar(cfg, show_progress=False, resume=True)
+
+
+def test_causal_loss_of_a_uniform_model_is_log_v_per_scored_token() -> None:
+    """Closed form: a model whose logits are all zero predicts every token with 1/V, so the
+    held-out loss is log V whatever the texts, over Σ (len − 1) scored tokens, each text cut
+    to its first max_positions tokens."""
+    import math
+
+    from brisk.runtime.presets import build_model
+    from brisk.runtime.train.pretrain import causal_loss
+    from brisk.worlds.arithmetic.model import TinyModelConfig
+
+    tokenizer = char_tokenizer()
+    torch.manual_seed(0)
+    model = build_model(TinyModelConfig.micro(), tokenizer).eval()
+    texts = ["1+2=3", "Q: 17+25=?\nA: 42", "7"]
+    lengths = [len(tokenizer.encode(t)) + 1 for t in texts]  # [bos, text] + eos
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    loss, tokens = causal_loss(model, tokenizer, texts, max_positions=128, batch_size=2)
+    assert tokens == sum(n - 1 for n in lengths)
+    assert loss == pytest.approx(math.log(model.config.vocab_size), rel=1e-6)
+    short, tokens = causal_loss(model, tokenizer, texts, max_positions=4)
+    assert short == pytest.approx(math.log(model.config.vocab_size), rel=1e-6)
+    assert tokens == sum(min(n, 4) - 1 for n in lengths)
+    with pytest.raises(ValueError, match=r"^texts: need at least one"):
+        causal_loss(model, tokenizer, [], max_positions=128)

@@ -12,7 +12,10 @@ The objective is next-token cross-entropy over every token of ``[bos, prompt, re
     L = −(1/n) Σ_b Σ_{j < ℓ_b − 1} log p_θ(x_b[j + 1] | x_b[..j]),   n = Σ_b (ℓ_b − 1),
 
 with rows right-padded, so the causal mask alone keeps padding out of every scored position. An
-example longer than the model's positions is trained on its first ``max_positions`` tokens.
+example longer than the model's positions is trained on its first ``max_positions`` tokens. A
+corpus with held-out documents (``heldout_texts()``: the code world's files kept out of
+training) has the same loss measured on them at the end (:func:`causal_loss`, logged as the
+``heldout`` event).
 
 One loop, read top to bottom: draw a batch from the corpus stream, take an AdamW step, log, now
 and then checkpoint. Checkpoints, resume and the run-directory rules are those of ``brisk train
@@ -54,7 +57,7 @@ from brisk.runtime.train.resume import (
     start_checkpoint,
 )
 
-__all__ = ["ARBatch", "ar_batch", "ar_loss", "encode", "train_ar"]
+__all__ = ["ARBatch", "ar_batch", "ar_loss", "causal_loss", "encode", "train_ar"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,27 @@ def ar_loss(model: Any, batch: ARBatch) -> Tensor:
     """Mean next-token cross-entropy of the batch (module docstring), float32."""
     logits = model(input_ids=batch.input_ids, use_cache=False).logits
     return F.cross_entropy(logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE)
+
+
+@torch.no_grad()
+def causal_loss(
+    model: Any, tokenizer: Any, texts: list[str], max_positions: int, batch_size: int = 8
+) -> tuple[float, int]:
+    """Mean next-token cross-entropy (nats per token) of ``texts`` read as training reads a
+    document (``[bos, text, eos]``, its first ``max_positions`` tokens), and the number of
+    tokens scored: the held-out loss of a corpus whose documents were kept out of training."""
+    if not texts:
+        raise ValueError("texts: need at least one document to score")
+    seqs = [encode_example("", t, tokenizer)[0][:max_positions] for t in texts]
+    total, n = 0.0, 0
+    for i in range(0, len(seqs), batch_size):
+        batch = ar_batch(seqs[i : i + batch_size], tokenizer.pad_token_id)
+        logits = model(input_ids=batch.input_ids, use_cache=False).logits
+        total += F.cross_entropy(
+            logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE, reduction="sum"
+        ).item()
+        n += batch.n_targets
+    return total / n, n
 
 
 def encode(example: Any, tokenizer: Any) -> list[int]:
@@ -204,6 +228,13 @@ def _train(
                 f"during the final evaluation; the model is saved in {final}"
             ) from None
         metrics.write({"event": "eval", "step": done, **report.to_dict()})
+    heldout = getattr(
+        cfg.corpus.build(split="test", n=1, seed=cfg.eval_seed), "heldout_texts", None
+    )
+    if heldout is not None:  # a corpus with held-out documents (the code world's): their loss
+        model.eval()
+        loss, tokens = causal_loss(model, tokenizer, heldout(), cfg.model.max_positions)
+        metrics.write({"event": "heldout", "step": done, "loss": loss, "tokens": tokens})
     metrics.write({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
     metrics.close()
     return TrainResult(final, metrics.records, report, train_wall)

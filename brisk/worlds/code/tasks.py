@@ -116,6 +116,11 @@ class CodeTask:
             for i in order:
                 yield docs[i], docs[i].text
 
+    def heldout_texts(self) -> list[str]:
+        """Every document of the held-out files, in corpus order (what ``brisk train ar``
+        measures its held-out loss on: none of it was trained on)."""
+        return [d.text for d in documents(self.config.corpus, "heldout")]
+
     def problems(self, tokenizer: Any = None) -> list[Problem]:
         """The problems; each answer is ``{"prompt", "body"}``, each record holds the
         ``response`` (the body) and the ``function`` (``path:name``)."""
