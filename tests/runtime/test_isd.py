@@ -346,6 +346,16 @@ def test_each_request_stops_at_its_own_budget(backbone: HFBackbone) -> None:
             decode(backbone, prompts, options, budgets=bad)
     with pytest.raises(ValueError, match=r"^budgets: prompt 2 \(6 tokens\) \+ 250 new tokens"):
         decode(backbone, prompts, replace(options, max_new_tokens=256), budgets=[1, 1, 250, 1])
+    # fit_positions lowers a budget to what fits the 256 positions after its prompt
+    long = [5, 6, 7, 8, 9, 10] * 34  # 204 tokens: 46 new tokens fit with 2M = 6
+    fitted = decode(
+        backbone, [[1, 2], long], replace(options, max_new_tokens=60), fit_positions=True
+    )
+    assert [len(r.tokens) for r in fitted.requests] == [60, 256 - 204 - 6]
+    alone = decode(
+        backbone, [long], replace(options, max_new_tokens=46), seeds=[1], request_ids=[1]
+    )
+    assert fitted.requests[1].tokens == alone.tokens[0]
 
 
 def test_forward_counts_equal_with_and_without_head(backbone: HFBackbone) -> None:

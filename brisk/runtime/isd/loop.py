@@ -91,6 +91,7 @@ def decode(
     prefill_chunk: int = 8192,
     on_finish: Callable[[int, RequestOutput], None] | None = None,
     budgets: Sequence[int] | None = None,
+    fit_positions: bool = False,
 ) -> DecodeResult:
     """Decode ``prompts`` (token ids, BOS included if the model wants one) with ISD.
 
@@ -98,7 +99,9 @@ def decode(
     output depends only on its prompt, seed and id: not on the batch, its order or the device.
     Stop at ``options.eos_token_id`` (included in the output) or at request r's budget,
     ``budgets[r]`` new tokens (each 1..``options.max_new_tokens``; default that for every
-    request): a request's tokens do not depend on the others' budgets.
+    request): a request's tokens do not depend on the others' budgets. With ``fit_positions``
+    a budget that does not fit the model's positions after its prompt (and the 2M slots of a
+    verify round) is lowered to what does, instead of refused.
     ``logger`` receives one block-log row per verify round and, when a request finishes, its
     row of the request table (the log records how it was verified); ``on_finish(r, output)`` is
     called as soon as request r finishes. Runs under ``torch.inference_mode``; the model's
@@ -137,6 +140,11 @@ def decode(
                 f"({options.max_new_tokens}), got {b!r}"
             )
     limit = backbone.max_positions
+    if fit_positions and limit is not None:
+        budgets = [
+            max(1, min(b, limit - len(p) - 2 * options.M))
+            for p, b in zip(prompts, budgets, strict=True)
+        ]
     if limit is not None:
         need = [len(p) + b + 2 * options.M for p, b in zip(prompts, budgets, strict=True)]
         r = max(range(len(need)), key=need.__getitem__)

@@ -129,6 +129,7 @@ def collect_events(
                         logger=writer,
                         batch_size=batch_size,
                         on_finish=finished,
+                        fit_positions=True,  # a long prompt decodes what fits after it
                     )
             except KeyboardInterrupt:
                 raise partial.interrupted(n) from None

@@ -240,6 +240,7 @@ def generate_dataset(
                         request_ids=seeds,
                         batch_size=options.batch_size,
                         on_finish=lambda _r, _o: progress.advance(bar),
+                        fit_positions=True,  # a long prompt decodes what fits after it
                     )
             except KeyboardInterrupt:
                 raise _interrupted(out, c, len(chunks), rows) from None

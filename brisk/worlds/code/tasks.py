@@ -7,8 +7,9 @@ One task class, :class:`CodeTask`, registered under both names:
   order drawn from the seed; a document is an example whose prompt is empty and whose response
   is its text (the trainer encodes ``[bos, text, eos]``);
 - its **problems** are the documented top-level functions of the held-out files (split
-  ``test``; ``train`` gives those of the training files): the prompt is the function's imports,
-  decorators, signature and docstring, the reference its body;
+  ``test``; ``train`` gives those of the training documents the corpus keeps, at most
+  ``max_chars`` long, what self-generation and the corrector's events decode): the prompt is
+  the function's imports, decorators, signature and docstring, the reference its body;
 - its **graders** (:mod:`brisk.worlds.code.grader`): ``compiles`` (the default) and
   ``exact-body``, or any grader the runtime resolves.
 """
@@ -125,10 +126,13 @@ class CodeTask:
         """The problems; each answer is ``{"prompt", "body"}``, each record holds the
         ``response`` (the body) and the ``function`` (``path:name``)."""
         side = _SIDES[self.split]
+        # training problems come from the documents the corpus trains on (max_chars), so their
+        # prompts fit where the training documents fit; the held-out ones are all kept
+        limit = self.config.max_chars if side == "train" else 0
         found = [
             f
             for d in documents(self.config.corpus, side)  # type: ignore[arg-type]
-            if (f := documented_function(d)) is not None
+            if (not limit or len(d.text) <= limit) and (f := documented_function(d)) is not None
         ]
         if not found:
             raise ValueError(
