@@ -25,8 +25,9 @@ added to the sweep's JSON as ``serve_cpu.json``.
     .venv-serving/bin/python benchmarks/serve_cpu_bench.py --out runs/serve_cpu
 
 Flags: ``--model``, ``--corrector`` (required to exist when given; by default used when
-present), ``--stride`` (8), ``--concurrency`` (1 2 4 8), ``--runs`` (3), ``--input-len`` (32),
-``--output-len`` (256), ``--prompts-per-c`` (2), and ``--prompts FILE --stop-at-eos`` for the
+present and ``--model`` is the default, the model it was trained on), ``--stride`` (8),
+``--concurrency`` (1 2 4 8), ``--runs`` (3), ``--input-len`` (32), ``--output-len`` (256),
+``--prompts-per-c`` (2), and ``--prompts FILE --stop-at-eos`` for the
 task's own prompts at their natural lengths (passed to ``brisk bench serve``):
 
     .venv/bin/brisk tasks export --checkpoint runs/paper/base/final --n 64 \
@@ -53,6 +54,7 @@ from typing import Any
 from brisk.runtime.serving.launch import ServerProcess, server_launch, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = ROOT / "runs/paper/base/final"
 DEFAULT_CORRECTOR = ROOT / "runs/paper/corrector_dl/arms/distilled/seed0/final"
 TPF_LINE = re.compile(r"BRISK_ISD TPF ([0-9.]+): (\d+) committed tokens in (\d+) request-fo")
 CLOCK_LINE = re.compile(r"BRISK_ISD decode forwards since start, by batch size: (.*)$", re.M)
@@ -61,8 +63,12 @@ CLOCK_PART = re.compile(r"B=(\d+): (\d+) forwards, model ([0-9.]+) ms, host ([0-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=ROOT / "runs/paper/base/final")
-    p.add_argument("--corrector", type=Path, help=f"default: {DEFAULT_CORRECTOR}, if present")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument(
+        "--corrector",
+        type=Path,
+        help=f"default with the default model: {DEFAULT_CORRECTOR}, if present",
+    )
     p.add_argument("--stride", type=int, default=8)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--runs", type=int, default=3)
@@ -78,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     corrector = args.corrector
     if corrector is not None and not (corrector / "config.json").is_file():
         p.error(f"--corrector: {corrector} holds no checkpoint (make reproduce-corrector)")
-    if corrector is None and (DEFAULT_CORRECTOR / "config.json").is_file():
-        corrector = DEFAULT_CORRECTOR
+    paper_model = args.model.resolve() == DEFAULT_MODEL.resolve()
+    if corrector is None and paper_model and (DEFAULT_CORRECTOR / "config.json").is_file():
+        corrector = DEFAULT_CORRECTOR  # the head trained on the default model, never another's
     args.out.mkdir(parents=True, exist_ok=True)
 
     extra, env = [], {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
