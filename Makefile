@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -108,6 +108,23 @@ code-world: $(STAMP)
 	    --temperature $$T --max-new-tokens 256 --batch-size 68 --out $(CODE)/out_N$${N}_T$$T.jsonl \
 	    --log-blocks $(CODE)/blocks_N$${N}_T$$T || exit 1; \
 	done; done
+
+# The code world's corrector (issue 32, point 5): events the converted base reaches on the
+# training functions (N = 8, T = 1), a verifier-distilled paper head trained on them, and the
+# held-out functions decoded head-off with the head beside the base (--shadow: same states, the
+# paper's diagnostic) and every block scored, for the mechanism report's rescue, regression
+# and ΔL rows. After make code-world.
+code-head: $(STAMP)
+	test -d $(CODE)/events || \
+	  $(BIN)/brisk train corrector collect --checkpoint $(CODE)/base/final --out $(CODE)/events \
+	    --problems 600 --samples 2 --stride 8 --temperature 1 --top-k 32 --max-new-tokens 256
+	test -d $(CODE)/head/final || \
+	  $(BIN)/brisk train corrector --events $(CODE)/events --out $(CODE)/head
+	rm -rf $(CODE)/blocks_N8_T1_head
+	$(BIN)/brisk decode --model $(CODE)/base/final --corrector $(CODE)/head/final --shadow \
+	  --score-blocks --prompts $(CODE)/test.jsonl --stride 8 --temperature 1 \
+	  --max-new-tokens 256 --batch-size 68 --out $(CODE)/out_N8_T1_head.jsonl \
+	  --log-blocks $(CODE)/blocks_N8_T1_head
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).

@@ -12,7 +12,9 @@ decodes of the held-out functions at N = 4 and 8, greedy and T = 1, with block l
   each prompt's budget what fits the model (greedy ISD is greedy AR: pass@1 of the model).
 
 It writes ``code_world.json`` into ``--out`` and prints the tables RESULTS.md quotes; the
-mechanism report of N = 8, T = 1 is copied to ``benchmarks/figures/code_mechanism_N8_T1.md``.
+mechanism report of N = 8, T = 1 is copied to ``benchmarks/figures/code_mechanism_N8_T1.md``,
+and after ``make code-head`` the report of the head beside the base (same states, blocks scored)
+to ``benchmarks/figures/code_mechanism_N8_T1_head.md``.
 """
 
 from __future__ import annotations
@@ -104,15 +106,13 @@ def decode_figures(rows_file: Path) -> dict[str, Any]:
     }
 
 
-def mechanism(runs: Path, N: int, T: int) -> dict[str, Any]:
-    report = runs / f"report_N{N}_T{T}"
+def mechanism(runs: Path, N: int, T: int, suffix: str = "") -> dict[str, Any]:
+    report = runs / f"report_N{N}_T{T}{suffix}"
     if not (report / "summary.json").is_file():
-        brisk("mechanism", "report", runs / f"blocks_N{N}_T{T}", "--out", report)
+        brisk("mechanism", "report", runs / f"blocks_N{N}_T{T}{suffix}", "--out", report)
     summary = json.loads((report / "summary.json").read_text())
-    return {
-        k: summary[k]
-        for k in ("M", "K", "blocks", "requests", "tpf", "acceptance_profile", "coverage")
-    } | {"repetition": summary["repetition"], "replay": summary["replay"]}
+    keys = ("M", "K", "blocks", "requests", "tpf", "acceptance_profile", "coverage", "replay")
+    return {k: summary[k] for k in (*keys, "repetition", "likelihood")}
 
 
 def humaneval(runs: Path) -> dict[str, Any]:
@@ -174,6 +174,12 @@ def main() -> int:
         | {"mechanism": mechanism(runs, N, T)}
         for N, T in CELLS
     }
+    if (runs / "out_N8_T1_head.jsonl").is_file():  # make code-head: the head beside the base
+        result["head"] = decode_figures(runs / "out_N8_T1_head.jsonl") | {
+            "mechanism": mechanism(runs, 8, 1, "_head")
+        }
+        report = runs / "report_N8_T1_head" / "summary.md"
+        shutil.copy(report, ROOT / "benchmarks" / "figures" / "code_mechanism_N8_T1_head.md")
     result["humaneval"] = humaneval(runs) if args.humaneval else None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "code_world.json").write_text(json.dumps(result, indent=1) + "\n")
