@@ -47,7 +47,9 @@ __all__ = [
     "label_counts",
     "loss_totals",
     "may_attend",
+    "stream_ce",
     "stream_outputs",
+    "token_ce",
     "weighted_loss",
 ]
 
@@ -221,8 +223,9 @@ class IDLMLoss:
     slot_count: Tensor  # [B, M] how many MASK slots of the row contributed
 
 
-def _token_ce(logits: Tensor, labels: Tensor) -> Tensor:
-    """Per-token CE ``[B, L]`` in float32 (0 where the label is IGNORE)."""
+def token_ce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Per-token cross-entropy ``[B, L]`` of ``logits [B, L, V]`` against ``labels [B, L]``, in
+    float32, 0 where the label is :data:`IGNORE`."""
     return F.cross_entropy(
         logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction="none"
     )
@@ -236,8 +239,7 @@ def idlm_loss(
 ) -> IDLMLoss:
     """The I-DLM loss and its per-proposal-position breakdown (see the module docstring)."""
     noisy_ok, clean_ok = batch.noisy_labels != IGNORE, batch.clean_labels != IGNORE
-    ce_noisy_tok = _token_ce(noisy_logits, batch.noisy_labels)
-    ce_clean_tok = _token_ce(clean_logits, batch.clean_labels)
+    ce_noisy_tok, ce_clean_tok = stream_ce(noisy_logits, clean_logits, batch)
     ce_noisy = ce_noisy_tok.sum() / noisy_ok.sum().clamp(min=1)
     ce_clean = ce_clean_tok.sum() / clean_ok.sum().clamp(min=1)
     # auto: α = sg(CE_noisy / CE_clean) puts both streams on the same scale at every step.
@@ -273,29 +275,17 @@ def loss_totals(noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch) ->
     unweighted cross-entropy sums and label counts the loss's denominators and ``α`` come from,
     summed over micro-batches and ranks before any gradient is taken."""
     with torch.no_grad():
-        ce_noisy, ce_clean = _stream_ce(noisy_logits, clean_logits, batch)
+        ce_noisy, ce_clean = stream_ce(noisy_logits, clean_logits, batch)
         n_noisy = (batch.noisy_labels != IGNORE).sum().float()
         n_clean = (batch.clean_labels != IGNORE).sum().float()
         return torch.stack([ce_noisy.sum(), ce_clean.sum(), n_noisy, n_clean]).double().cpu()
 
 
-def _stream_ce(
-    noisy_logits: Tensor, clean_logits: Tensor, batch: IDLMBatch
-) -> tuple[Tensor, Tensor]:
-    """Per-token cross-entropies ``[B, L]`` of both streams, in fp32, 0 where unlabelled."""
-    ce_noisy = F.cross_entropy(
-        noisy_logits.float().transpose(1, 2),
-        batch.noisy_labels,
-        ignore_index=IGNORE,
-        reduction="none",
-    )
-    ce_clean = F.cross_entropy(
-        clean_logits.float().transpose(1, 2),
-        batch.clean_labels,
-        ignore_index=IGNORE,
-        reduction="none",
-    )
-    return ce_noisy, ce_clean
+def stream_ce(noisy_logits: Tensor, clean_logits: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """Per-token cross-entropies ``[B, L]`` of both streams of a batch (its ``noisy_labels``
+    and ``clean_labels``: an :class:`IDLMBatch` or a packed one), in fp32, 0 where
+    unlabelled."""
+    return token_ce(noisy_logits, batch.noisy_labels), token_ce(clean_logits, batch.clean_labels)
 
 
 def weighted_loss(
@@ -316,7 +306,7 @@ def weighted_loss(
     FSDP average gradients; the shares of a step's micro-batches sum to the step's loss),
     ``weighted`` (its detached Σ w ℓ), ``alpha`` and ``totals``."""
     dist = dist or Dist()
-    ce_noisy, ce_clean = _stream_ce(noisy_logits, clean_logits, batch)
+    ce_noisy, ce_clean = stream_ce(noisy_logits, clean_logits, batch)
     weighted = (token_weights * ce_noisy).sum()
     clean = ce_clean.sum()
     if totals is None:

@@ -31,13 +31,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 from transformers import PreTrainedModel
 
 from brisk.runtime.train.flex import bucket, idlm_block_mask, use_flex
-from brisk.runtime.train.idlm import IGNORE, may_attend, stream_outputs
+from brisk.runtime.train.idlm import IGNORE, may_attend, stream_ce, stream_outputs
 
 __all__ = [
     "PackedBatch",
@@ -274,18 +273,7 @@ def packed_loss(
 ) -> PackedLoss:
     """The batch loss and its per-example breakdown (module docstring)."""
     noisy_ok, clean_ok = batch.noisy_labels != IGNORE, batch.clean_labels != IGNORE
-    ce_n = F.cross_entropy(
-        noisy_logits.float().transpose(1, 2),
-        batch.noisy_labels,
-        ignore_index=IGNORE,
-        reduction="none",
-    )
-    ce_c = F.cross_entropy(
-        clean_logits.float().transpose(1, 2),
-        batch.clean_labels,
-        ignore_index=IGNORE,
-        reduction="none",
-    )
+    ce_n, ce_c = stream_ce(noisy_logits, clean_logits, batch)
     n_noisy, n_clean = noisy_ok.sum().clamp(min=1), clean_ok.sum().clamp(min=1)
     ce_noisy, ce_clean = ce_n.sum() / n_noisy, ce_c.sum() / n_clean
     a = float((ce_noisy / ce_clean.clamp(min=1e-8)).detach()) if alpha == "auto" else float(alpha)

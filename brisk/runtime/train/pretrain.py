@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 from torch import Tensor
@@ -44,7 +43,7 @@ from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.train.common import TrainResult, adamw, cpu_settings
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
-from brisk.runtime.train.idlm import IGNORE
+from brisk.runtime.train.idlm import IGNORE, token_ce
 from brisk.runtime.train.pretrain_config import PretrainConfig
 from brisk.runtime.train.resume import (
     METRICS,
@@ -84,7 +83,7 @@ def ar_batch(seqs: list[list[int]], pad_id: int) -> ARBatch:
 def ar_loss(model: Any, batch: ARBatch) -> Tensor:
     """Mean next-token cross-entropy of the batch (module docstring), float32."""
     logits = model(input_ids=batch.input_ids, use_cache=False).logits
-    return F.cross_entropy(logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE)
+    return token_ce(logits, batch.labels).sum() / max(batch.n_targets, 1)
 
 
 @torch.no_grad()
@@ -101,9 +100,7 @@ def causal_loss(
     for i in range(0, len(seqs), batch_size):
         batch = ar_batch(seqs[i : i + batch_size], tokenizer.pad_token_id)
         logits = model(input_ids=batch.input_ids, use_cache=False).logits
-        total += F.cross_entropy(
-            logits.float().transpose(1, 2), batch.labels, ignore_index=IGNORE, reduction="sum"
-        ).item()
+        total += token_ce(logits, batch.labels).sum().item()
         n += batch.n_targets
     return total / n, n
 
