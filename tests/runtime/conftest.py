@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,47 @@ def tokenizer_without_mask() -> Any:
         eos_token="<eos>",
         unk_token="<unk>",
     )
+
+
+def proposal_args(base: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
+    """``brisk train proposal`` on the micro base and data: 1,500 tokens at a global batch of
+    16, stride 4, one thread (the arguments after ``brisk``)."""
+    return [
+        "train",
+        "proposal",
+        "--stride",
+        "4",
+        "--init",
+        str(base),
+        "--dataset",
+        str(dataset),
+        "--data",
+        "selfgen-all",
+        "--token-budget",
+        "1500",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.001",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def torchrun(nproc: int, args: list[str]) -> list[str]:
+    """The command running ``brisk args`` as ``nproc`` ranks under torchrun (standalone)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--standalone",
+        "-m",
+        "brisk.cli",
+        *args,
+    ]

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from brisk.runtime.train.proposal import train_proposal
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from tests.runtime.conftest import proposal_args, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -29,47 +30,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 if torch.cuda.device_count() < 2:  # two ranks take a GPU each; with fewer, both runs use the CPU
     ENV["CUDA_VISIBLE_DEVICES"] = ""
 STEPS = 7  # 1,500 tokens at a global batch of 16
-
-
-def proposal_args(base: Path, dataset: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "train",
-        "proposal",
-        "--stride",
-        "4",
-        "--init",
-        str(base),
-        "--dataset",
-        str(dataset),
-        "--data",
-        "selfgen-all",
-        "--token-budget",
-        "1500",
-        "--batch-size",
-        "16",
-        "--lr",
-        "0.001",
-        "--threads",
-        "1",
-        "--no-progress",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
-def torchrun(nproc: int, args: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc),
-        "--standalone",
-        "-m",
-        "brisk.cli",
-        *args,
-    ]
 
 
 def run(cmd: list[str]) -> None:

@@ -26,6 +26,7 @@ from brisk.runtime.train.proposal import train_proposal, weighted_loss
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.proposal_data import load_examples
 from brisk.theory import AcceptanceProfile, CostModel, progress_weights
+from tests.runtime.conftest import proposal_args, torchrun
 
 
 def config(base: Path, dataset: Path, out: Path, **kw: object) -> ProposalTrainConfig:
@@ -235,45 +236,17 @@ def test_torchrun_two_ranks_match_one_process(
     weights (integers, exact), losses to rtol 1e-5 and parameters to atol 1e-5 (float sums in
     another order)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    args = [
-        "train",
-        "proposal",
-        "--stride",
-        "4",
-        "--init",
-        str(micro_base),
-        "--dataset",
-        str(micro_dataset),
-        "--data",
-        "selfgen-all",
-        "--token-budget",
-        "1500",
-        "--batch-size",
-        "16",
-        "--lr",
-        "0.001",
-        "--threads",
-        "1",
-        "--no-progress",
-    ]
     subprocess.run(
-        [sys.executable, "-m", "brisk.cli", *args, "--out", str(one)],
+        [sys.executable, "-m", "brisk.cli", *proposal_args(micro_base, micro_dataset, one)],
         check=True,
         capture_output=True,
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        "-m",
-        "brisk.cli",
-    ]
     done = subprocess.run(
-        [*torchrun, *args, "--out", str(two)], capture_output=True, text=True, env=env
+        torchrun(2, proposal_args(micro_base, micro_dataset, two)),
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     r1, r2 = records(one), records(two)

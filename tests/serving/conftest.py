@@ -11,7 +11,9 @@ One real SGLang server (:func:`real_server`) is shared by the whole session.
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,30 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer
         yield server
     finally:
         process.stop()
+
+
+MICRO_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 12,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "mask_token_id": 11,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def config_only_checkpoint(path: Path, **overrides: object) -> Path:
+    """A checkpoint of only a micro Qwen3 ``config.json`` at ``path`` (new: SGLang caches a
+    model's config by its path), with ``overrides`` (None removes a key): what server-argument
+    resolution and SGLang's ``ModelConfig`` read."""
+    path.mkdir(parents=True)
+    config = {k: v for k, v in {**MICRO_CONFIG, **overrides}.items() if v is not None}
+    (path / "config.json").write_text(json.dumps(config))
+    return path

@@ -22,34 +22,14 @@ import pytest
 
 from brisk.runtime.serving.plugin import HOOKS, installed
 from brisk.runtime.serving.worker import ALGORITHM, CONFIG_ENV
+from tests.serving.conftest import config_only_checkpoint
 
 pytestmark = pytest.mark.usefixtures("plugins")
-
-TINY_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "vocab_size": 12,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "mask_token_id": 11,
-    "rms_norm_eps": 1e-6,
-}
 
 
 def checkpoint(tmp_path: Path, **overrides: object) -> Path:
     """A config-only checkpoint: what server-args resolution reads."""
-    path = tmp_path / "model"
-    path.mkdir(parents=True)  # a new path: SGLang caches a model's config by its path
-    config = {**TINY_CONFIG, **overrides}
-    config = {k: v for k, v in config.items() if v is not None}
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return config_only_checkpoint(tmp_path / "model", **overrides)
 
 
 def launch(

@@ -22,34 +22,12 @@ import pytest
 
 from brisk.runtime.serving.engine import engine_kwargs
 from brisk.runtime.serving.launch import server_arguments
+from tests.serving.conftest import config_only_checkpoint
 from tests.serving.real_server import sdar_checkpoint
 
 pytestmark = pytest.mark.usefixtures("plugins")
 
 OVERRIDE_FLAG = "--json-model-override-args"
-
-CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "vocab_size": 12,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "mask_token_id": 11,
-    "rms_norm_eps": 1e-6,
-}
-
-
-def qwen3_config(path: Path, **overrides: object) -> Path:
-    """A config-only checkpoint (a new path each time: SGLang caches configs by path)."""
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({**CONFIG, **overrides}))
-    return path
 
 
 def model_config(model: Path, extra_args: list[str], isd: bool = True) -> Any:
@@ -71,7 +49,9 @@ def test_an_idlm_checkpoint_is_served_as_the_causal_qwen3_it_is(
     from sglang.srt.model_loader.utils import get_model_architecture
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
-    model = sdar_checkpoint(qwen3_config(tmp_path / "qwen3"), tmp_path / "sdar", block_size=3)
+    model = sdar_checkpoint(
+        config_only_checkpoint(tmp_path / "qwen3"), tmp_path / "sdar", block_size=3
+    )
     config = model_config(model, ["--trust-remote-code"] if remote_code else [])
     hf = config.hf_config
     assert hf.architectures == ["Qwen3ForCausalLM"]
@@ -88,7 +68,7 @@ def test_an_idlm_checkpoint_is_served_as_the_causal_qwen3_it_is(
 
 
 def test_overrides_passed_through_are_merged_and_win(tmp_path: Path) -> None:
-    model = sdar_checkpoint(qwen3_config(tmp_path / "qwen3"), tmp_path / "sdar")
+    model = sdar_checkpoint(config_only_checkpoint(tmp_path / "qwen3"), tmp_path / "sdar")
     extra = [OVERRIDE_FLAG, '{"mask_token_id": 7}', "--max-running-requests", "4"]
     flags, _ = server_arguments(model, extra_args=extra, env={})
     assert flags.count(OVERRIDE_FLAG) == 1
@@ -100,7 +80,9 @@ def test_overrides_passed_through_are_merged_and_win(tmp_path: Path) -> None:
     }
     assert flags[-2:] == ("--max-running-requests", "4")
     assert model_config(model, extra, isd=False).hf_config.mask_token_id == 7
-    plain = qwen3_config(tmp_path / "plain")  # a transformers causal LM: nothing to override
+    plain = config_only_checkpoint(
+        tmp_path / "plain"
+    )  # a transformers causal LM: nothing to override
     assert OVERRIDE_FLAG not in server_arguments(plain, env={})[0]
 
 
@@ -110,7 +92,7 @@ def test_overrides_passed_through_are_merged_and_win(tmp_path: Path) -> None:
 def test_an_architecture_brisk_cannot_serve_causally_is_refused(
     tmp_path: Path, architecture: str
 ) -> None:
-    model = qwen3_config(tmp_path / "m", architectures=[architecture], model_type="x")
+    model = config_only_checkpoint(tmp_path / "m", architectures=[architecture], model_type="x")
     with pytest.raises(
         ValueError,
         match=f"^model: {model} is a {architecture}, which brisk cannot serve as a causal LM",
