@@ -36,8 +36,8 @@ from brisk.runtime.tasks.spec import TaskSpec
 
 __all__ = [
     "EvalSection",
+    "ExperimentPlan",
     "HeldOut",
-    "check_plan",
     "ensure_checkpoint",
     "evaluate_held_out",
     "experiment_step",
@@ -72,17 +72,38 @@ class HeldOut:
     dtype: str
 
 
-def check_plan(
-    arms: Sequence[str], known: Collection[str], seeds: Sequence[int], workers: int
-) -> None:
-    """Arms must be known, seeds distinct and non-empty, workers ≥ 1 (errors name the field)."""
-    for name in arms:
-        if name not in known:
-            raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: need distinct seeds, got {seeds!r}")
-    if workers < 1:
-        raise ValueError(f"workers: must be ≥ 1, got {workers!r}")
+@dataclass(frozen=True)
+class ExperimentPlan(Config):
+    """What every experiment's config holds: where it writes, the base model's training config,
+    the stride, the seeds, the jobs run at once and where they run. A subclass declares its
+    ``arms`` (their names: ``known_arms``) and its own defaults."""
+
+    out_dir: str = "runs/experiment"
+    base_config: str = "configs/paper_base.toml"  # trains the base when it does not exist
+    stride: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2)
+    arms: tuple[str, ...] = ()
+    workers: int = 2
+    # where every job runs (auto: the GPU where one exists) and the dtype models decode in
+    # (auto: bfloat16 on a GPU, float32 on the CPU); training runs there too
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def known_arms(self) -> Collection[str]:
+        return ()
+
+    def __post_init__(self) -> None:
+        """Arms must be known, seeds distinct and non-empty, workers ≥ 1 (errors name the
+        field)."""
+        known = self.known_arms()
+        for name in self.arms:
+            if name not in known:
+                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(sorted(known))})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
+        super().__post_init__()
 
 
 def ensure_checkpoint(checkpoint: str, base_config: str, console: Any, show_progress: bool) -> None:

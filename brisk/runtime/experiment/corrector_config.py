@@ -4,11 +4,11 @@ configs (:mod:`brisk.runtime.experiment.corrector` runs it)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisk.runtime.configs import Config
-from brisk.runtime.experiment.common import EvalSection, check_plan
+from brisk.runtime.experiment.common import EvalSection, ExperimentPlan
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
 __all__ = [
@@ -48,18 +48,10 @@ class HeadEvalSection(EvalSection):
 
 
 @dataclass(frozen=True)
-class CorrectorExperimentConfig(Config):
+class CorrectorExperimentConfig(ExperimentPlan):
     out_dir: str = "runs/paper/corrector"
     backbone: str = "runs/paper/base/final"
-    base_config: str = "configs/paper_base.toml"
-    stride: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
-    workers: int = 2
-    # where every job runs (auto: the GPU where one exists) and the backbone's dtype (auto:
-    # bfloat16 on a GPU, float32 on the CPU); [train] runs there too
-    device: str = "auto"
-    dtype: str = "auto"
     # the commands' own configs: [collect] is brisk train corrector collect's (its stride is the
     # experiment's), [train] brisk train corrector's (events, out_dir and seed set per job,
     # then each arm's changes)
@@ -67,8 +59,11 @@ class CorrectorExperimentConfig(Config):
     train: CorrectorTrainConfig = field(default_factory=CorrectorTrainConfig)
     eval: HeadEvalSection = field(default_factory=HeadEvalSection)
 
+    def known_arms(self) -> Collection[str]:
+        return {a.name for a in ARMS}
+
     def __post_init__(self) -> None:
-        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
+        super().__post_init__()
         for name in self.arms:
             K = arm_named(name).train.get("K", 16)
             if self.collect.top_k < K:

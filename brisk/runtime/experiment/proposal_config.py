@@ -6,10 +6,11 @@ it).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from brisk.runtime.configs import Config
-from brisk.runtime.experiment.common import EvalSection, HeldOut, check_plan
+from brisk.runtime.experiment.common import EvalSection, ExperimentPlan, HeldOut
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
@@ -75,22 +76,14 @@ class HeadSection(Config):
 
 
 @dataclass(frozen=True)
-class ExperimentConfig(Config):
+class ExperimentConfig(ExperimentPlan):
     out_dir: str = "runs/paper/ablation"
     base: str = "runs/paper/base/final"
-    base_config: str = "configs/paper_base.toml"
-    stride: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
     arms: tuple[str, ...] = tuple(a.name for a in ARMS)
-    workers: int = 2
     # token budgets in epochs of the base's correct self-generated responses, the same for every
     # arm (token-matched; each budget a row per arm); empty: [train] token_budget
     budgets: tuple[float, ...] = ()
     theory_samples: int = 200  # common samples of the theory tables (0: no theory tables)
-    # where every job runs (auto: the GPU where one exists) and the dtype models decode in
-    # (auto: bfloat16 on a GPU, float32 on the CPU); [train] and [head.train] run there too
-    device: str = "auto"
-    dtype: str = "auto"
     # the training configs themselves, each arm and seed changing what it must with replace:
     # [selfgen] is brisk train selfgen's (its stride is the experiment's), [train] brisk train
     # proposal's (init, dataset, out_dir, data, weights, profile, seed, stride and temperature
@@ -101,8 +94,11 @@ class ExperimentConfig(Config):
     # the head-on row: off unless the file has a [head] section (HeadSection)
     head: HeadSection = field(default_factory=lambda: HeadSection(enabled=False))
 
+    def known_arms(self) -> Collection[str]:
+        return {a.name for a in ARMS}
+
     def __post_init__(self) -> None:
-        check_plan(self.arms, {a.name for a in ARMS}, self.seeds, self.workers)
+        super().__post_init__()
         if self.head.enabled and all(a == "base" for a in self.arms):
             raise ValueError("head: the head-on row needs a trained arm (arms has only 'base')")
         if any(not b > 0 for b in self.budgets) or len(set(self.budgets)) != len(self.budgets):
