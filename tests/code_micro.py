@@ -12,13 +12,6 @@ ISD decode at stride 4 both rejects drafts (the held-out prompts: a micro model 
 generalize, its MASK slots miss) and accepts whole blocks (the training functions' prompts:
 slots and verifier agree on the memorized bodies); a prompt file of both splits exercises cold
 starts, partial and full acceptance.
-
-Prompts are cut before their final newline (:func:`open_prompt`): ``heldout-functions`` ends a
-prompt with the docstring's line break, which the byte-level BPE encodes as a lone ``Ċ``, while
-every training body starts with ``ĊĠĠĠ`` (the line break merged with the indentation). A lone
-``Ċ`` comes in the corpus only before a top-level line or a document's end, so the model answers
-EOS, even for the functions it knows by heart; cut there, it writes ``ĊĠĠĠ`` and the body
-itself.
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ __all__ = [
     "brisk",
     "brisk_decode",
     "build_code_world",
-    "open_prompt",
     "problem_rows",
     "read_jsonl",
     "write_jsonl",
@@ -169,12 +161,6 @@ def problem_rows(world: Path, checkpoint: Path, split: str, n: int = 200) -> lis
         out,
     )
     return read_jsonl(out)
-
-
-def open_prompt(row: dict[str, Any]) -> dict[str, Any]:
-    """The problem row with its prompt cut before the final newline (module docstring); the
-    answer, which the grader reads, is left as it is."""
-    return {**row, "prompt": row["prompt"].removesuffix("\n")}
 
 
 def brisk_decode(

