@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,20 @@ def test_cli_trains_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert len(report["proposal_accuracy"]["3"]) == 2
     assert "answer accuracy" in capsys.readouterr().out
     assert main(["train", "base", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_an_example_longer_than_the_positions_trains_on_its_first_window(tmp_path: Path) -> None:
+    """A model of 24 positions on examples of up to ~40 tokens: each over-long example is cut to
+    its first 24 tokens, as brisk train ar cuts them (it stopped the run at the first one); a
+    prompt that leaves no response token is one error naming the data."""
+    import dataclasses
+
+    cfg = BaseTrainConfig.smoke(str(tmp_path / "cut")).replace(steps=3, batch_size=8)
+    short = dataclasses.replace(cfg.model, settings=cfg.model.settings.replace(max_positions=24))
+    result = train_base(cfg.replace(model=short), show_progress=False)
+    losses = [r["loss"] for r in result.history if r.get("event") == "train"]
+    assert losses
+    assert all(math.isfinite(x) for x in losses)
+    tiny = dataclasses.replace(cfg.model, settings=cfg.model.settings.replace(max_positions=4))
+    with pytest.raises(ValueError, match=r"^data: step 0 drew an example whose prompt"):
+        train_base(cfg.replace(model=tiny, out_dir=str(tmp_path / "tiny")), show_progress=False)

@@ -89,6 +89,17 @@ def _check_fits(seqs: list[list[int]], limit: int, option: str, step: int) -> No
         )
 
 
+def _check_prompts(prompt_lens: list[int], limit: int, step: int) -> None:
+    """Every prompt leaves a response token inside the model's positions (a longer example is
+    cut to them): else an error naming the data, before the step is taken."""
+    longest = max(prompt_lens)
+    if longest >= limit:
+        raise ValueError(
+            f"data: step {step} drew an example whose prompt ({longest} tokens) leaves no "
+            f"response token in the model's positions ({limit} tokens)"
+        )
+
+
 def _tokenizer(cfg: BaseTrainConfig) -> Any:
     """The model preset's tokenizer, or ``cfg.init``'s (with the MASK token added when asked:
     every rank adds it the same way, so the ids agree)."""
@@ -313,6 +324,9 @@ def _train(
             for rows in micro_batches(drawn[mine], cfg.micro_batch_size):
                 encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
                 seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
+                if not cfg.pack_tokens:  # an over-long example: its first window, as train ar's
+                    _check_prompts(prompt_lens, limit, step)
+                    seqs = [s[:limit] for s in seqs]
                 _check_fits(
                     seqs,
                     cfg.pack_tokens or limit,
