@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -125,6 +125,12 @@ code-head: $(STAMP)
 	  --score-blocks --prompts $(CODE)/test.jsonl --stride 8 --temperature 1 \
 	  --max-new-tokens 256 --batch-size 68 --out $(CODE)/out_N8_T1_head.jsonl \
 	  --log-blocks $(CODE)/blocks_N8_T1_head
+
+# The proposal-training ablation on the code world (issue 32, point 5), after make code-world:
+# 6 arms × 3 seeds at one token budget, the theory tables and the head-on row, under
+# runs/code/ablation (not yet timed; run it in the background: it resumes where it stopped).
+code-ablation: $(STAMP)
+	$(BIN)/brisk experiment proposal --config configs/code_experiment.toml
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).
