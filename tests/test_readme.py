@@ -230,6 +230,33 @@ FIGURES = [
         BENCHMARKS_PAGE,
     ),
 ]
+CODE_WORLD = "benchmarks/results/code_world.json"
+FIGURES += [
+    Figure(
+        "code world: held-out functions that compile",
+        CODE_WORLD,
+        "benchmarks/code_world.py",
+        lambda s: s["decode"]["N8_T0"]["correct"] / s["decode"]["N8_T0"]["graded"],
+        lambda x: f"{x:.3f}",
+        BENCHMARKS_PAGE,
+    ),
+    Figure(
+        "code world: ISD TPF at N = 8, greedy",
+        CODE_WORLD,
+        "benchmarks/code_world.py",
+        lambda s: s["decode"]["N8_T0"]["tpf_whole_run"],
+        lambda x: f"{x:.3f}",
+        BENCHMARKS_PAGE,
+    ),
+    Figure(
+        "code world: HumanEval pass@1",
+        CODE_WORLD,
+        "benchmarks/code_world.py",
+        lambda s: s["humaneval"]["pass_at_1"],
+        lambda x: f"{x:.3f}",
+        BENCHMARKS_PAGE,
+    ),
+]
 CLAIMS = [(page, f) for f in FIGURES for page in f.pages]
 
 
