@@ -104,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     if corrector is not None:
         servers["isd-on"] = {**isd, "corrector": str(corrector)}
     else:
-        print(
-            f"isd-on: skipped, no corrector at {DEFAULT_CORRECTOR} (make reproduce-corrector)",
-            flush=True,
+        why = (
+            f"no corrector at {DEFAULT_CORRECTOR} (make reproduce-corrector)"
+            if paper_model
+            else "no --corrector given for this model"
         )
+        print(f"isd-on: skipped, {why}", flush=True)
     started: list[tuple[str, ServerProcess, str]] = []
     try:
         for name, options in servers.items():
