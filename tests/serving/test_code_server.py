@@ -197,11 +197,6 @@ def test_generate_takes_the_prompts_and_forwards_brisk_decode_takes(
     assert served.process.process.poll() is None, "the server exited"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brisk decode reads a text that starts with the BOS token as already holding it "
-    "(encode_prompt); SGLang's tokenizer call adds a second BOS before it",
-)
 def test_a_text_that_starts_with_bos_gets_one(world: World, served: Served) -> None:
     from transformers import AutoTokenizer
 

@@ -15,6 +15,8 @@ the hooks registered here. :func:`register`
   (:mod:`brisk.runtime.serving.guard`): a request whose prompt a forward cannot take (a token
   id outside the vocabulary, no tokens, ``input_embeds`` of the wrong shape, …) gets a 400 in
   the HTTP server instead of ending the scheduler, with ISD and without;
+- wraps the tokenizer manager's text tokenization so that a text starting with the BOS token
+  gets one BOS, as in ``brisk decode`` (:mod:`brisk.runtime.serving.prompt_tokens`);
 - lets transformers read an I-DLM ``sdar`` config as the Qwen3 config it is, without the
   checkpoint's remote code (:func:`brisk.runtime.architectures.register_config_twins`), so
   ``brisk serve`` can run such a checkpoint as its causal twin
@@ -40,12 +42,14 @@ _TORCH_NATIVE_EXTEND = (
 )
 _VALIDATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 _NORMALIZE = "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"
+_TOKENIZE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_texts"
 HOOKS = {
     f"{_DFLASH}._greedy_sample_from_vocab_parallel_head": "brisk.runtime.serving.dflash:rerank",
     f"{_DFLASH}._maybe_build_draft_sampler": "brisk.runtime.serving.dflash:eager_when_reranking",
     _TORCH_NATIVE_EXTEND: "brisk.runtime.serving.worker:verify_attention",
     _VALIDATE: "brisk.runtime.serving.guard:validate_request",
     _NORMALIZE: "brisk.runtime.serving.guard:check_inputs",
+    _TOKENIZE: "brisk.runtime.serving.prompt_tokens:single_bos",
 }
 
 
