@@ -67,43 +67,34 @@ def run_figures(run: Path) -> dict[str, Any]:
     }
 
 
-def heldout_texts(ar_run: Path) -> list[str]:
-    """The held-out documents of the corpus the AR run trained on (the conversion reads the
-    same files: both configs name the same corpus)."""
-    from brisk.runtime.train.pretrain_config import PretrainConfig
-
-    cfg = PretrainConfig.load(ar_run / "final" / "train_config.json")
-    return cfg.corpus.build(split="test", n=1, seed=cfg.eval_seed).heldout_texts()  # type: ignore[no-any-return]
-
-
-def heldout_loss(model_dir: Path, texts: list[str]) -> dict[str, Any]:
+def trained(run: Path) -> tuple[Any, Any]:
+    """The model (eval mode, float32, CPU) and tokenizer of ``run/final``."""
     import torch
 
     from brisk.runtime.loader import load_model
-    from brisk.runtime.train.pretrain import causal_loss
 
     torch.set_num_threads(2)
-    loaded = load_model(model_dir, device="cpu", dtype="float32", announce=False)
-    model = loaded.backbone.model.eval()
-    limit = int(model.config.max_position_embeddings)
-    loss, tokens = causal_loss(model, loaded.tokenizer, texts, limit)
-    return {"loss_nats": loss, "ppl": math.exp(loss), "documents": len(texts), "tokens": tokens}
+    loaded = load_model(run / "final", device="cpu", dtype="float32", announce=False)
+    return loaded.backbone.model.eval(), loaded.tokenizer
 
 
-def ar_compile_rate(ar_run: Path) -> dict[str, Any]:
-    """The causal LM's greedy completions of the held-out functions, graded ``compiles`` (what
-    ``brisk train ar`` evaluates at its end, measured again on the problems as they are now)."""
-    from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.loader import load_model
-    from brisk.runtime.train.evaluate import evaluate
-    from brisk.runtime.train.pretrain_config import PretrainConfig
+def heldout_figures(cfg: Any, run: Path) -> dict[str, Any]:
+    """The held-out loss ``brisk train ar`` logs (:func:`heldout_loss`), of ``run``'s model."""
+    from brisk.runtime.train.pretrain import heldout_loss
 
-    cfg = PretrainConfig.load(ar_run / "final" / "train_config.json")
-    world = cfg.corpus.build(split="test", n=cfg.final_eval_problems, seed=cfg.eval_seed)
-    loaded = load_model(ar_run / "final", device="cpu", dtype="float32", announce=False)
-    model = loaded.backbone.model.eval()
-    backbone = HFBackbone(model, loaded.tokenizer.mask_token_id)
-    report = evaluate(backbone, loaded.tokenizer, world.problems(), strides=(), task=world)
+    model, tokenizer = trained(run)
+    h = heldout_loss(cfg, model, tokenizer)
+    assert h is not None, "the code world's corpus has held-out documents"
+    return {"loss_nats": h["loss"], "ppl": math.exp(h["loss"]), "tokens": h["tokens"]}
+
+
+def ar_compile_rate(cfg: Any, run: Path) -> dict[str, Any]:
+    """The causal LM's greedy completions of the held-out functions, graded ``compiles``:
+    ``brisk train ar``'s final evaluation (:func:`final_evaluation`), on the problems as they
+    are now."""
+    from brisk.runtime.train.pretrain import final_evaluation
+
+    report = final_evaluation(cfg, *trained(run))
     return {"accuracy": report.accuracy, "n": report.n_problems, "errors": report.grader_errors}
 
 
@@ -183,11 +174,12 @@ def main() -> int:
     args = parser.parse_args()
     runs: Path = args.runs
     result: dict[str, Any] = {"runs": str(runs)}
-    texts = heldout_texts(runs / "ar")
+    from brisk.runtime.train.pretrain_config import PretrainConfig
+
+    cfg = PretrainConfig.load(runs / "ar" / "final" / "train_config.json")
     for name in ("ar", "base"):
-        heldout = heldout_loss(runs / name / "final", texts)
-        result[name] = run_figures(runs / name) | {"heldout": heldout}
-    result["ar"]["compiles_greedy"] = ar_compile_rate(runs / "ar")
+        result[name] = run_figures(runs / name) | {"heldout": heldout_figures(cfg, runs / name)}
+    result["ar"]["compiles_greedy"] = ar_compile_rate(cfg, runs / "ar")
     result["decode"] = {
         f"N{N}_T{T}": decode_figures(runs / f"out_N{N}_T{T}.jsonl")
         | {"mechanism": mechanism(runs, N, T)}

@@ -56,7 +56,16 @@ from brisk.runtime.train.resume import (
     start_checkpoint,
 )
 
-__all__ = ["ARBatch", "ar_batch", "ar_loss", "causal_loss", "encode", "train_ar"]
+__all__ = [
+    "ARBatch",
+    "ar_batch",
+    "ar_loss",
+    "causal_loss",
+    "encode",
+    "final_evaluation",
+    "heldout_loss",
+    "train_ar",
+]
 
 
 @dataclass(frozen=True)
@@ -219,25 +228,34 @@ def _train(
     if cfg.final_eval_problems:
         try:
             with stop.abortable():
-                report = _evaluate(cfg, model, tokenizer)
+                report = final_evaluation(cfg, model, tokenizer)
         except KeyboardInterrupt:
             raise Interrupted(
                 f"during the final evaluation; the model is saved in {final}"
             ) from None
         metrics.write({"event": "eval", "step": done, **report.to_dict()})
-    heldout = getattr(
-        cfg.corpus.build(split="test", n=1, seed=cfg.eval_seed), "heldout_texts", None
-    )
-    if heldout is not None:  # a corpus with held-out documents (the code world's): their loss
-        model.eval()
-        loss, tokens = causal_loss(model, tokenizer, heldout(), cfg.model.max_positions)
-        metrics.write({"event": "heldout", "step": done, "loss": loss, "tokens": tokens})
+    heldout = heldout_loss(cfg, model, tokenizer)
+    if heldout is not None:
+        metrics.write({"event": "heldout", "step": done, **heldout})
     metrics.write({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
     metrics.close()
     return TrainResult(final, metrics.records, report, train_wall)
 
 
-def _evaluate(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
+def heldout_loss(cfg: PretrainConfig, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+    """``{"loss", "tokens"}``: :func:`causal_loss` of the corpus's held-out documents (a corpus
+    task with ``heldout_texts()``, the code world's), each cut to the model's positions; None
+    for a corpus without held-out documents."""
+    task = cfg.corpus.build(split="test", n=1, seed=cfg.eval_seed)
+    texts = getattr(task, "heldout_texts", None)
+    if texts is None:
+        return None
+    model.eval()
+    loss, tokens = causal_loss(model, tokenizer, texts(), cfg.model.max_positions)
+    return {"loss": loss, "tokens": tokens}
+
+
+def final_evaluation(cfg: PretrainConfig, model: Any, tokenizer: Any) -> EvalReport:
     """Greedy answer accuracy of the causal LM on the corpus task's held-out problems, graded by
     that task (the broad corpus's: its target world's; the MASK stream is untrained here, so no
     proposal accuracy)."""
