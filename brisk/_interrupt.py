@@ -29,6 +29,7 @@ experiment's jobs route the signals to one flag for their whole life
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import threading
@@ -77,6 +78,8 @@ class StopSignals:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._abortable = False
+        self._raised = False  # the first signal was raised in an abortable region
+        self._retrying = False  # it landed in a finalizer and was sent again
 
     @property
     def requested(self) -> bool:
@@ -90,12 +93,28 @@ class StopSignals:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: records the first signal; raises only for the first one, and
-        only inside :meth:`abortable`."""
+        only inside :meth:`abortable`. A signal that lands while a finalizer runs (a
+        ``__del__``, a ``weakref.finalize`` callback) is not raised there: Python would print
+        the exception as "Exception ignored in ..." with its traceback and drop it. The signal
+        is sent again a moment later, to be raised once the finalizer has returned."""
         first = self.signum is None
         if first:
             self.signum = signum
-        if first and self._abortable:
-            raise KeyboardInterrupt
+        if not (self._abortable and not self._raised and (first or self._retrying)):
+            return
+        if _in_finalizer(frame):
+            self._retrying = True
+            retry = threading.Timer(RETRY_S, self._resend, (signum,))
+            retry.daemon = True
+            retry.start()
+            return
+        self._raised, self._retrying = True, False
+        raise KeyboardInterrupt
+
+    def _resend(self, signum: int) -> None:
+        """Send a signal that landed in a finalizer again, unless its region ended meanwhile."""
+        if self._retrying:
+            os.kill(os.getpid(), signum)
 
     @contextmanager
     def abortable(self) -> Iterator[None]:
@@ -108,7 +127,21 @@ class StopSignals:
         try:
             yield
         finally:
-            self._abortable = False
+            self._abortable = self._retrying = False
+
+
+RETRY_S = 0.01  # how soon a signal that landed in a finalizer is sent again
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an object's finalizer, where an exception is printed and
+    dropped instead of propagated."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_qualname == "finalize.__call__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 Handler = Callable[[int, FrameType | None], object] | int

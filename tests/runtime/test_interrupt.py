@@ -90,6 +90,36 @@ def test_abortable_work_stops_at_the_first_signal_and_only_there() -> None:
             abortable_work(stop, 0)
 
 
+class SignalledWhileFinalized:
+    """An object whose finalizer is running when the signal comes (as a tokenizer's ``regex``
+    object was, in a stopped experiment): a ``KeyboardInterrupt`` raised there would be printed
+    as "Exception ignored in ... Traceback" and lost."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+def finalizer_signalled_in_region(stop: StopSignals) -> None:
+    with stop.abortable():
+        SignalledWhileFinalized()  # finalized at once: the signal lands inside __del__
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+        raise AssertionError("the region was not aborted within 5 s")
+
+
+def test_a_signal_during_a_finalizer_still_aborts_the_region_without_a_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with stop_signals() as stop:
+        with pytest.raises(KeyboardInterrupt):
+            finalizer_signalled_in_region(stop)
+        assert stop.name == "SIGINT"
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err, err
+    assert "Traceback" not in err, err
+
+
 def test_the_command_line_turns_an_interruption_into_one_line_and_130(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

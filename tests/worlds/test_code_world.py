@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import gzip
 import json
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -220,6 +221,16 @@ def test_heldout_task_graders_on_right_and_wrong_completions() -> None:
     assert exact_body("    pass\n", {"body": "    pass"})
     assert not compiles("(", {"prompt": ""})
     assert task.references(problems, 2)[0] == [right[0]] * 2
+
+
+def test_grading_a_completion_that_draws_a_syntax_warning_prints_nothing() -> None:
+    """Model output such as ``x is "a"`` compiles with a SyntaxWarning; grading thousands of
+    completions must not print one line of it per completion to the user's terminal."""
+    prompt = {"prompt": "def f(x):\n    '''x.'''\n"}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert compiles('    return x is "a"\n', prompt)
+    assert [str(w.message) for w in seen] == []
 
 
 def test_heldout_problems_are_from_heldout_files_only() -> None:

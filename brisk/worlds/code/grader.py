@@ -16,6 +16,7 @@ them like the built-in ones.
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,9 +44,12 @@ def compiles(response: str, answer: Any) -> bool:
     """
     prompt = _field(answer, "prompt")
     try:
-        tree = ast.parse(prompt + response)
-        compile(tree, "<completion>", "exec", dont_inherit=True)
-        head = ast.parse(prompt).body
+        with warnings.catch_warnings():  # code that compiles with a warning is not news
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # "\d" in a string, before 3.12
+            tree = ast.parse(prompt + response)
+            compile(tree, "<completion>", "exec", dont_inherit=True)
+            head = ast.parse(prompt).body
     except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
         return False
     if not head or len(tree.body) < len(head):
