@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_text", "replace_dir"]
 
 
 def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
@@ -25,3 +26,14 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]
 
 def atomic_write_text(target: str | os.PathLike[str], text: str) -> None:
     atomic_write(target, lambda tmp: tmp.write_text(text))
+
+
+def replace_dir(tmp: Path, path: Path) -> Path:
+    """Move the finished directory ``tmp`` to ``path``, replacing what was there: a reader
+    sees the old or the new directory, never half of one."""
+    old = path.with_name(f".{path.name}.old")
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path

@@ -230,7 +230,7 @@ def _save(
 ) -> Path:
     import shutil
 
-    from brisk.runtime.train.resume import replace_dir
+    from brisk._atomic import replace_dir
 
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

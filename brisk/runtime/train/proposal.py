@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from brisk._atomic import replace_dir
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.loader import training_placement
 from brisk.runtime.train.acceptance import (
@@ -100,7 +101,6 @@ from brisk.runtime.train.resume import (
     interrupted_at,
     latest_checkpoint,
     load_state,
-    replace_dir,
     restore_rng,
     rng_state,
     start_checkpoint,

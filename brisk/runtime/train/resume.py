@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from brisk._atomic import replace_dir
 from brisk._interrupt import Interrupted
 from brisk.runtime.configs import Config
 
@@ -34,7 +35,6 @@ __all__ = [
     "interrupted_at",
     "latest_checkpoint",
     "load_state",
-    "replace_dir",
     "restore_rng",
     "rng_state",
     "save_checkpoint",
@@ -141,17 +141,6 @@ def save_checkpoint(
     if state is not None:
         torch.save(state, tmp / STATE)
     return replace_dir(tmp, path)
-
-
-def replace_dir(tmp: Path, path: Path) -> Path:
-    """Move the finished directory ``tmp`` to ``path``, replacing what was there: a reader
-    sees the old or the new directory, never half of one."""
-    old = path.with_name(f".{path.name}.old")
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
-    return path
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

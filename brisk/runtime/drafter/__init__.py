@@ -1,0 +1,29 @@
+"""The drafter family of verified parallel decoders: a DFlash-shaped block drafter conditioned
+on an autoregressive target's hidden states (:mod:`~brisk.runtime.drafter.model`) and the
+speculative decoding loop that verifies its blocks exactly
+(:mod:`~brisk.runtime.drafter.speculative`)."""
+
+from __future__ import annotations
+
+from brisk.runtime.drafter.model import (
+    DFlashDrafter,
+    DrafterSpec,
+    build_target_layer_ids,
+    drafter_config,
+    load_drafter,
+    save_drafter,
+)
+from brisk.runtime.drafter.speculative import SDOptions, SDOutput, SDResult, speculative_decode
+
+__all__ = [
+    "DFlashDrafter",
+    "DrafterSpec",
+    "SDOptions",
+    "SDOutput",
+    "SDResult",
+    "build_target_layer_ids",
+    "drafter_config",
+    "load_drafter",
+    "save_drafter",
+    "speculative_decode",
+]

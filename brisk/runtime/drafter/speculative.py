@@ -1,0 +1,284 @@
+"""Speculative decoding with a block drafter and an autoregressive target, verified exactly.
+
+Per round (paper, sec:background, the drafter family; SD cost model g_k = k + 1, c_k = 1 + ρ):
+
+1. the drafter runs once on ``[x_0, MASK × M]`` (x_0 the last committed token, at position s)
+   against the target features of every committed position, and proposes x_1..x_M from its
+   law π through the target's LM head: the argmax (``greedy``), a draw from its softmax at the
+   decoding temperature (``sample``), or from that softmax restricted to its Top-K (``top-k``);
+2. the target runs once on ``[x_0, x_1..x_M]``; its logits give p_1..p_M and the bonus row
+   p_{M+1}, and :func:`brisk.runtime.isd.batched.verify_block` (the one verifier, ISD's) accepts
+   the leading x_i with probability min(1, p_i(x_i)/π_i(x_i)) and draws the correction from
+   normalize([p_{L+1} − π_{L+1}]₊) or the bonus from p_{M+1}: the output is distributed exactly
+   as the target's own sampling (greedy: equal to its greedy decoding, token for token);
+3. the target's cache is cut back to the accepted prefix (x_0..x_L), and the target features of
+   those L + 1 positions, taken from the verify forward, join the drafter's context.
+
+Every uniform is :func:`~brisk.runtime.sampling.counter_uniforms` of (seed, request, round,
+slot) in ISD's slot layout (:class:`~brisk.runtime.sampling.Slots`: the proposal's draws at
+the ``draft`` slots, acceptance at ``accept``, the correction at ``next``), so a request's output
+depends on its prompt, seed and id only. The prefill draws the first token like ISD's.
+
+Requests run one at a time (batch 1, the target's ``DynamicCache``); tokens per forward count
+target forwards (the prefill's included), and the run measures the drafter's forward time
+relative to the target's verify forward (ρ of the cost model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from brisk.runtime.backbone import cache_keyword
+from brisk.runtime.drafter.model import DFlashDrafter
+from brisk.runtime.isd.batched import Draft, draw_next, probs_at, verify_block
+from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
+
+__all__ = ["DRAFT_LAWS", "SDOptions", "SDOutput", "SDResult", "check_pair", "speculative_decode"]
+
+DraftLaw = Literal["greedy", "sample", "top-k"]
+DRAFT_LAWS: tuple[DraftLaw, ...] = ("greedy", "sample", "top-k")
+
+
+@dataclass(frozen=True)
+class SDOptions:
+    """Decoding settings: the target's temperature (0: greedy), the drafter's law, the budget."""
+
+    temperature: float = 0.0
+    draft: DraftLaw = "greedy"
+    top_k: int = 16
+    max_new_tokens: int = 256
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and self.temperature != float("inf")):
+            raise ValueError(f"temperature: must be finite and ≥ 0, got {self.temperature!r}")
+        if self.draft not in DRAFT_LAWS:
+            raise ValueError(f"draft: one of {', '.join(DRAFT_LAWS)}, got {self.draft!r}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k: must be ≥ 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be ≥ 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class SDOutput:
+    """One request: its tokens (cut at EOS or the budget) and what they cost."""
+
+    tokens: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)  # L of every round
+    target_forwards: int = 0  # the prefill and one verify forward per round
+    finished: str = ""  # "eos" or "length"
+
+    @property
+    def tpf(self) -> float:
+        """Tokens per target forward over the whole run (the prefill's included)."""
+        return len(self.tokens) / self.target_forwards if self.target_forwards else float("nan")
+
+
+@dataclass
+class SDResult:
+    """Every request's output, and the measured cost of a draft forward relative to a verify."""
+
+    outputs: list[SDOutput]
+    M: int
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def draft_cost(self) -> float:
+        """ρ: the drafter's forward time ÷ the target's verify forward time (one each a round)."""
+        return self.draft_seconds / self.verify_seconds if self.verify_seconds else float("nan")
+
+    @property
+    def tpf(self) -> float:
+        tokens = sum(len(o.tokens) for o in self.outputs)
+        return tokens / max(1, sum(o.target_forwards for o in self.outputs))
+
+    @property
+    def mean_accept(self) -> float:
+        """E[L] over every round of every request."""
+        lengths = [L for o in self.outputs for L in o.accept_lengths]
+        return sum(lengths) / len(lengths) if lengths else float("nan")
+
+
+def _vocab(target: Any) -> int:
+    return int(target.get_output_embeddings().weight.shape[0])
+
+
+def check_pair(target: Any, drafter: DFlashDrafter) -> None:
+    """That ``drafter`` was built for ``target``: width, vocabulary, target layers and mask id;
+    one line naming the first that does not match."""
+    tc, spec = target.config, drafter.spec
+    text = getattr(tc, "text_config", tc) if hasattr(tc, "text_config") else tc
+    H, V, L = text.hidden_size, _vocab(target), text.num_hidden_layers
+    if drafter.config.hidden_size != H:
+        raise ValueError(f"drafter: hidden size {drafter.config.hidden_size}, the target's is {H}")
+    if drafter.config.vocab_size != V:
+        raise ValueError(f"drafter: vocabulary {drafter.config.vocab_size}, the target's is {V}")
+    if max(spec.target_layer_ids) >= L:
+        raise ValueError(
+            f"drafter: target_layer_ids {list(spec.target_layer_ids)} name layers the target "
+            f"({L} layers) does not have"
+        )
+    if not 0 <= spec.mask_token_id < V:
+        raise ValueError(f"drafter: mask_token_id {spec.mask_token_id} is outside the vocabulary")
+
+
+class _Context:
+    """The drafter's keys and values of every committed position (its cache)."""
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        self.drafter = drafter
+        self.kv: list[tuple[Tensor, Tensor]] | None = None
+
+    def append(self, features: Tensor, start: int) -> None:
+        positions = torch.arange(start, start + features.shape[1], device=features.device)[None]
+        kv = self.drafter.context_kv(self.drafter.project(features), positions)
+        if self.kv is None:
+            self.kv = kv
+        else:
+            self.kv = [
+                (torch.cat([k0, k], 2), torch.cat([v0, v], 2))
+                for (k0, v0), (k, v) in zip(self.kv, kv, strict=True)
+            ]
+
+
+def _propose(logits: Tensor, anchor: Tensor, offset: int, options: SDOptions, u: Tensor) -> Draft:
+    """x_1..x_M from the drafter's logits ``[1, M, V]`` and the law π they were drawn from."""
+    T = options.temperature
+    law_kind = "greedy" if T == 0 else options.draft
+    if law_kind == "greedy":
+        cand_ids = logits.argmax(-1, keepdim=True)
+        law = torch.ones(cand_ids.shape, dtype=torch.float64, device=logits.device)
+        ranks = torch.zeros_like(cand_ids[..., 0])
+    else:
+        if law_kind == "top-k":
+            cand_logits, cand_ids = logits.topk(min(options.top_k, logits.shape[-1]), dim=-1)
+        else:
+            cand_logits = logits
+            cand_ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
+        law = probs_at(cand_logits.double(), T)
+        ranks = sample_inverse_cdf(law, u)
+    tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
+    none = torch.full_like(ranks, -1)
+    return Draft(
+        tokens=tokens,
+        ranks=ranks,
+        cand_ids=cand_ids,
+        law=law,
+        anchor=anchor,
+        offset=torch.tensor([offset], device=logits.device),
+        base_choice=ranks,
+        head_choice=none,
+        head_block=none,
+    )
+
+
+def _decode_one(
+    target: Any,
+    drafter: DFlashDrafter,
+    prompt: Sequence[int],
+    options: SDOptions,
+    seed: int,
+    request: int,
+    timing: list[float],
+) -> SDOutput:
+    from transformers import DynamicCache
+
+    spec, device = drafter.spec, next(drafter.parameters()).device
+    M, T = spec.M, options.temperature
+    slots = Slots(M)
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    key = (torch.tensor([seed], device=device), torch.tensor([request], device=device))
+
+    def uniforms(counter: int) -> Tensor:
+        return counter_uniforms(*key, torch.tensor([counter], device=device), slots.width)
+
+    out = SDOutput()
+    cache = DynamicCache(config=target.config)
+    kv = {cache_keyword(target): cache, "use_cache": True, "output_hidden_states": True}
+    ids = torch.tensor([list(prompt)], device=device)
+    pre = target(input_ids=ids, logits_to_keep=1, **kv)  # no [P, V] logits
+    out.target_forwards = 1
+    anchor = draw_next(pre.logits[:, -1], T, uniforms(0)[:, slots.next])
+    context = _Context(drafter)
+    context.append(drafter.features(pre.hidden_states), 0)
+    start = len(prompt)  # the anchor's position
+    out.tokens.append(int(anchor))
+    counter = 1
+    while len(out.tokens) < options.max_new_tokens and out.tokens[-1] != options.eos_token_id:
+        u = uniforms(counter)
+        t0 = time.perf_counter()
+        block = torch.full((1, M + 1), spec.mask_token_id, device=device)
+        block[0, 0] = anchor
+        positions = torch.arange(start, start + M + 1, device=device)[None]
+        assert context.kv is not None
+        hidden = drafter(embed(block), positions, context.kv)
+        draft = _propose(head(hidden[:, 1:]), anchor, start + 1, options, u[:, 1 + M :])
+        t1 = time.perf_counter()
+        verify_ids = torch.cat([anchor[:, None], draft.tokens], 1)
+        ver = target(input_ids=verify_ids, **kv)
+        L_t, nxt = verify_block(ver.logits, draft, T, u[:, 1 : 1 + M], u[:, slots.next])
+        t2 = time.perf_counter()
+        timing[0] += t1 - t0
+        timing[1] += t2 - t1
+        L = int(L_t)
+        if L < M:  # x_0..x_L stay; x_{L+1}..x_M go (crop takes a negative count to drop)
+            cache.crop(L - M)
+        context.append(drafter.features(ver.hidden_states)[:, : L + 1], start)
+        out.tokens += [*draft.tokens[0, :L].tolist(), int(nxt)]
+        out.accept_lengths.append(L)
+        out.target_forwards += 1
+        anchor, start, counter = nxt, start + L + 1, counter + 1
+    if options.eos_token_id in out.tokens:
+        out.tokens = out.tokens[: out.tokens.index(options.eos_token_id) + 1]
+    out.tokens = out.tokens[: options.max_new_tokens]
+    out.finished = "eos" if out.tokens[-1] == options.eos_token_id else "length"
+    return out
+
+
+def speculative_decode(
+    target: Any,
+    drafter: DFlashDrafter,
+    prompts: Sequence[Sequence[int]],
+    options: SDOptions | None = None,
+    *,
+    seeds: Sequence[int] | None = None,
+    request_ids: Sequence[int] | None = None,
+) -> SDResult:
+    """Decode ``prompts`` (token ids) with ``drafter`` proposing and ``target`` (an HF causal
+    LM) verifying (module docstring). ``seeds[r]`` and ``request_ids[r]`` (default r) key
+    request r's uniforms. Runs under ``torch.inference_mode``; both models' modes are the
+    caller's."""
+    options = options or SDOptions()
+    check_pair(target, drafter)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts: need at least one prompt, each with at least one token")
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    request_ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
+    for name, values in (("seeds", seeds), ("request_ids", request_ids)):
+        if len(values) != len(prompts):
+            raise ValueError(f"{name}: need one per prompt ({len(prompts)}), got {len(values)}")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    M = drafter.spec.M
+    if limit is not None:
+        r = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        need = len(prompts[r]) + options.max_new_tokens + M + 1
+        if need > limit:
+            raise ValueError(
+                f"max_new_tokens: prompt {r} ({len(prompts[r])} tokens) + {options.max_new_tokens}"
+                f" new tokens + a block of {M + 1} exceeds the target's {limit} positions"
+            )
+    timing = [0.0, 0.0]
+    with torch.inference_mode():
+        outputs = [
+            _decode_one(target, drafter, p, options, s, r, timing)
+            for p, s, r in zip(prompts, seeds, request_ids, strict=True)
+        ]
+    return SDResult(outputs, M, draft_seconds=timing[0], verify_seconds=timing[1])
