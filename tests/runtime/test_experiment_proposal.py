@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
+from brisk.runtime.experiment.table import paired_change
 from brisk.theory import progress_weights, tpf
 from tests.runtime.conftest import micro_experiment_toml
 
@@ -43,6 +45,22 @@ def test_micro_ablation_writes_table_plots_and_report(micro_base: Path, tmp_path
         np.testing.assert_allclose(row["brisk"], progress_weights(a), rtol=1e-12)
         assert row["tpf_profile"] == pytest.approx(float(tpf(row["a"])), rel=1e-12)
         assert len(row["ce_mask"]) == len(row["beta"]) == 3
+    # The paper's directions, paired per seed: dynamic against uniform, from the evaluations.
+    assert "### The paper's directions" in table
+    tpf_run = {(e["arm"], e["seed"]): e["tpf_run"] for e in summary["evals"]}
+    change = paired_change(tpf_run, "selfgen-correct-dynamic", "selfgen-correct-uniform")
+    assert change is not None
+    assert change.k == 2
+    logs = [
+        math.log(
+            evals[("selfgen-correct-dynamic", s)]["tpf_run"]
+            / evals[("selfgen-correct-uniform", s)]["tpf_run"]
+        )
+        for s in (0, 1)
+    ]
+    assert change.mean == pytest.approx(math.expm1(sum(logs) / 2), rel=1e-12)
+    row = next(line for line in table.splitlines() if line.startswith("| dynamic beats uniform"))
+    assert f"{100 * change.mean:+.1f} %" in row
     # A rerun resumes: every job's evaluation is read back, nothing is trained again.
     again = run_experiment(cfg, show_progress=False)
     assert again["evals"] == summary["evals"]

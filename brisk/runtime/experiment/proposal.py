@@ -262,7 +262,7 @@ def _summarize(
     head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from brisk.runtime.experiment.evaluate import summarize
-    from brisk.runtime.experiment.table import markdown_table, plot_summaries
+    from brisk.runtime.experiment.table import directions_table, markdown_table, plot_summaries
 
     out = Path(cfg.out_dir)
     names = cfg.job_names()
@@ -344,6 +344,9 @@ def _summarize(
         f"whole-run TPF: {best}.{head_note}\n\n"
         f"{_profile_table(cfg, names + head_names, ordered + head_rows)}\n"
         + theory_markdown(theory, "base" if "base" in cfg.arms else None, cfg.theory_samples)
+        + "\n### The paper's directions\n\nWhole-run TPF of one arm against another, paired "
+        "per seed: mean log-ratio over the seeds [95 % Student-t interval], as a change.\n\n"
+        + directions_table(summary["evals"], head_arm)
     )
     console.print(table)
     return summary

@@ -8,13 +8,16 @@ cell (``mean [low, high]``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from brisk.mechanism.runs import COMPLETE_CYCLES, WHOLE_RUN
+from brisk.mechanism.stats import Interval
 from brisk.runtime.experiment.evaluate import ArmSummary
 
-__all__ = ["markdown_table", "plot_summaries"]
+__all__ = ["DIRECTIONS", "directions_table", "markdown_table", "paired_change", "plot_summaries"]
 
 COLUMNS = (  # (metric, header, scale, digits)
     ("accuracy", "Acc. (%)", 100.0, 1),
@@ -92,3 +95,82 @@ def plot_summaries(summaries: Sequence[ArmSummary], path: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+# The paper's directions for the proposal ablation: (claim, numerator arm, denominator arm), the
+# arms without their budget; ``+head`` is the head-on row of the arm the experiment chose.
+DIRECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("self-generated data beats reference data", "selfgen-all-dynamic", "reference-dynamic"),
+    ("BRISK training alone (head off)", "selfgen-correct-dynamic", "base"),
+    ("the whole method: training + head", "+head", "base"),
+    ("dynamic beats uniform weights", "selfgen-correct-dynamic", "selfgen-correct-uniform"),
+    ("static BRISK weights", "selfgen-correct-static", "selfgen-correct-uniform"),
+    ("D-PACE weights", "selfgen-correct-dpace", "selfgen-correct-uniform"),
+    ("decay weights", "selfgen-correct-decay", "selfgen-correct-uniform"),
+    ("dynamic against D-PACE", "selfgen-correct-dynamic", "selfgen-correct-dpace"),
+    ("the head on top of training", "+head", "+head-arm"),
+    ("correct-only self-generated data", "selfgen-correct-dynamic", "selfgen-all-dynamic"),
+)
+
+
+def paired_change(values: Mapping[tuple[str, int], float], num: str, den: str) -> Interval | None:
+    """The change of ``num`` against ``den`` paired per seed (the arms of seed s share the
+    decode seeds): the mean log-ratio over the seeds both have, with its Student-t interval,
+    as fractions (``exp(x) − 1``). None when no seed has both.
+
+    >>> v = {("a", 0): 1.1, ("a", 1): 1.2, ("b", 0): 1.0, ("b", 1): 1.0}
+    >>> round(paired_change(v, "a", "b").mean, 4)
+    0.1489
+    """
+    seeds = sorted(s for (arm, s) in values if arm == num and (den, s) in values)
+    if not seeds:
+        return None
+    iv = Interval.of([math.log(values[(num, s)] / values[(den, s)]) for s in seeds])
+    return Interval(*(math.expm1(x) for x in (iv.mean, iv.low, iv.high)), iv.k)
+
+
+def directions_table(
+    evals: Sequence[Mapping[str, Any]], head_arm: str | None, metric: str = "tpf_run"
+) -> str:
+    """The paper's directions (:data:`DIRECTIONS`) at every budget the arms were trained for:
+    the paired change of ``metric`` (whole-run TPF) with its interval, and whether the interval
+    lies above zero (each claim's direction in the paper), below it, or around it. ``evals``: the
+    experiment's evaluations as dicts (``arm``, ``seed``, the metric); ``head_arm``: the arm
+    under the head-on row."""
+    values = {(e["arm"], int(e["seed"])): float(e[metric]) for e in evals}
+    arms = {arm for arm, _ in values}
+    # "" when the arms were trained for one unnamed budget (no "@" in their names)
+    budgets = sorted({a.split("@", 1)[1] for a in arms if "@" in a and "+" not in a}) or [""]
+
+    def job(name: str, budget: str) -> str | None:
+        at = f"@{budget}" if budget else ""
+        if name in ("+head", "+head-arm"):
+            if head_arm is None or not head_arm.endswith(at):
+                return None
+            return f"{head_arm}+head" if name == "+head" else head_arm
+        return name if name == "base" else name + at
+
+    lines = [
+        "| direction | comparison | budget | change of TPF [95 % CI] | seeds | verdict |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for claim, num, den in DIRECTIONS:
+        for budget in budgets:
+            a, b = job(num, budget), job(den, budget)
+            change = paired_change(values, a, b) if a and b else None
+            if change is None:
+                continue
+            if change.k > 1 and change.low > 0:
+                verdict = "above zero"
+            elif change.k > 1 and change.high < 0:
+                verdict = "below zero"
+            else:
+                verdict = "not distinguishable from zero"
+            cell = f"{100 * change.mean:+.1f} %"
+            if change.k > 1:
+                cell += f" [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"
+            budget_cell = budget or "–"
+            lines.append(
+                f"| {claim} | {a} ÷ {b} | {budget_cell} | {cell} | {change.k} | {verdict} |"
+            )
+    return "\n".join(lines) + "\n"
