@@ -130,7 +130,7 @@ code-head: $(STAMP)
 
 # The proposal-training ablation on the code world (issue 32, point 5), after make code-world:
 # 6 arms × 3 seeds at one token budget, the theory tables and the head-on row, under
-# runs/code/ablation (not yet timed; run it in the background: it resumes where it stopped).
+# runs/code/ablation (25 min on 2 cores; run it in the background: it resumes where it stopped).
 code-ablation: $(STAMP)
 	$(BIN)/brisk experiment proposal --config configs/code_experiment.toml
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from brisk.runtime.experiment.table import paired_change
 from tests.test_docs import Block, code_blocks, micro_checkpoint, run_blocks, workdir
 
 __all__ = ["micro_checkpoint", "workdir"]  # the fixtures, shared with the manual's test
@@ -254,6 +255,35 @@ FIGURES += [
         "benchmarks/code_world.py",
         lambda s: s["humaneval"]["pass_at_1"],
         lambda x: f"{x:.3f}",
+        BENCHMARKS_PAGE,
+    ),
+]
+CODE_ABLATION = "benchmarks/results/code_ablation.json"
+
+
+def _paired(summary: dict[str, object], num: str, den: str) -> float:
+    evals = summary["evals"]
+    assert isinstance(evals, list)
+    change = paired_change({(e["arm"], e["seed"]): e["tpf_run"] for e in evals}, num, den)
+    assert change is not None
+    return change.mean
+
+
+FIGURES += [
+    Figure(
+        "code world: BRISK training alone, TPF change",
+        CODE_ABLATION,
+        "make code-ablation",
+        lambda s: _paired(s, "selfgen-correct-dynamic@2ep", "base"),
+        lambda x: f"{100 * x:+.1f} %",
+        BENCHMARKS_PAGE,
+    ),
+    Figure(
+        "code world: dynamic against uniform weights, TPF change",
+        CODE_ABLATION,
+        "make code-ablation",
+        lambda s: _paired(s, "selfgen-correct-dynamic@2ep", "selfgen-correct-uniform@2ep"),
+        lambda x: f"{100 * x:+.1f} %",
         BENCHMARKS_PAGE,
     ),
 ]
