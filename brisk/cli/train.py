@@ -23,6 +23,7 @@ from brisk.cli._common import (
     run_problem_decode,
 )
 from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.pretrain_config import PretrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
@@ -93,6 +94,16 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_config_arguments(p, ProposalTrainConfig, rename={"out_dir": "out"})
     p.set_defaults(run=run_proposal)
+
+    d = commands.add_parser(
+        "drafter",
+        help="a DFlash-shaped drafter for an AR target, on the target's regenerated responses",
+    )
+    d.add_argument("--config", type=Path, default=None, help="TOML or JSON drafter config")
+    d.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    d.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_config_arguments(d, DrafterTrainConfig, rename={"out_dir": "out"})
+    d.set_defaults(run=run_drafter)
 
     from brisk.cli.corrector import register_train
 
@@ -247,6 +258,27 @@ def run_proposal(args: argparse.Namespace) -> int:
         print(
             f"trained {result.steps} steps on {result.tokens:,} tokens in "
             f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
+        )
+    return 0
+
+
+@exits_on_interrupt
+def run_drafter(args: argparse.Namespace) -> int:
+    overrides = config_overrides(args, DrafterTrainConfig)
+    cfg = config_from_args(DrafterTrainConfig, args.config, overrides, {"out_dir": "out"})
+    if not cfg.target:
+        raise ValueError("--target: drafter training needs the AR target checkpoint")
+    from brisk.runtime.train.drafter_loop import train_drafter
+
+    quiet_transformers()
+    result = train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
+    print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
+    if result.evaluation is not None:
+        e = result.evaluation
+        print(
+            f"greedy speculative decoding of {e['problems']} held-out prompts: "
+            f"TPF {e['tpf']:.3f} (tokens per target forward), E[L] {e['mean_accept']:.3f} "
+            f"of {cfg.M}, draft forward {e['draft_cost']:.2f}× a verify forward"
         )
     return 0
 
