@@ -12,6 +12,7 @@ from brisk.mechanism.discover import log_files, log_folders
 from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.reader import (
     count_blocks,
+    log_decoder,
     log_shape,
     log_verification,
     read_blocks,
@@ -65,6 +66,7 @@ __all__ = [
     "block_table",
     "candidate_coverage",
     "count_blocks",
+    "log_decoder",
     "log_files",
     "log_folders",
     "log_shape",

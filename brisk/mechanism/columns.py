@@ -22,6 +22,7 @@ from brisk.mechanism.schema import (
     REQUIRED_COLUMNS,
     UNKNOWN_VERIFICATION,
     BlockLogError,
+    Decoder,
     LogShape,
     Verification,
     block_schema,
@@ -40,7 +41,8 @@ class BlockBatch:
     Per-candidate columns have shape [n, M, K], per-position columns [n, M], the rest [n].
     Optional whole-block log-probabilities read as NaN where null or absent from the file; a
     version 1 file reads as ``token_offset = −1`` and ``head_block = head_choice``.
-    ``verification`` is the file's (:class:`~brisk.mechanism.schema.Verification`).
+    ``verification`` is the file's (:class:`~brisk.mechanism.schema.Verification`), ``decoder``
+    the family that wrote it (:data:`~brisk.mechanism.schema.Decoder`).
     """
 
     file: str
@@ -49,6 +51,7 @@ class BlockBatch:
     columns: Mapping[str, npt.NDArray[Any]]
     rows: int
     verification: Verification = UNKNOWN_VERIFICATION
+    decoder: Decoder = "isd"
 
     @classmethod
     def from_columns(
@@ -58,6 +61,7 @@ class BlockBatch:
         K: int,
         file: str = "<memory>",
         verification: Verification = UNKNOWN_VERIFICATION,
+        decoder: Decoder = "isd",
     ) -> BlockBatch:
         """A checked in-memory batch from arrays, as :func:`block_table` takes them."""
         table = block_table(columns, M, K, file=file)
@@ -65,7 +69,7 @@ class BlockBatch:
         cols: dict[str, npt.NDArray[Any]] = {}
         for rb in table.combine_chunks().to_batches(max_chunksize=table.num_rows + 1):
             cols = to_numpy(rb, shape)
-        return cls(file, 0, shape, cols, table.num_rows, verification)
+        return cls(file, 0, shape, cols, table.num_rows, verification, decoder)
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.columns[name]

@@ -228,7 +228,7 @@ def plot_coverage(s: MechanismSummary) -> Figure:
 
 
 def plot_acceptance_profile(s: MechanismSummary) -> Figure:
-    """a_i with Jeffreys intervals, and the ISD TPF with its posterior interval."""
+    """a_i with Jeffreys intervals, and the run's TPFs (:func:`tpf_caption`)."""
     import matplotlib.pyplot as plt
 
     a = s.profile.rates()

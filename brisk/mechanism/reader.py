@@ -27,14 +27,17 @@ from brisk.mechanism.schema import (
     REQUIRED_COLUMNS,
     BlockLogError,
     CorruptBlockLogError,
+    Decoder,
     LogShape,
     Verification,
+    decoder_of,
     shape_from_schema,
     verification_of,
 )
 
 __all__ = [
     "count_blocks",
+    "log_decoder",
     "log_info",
     "log_shape",
     "log_verification",
@@ -52,17 +55,22 @@ def _open(file: Path) -> pq.ParquetFile:
         ) from None
 
 
-def log_info(paths: Paths) -> tuple[LogShape, Verification]:
-    """M, K and the verification shared by every file of the logs, from one read of each
-    file's footer. Files of another M or K are an error; so are files verified differently (a
-    report applies one replay rule, so greedy and sampled logs, or logs at different
-    temperatures, are not pooled). The error names the file."""
+def log_info(paths: Paths) -> tuple[LogShape, Verification, Decoder]:
+    """M, K, the verification and the decoder family shared by every file of the logs, from
+    one read of each file's footer. Files of another M or K are an error; so are files verified
+    differently (a report applies one replay rule, so greedy and sampled logs, or logs at
+    different temperatures, are not pooled), and files of another decoder family (whose
+    forwards count differently). The error names the file."""
     found = {}
     for f in log_files(paths):
         schema = _open(f).schema_arrow
-        found[f] = (shape_from_schema(schema, str(f)), verification_of(schema, str(f)))
-    first_file, (shape0, rule0) = next(iter(found.items()))
-    for f, (shape, rule) in found.items():
+        found[f] = (
+            shape_from_schema(schema, str(f)),
+            verification_of(schema, str(f)),
+            decoder_of(schema, str(f)),
+        )
+    first_file, (shape0, rule0, decoder0) = next(iter(found.items()))
+    for f, (shape, rule, decoder) in found.items():
         if shape != shape0:
             problem = (
                 f"M = {shape.M}, K = {shape.K}, but {first_file} has M = {shape0.M}, K = {shape0.K}"
@@ -74,7 +82,13 @@ def log_info(paths: Paths) -> tuple[LogShape, Verification]:
                 "report them separately"
             )
             raise BlockLogError(str(f), "(schema metadata)", None, problem)
-    return shape0, rule0
+        if decoder != decoder0:
+            problem = (
+                f"brisk.decoder {decoder!r}, but {first_file} has {decoder0!r} (their forwards "
+                "count differently); report them separately"
+            )
+            raise BlockLogError(str(f), "(schema metadata)", None, problem)
+    return shape0, rule0, decoder0
 
 
 def log_shape(paths: Paths) -> LogShape:
@@ -85,6 +99,11 @@ def log_shape(paths: Paths) -> LogShape:
 def log_verification(paths: Paths) -> Verification:
     """How the logs were verified (:func:`log_info`)."""
     return log_info(paths)[1]
+
+
+def log_decoder(paths: Paths) -> Decoder:
+    """The decoder family that wrote the logs (:func:`log_info`)."""
+    return log_info(paths)[2]
 
 
 def count_blocks(paths: Paths) -> int:
@@ -126,7 +145,7 @@ def read_blocks(
 def _read(
     files: list[Path], columns: Sequence[str] | None, batch_rows: int, check: bool
 ) -> Iterator[BlockBatch]:
-    shape, verification = log_info(files)
+    shape, verification, decoder = log_info(files)
     wanted = list(REQUIRED_COLUMNS + OPTIONAL_COLUMNS) if columns is None else list(columns)
     unknown = set(wanted) - set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)
     if unknown:
@@ -146,7 +165,9 @@ def _read(
             for name in wanted:
                 if name not in cols:
                     cols[name] = _absent(name, cols, n)
-            yield BlockBatch(str(file), row0, shape, {c: cols[c] for c in wanted}, n, verification)
+            yield BlockBatch(
+                str(file), row0, shape, {c: cols[c] for c in wanted}, n, verification, decoder
+            )
             row0 += n
 
 

@@ -21,7 +21,7 @@ from brisk.mechanism.coverage import PROB_SCALE
 from brisk.mechanism.likelihood import LOGP_SCALE
 from brisk.mechanism.reader import read_blocks
 from brisk.mechanism.replay import SAMPLED_RTOL
-from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, Decoder, LogShape, Verification
 from brisk.mechanism.tally import MAX_FEATURES, RequestTally
 
 __all__ = ["reference_rates", "reference_tally"]
@@ -159,6 +159,7 @@ def reference_tally(
     per_request: dict[int, dict[str, list[int]]] = {}
     shape: LogShape | None = None
     verification = UNKNOWN_VERIFICATION
+    decoder: Decoder = "isd"
     seen = 0
     items = [source] if isinstance(source, str | os.PathLike) else list(source)
     batches: Iterable[BlockBatch]
@@ -167,7 +168,7 @@ def reference_tally(
     else:
         batches = read_blocks([b for b in items if not isinstance(b, BlockBatch)])
     for batch in batches:
-        shape, verification = batch.shape, batch.verification
+        shape, verification, decoder = batch.shape, batch.verification, batch.decoder
         M, K = shape.M, shape.K
         cols = {name: arr.tolist() for name, arr in batch.columns.items()}
         for r in range(len(batch)):
@@ -186,7 +187,7 @@ def reference_tally(
     ids = sorted(per_request)
     names = per_request[ids[0]].keys()
     sums = {n: np.array([per_request[i][n] for i in ids], dtype=np.int64) for n in names}
-    return RequestTally(shape, np.array(ids, dtype=np.int64), sums, verification)
+    return RequestTally(shape, np.array(ids, dtype=np.int64), sums, verification, decoder)
 
 
 def reference_rates(tally: RequestTally) -> dict[str, tuple[float, float]]:

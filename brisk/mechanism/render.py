@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brisk.mechanism.runs import ALL_ROUNDS
+from brisk.mechanism.schema import describe_decoder
 from brisk.mechanism.stats import Mean, Rate
 from brisk.mechanism.summary import NO_CORRECTOR, HeadColumn, MechanismSummary
 
@@ -265,7 +266,12 @@ def markdown(s: MechanismSummary, plots: Sequence[str] = ()) -> str:
             "showing values.",
             "",
         ]
-    lines += [f"Verification: {s.verification.describe()}.", ""]
+    lines += [
+        f"Decoder: {describe_decoder(s.decoder)}.",
+        "",
+        f"Verification: {s.verification.describe()}.",
+        "",
+    ]
     for note in notes(s):
         lines += [f"**Note:** {note}", ""]
     section = None

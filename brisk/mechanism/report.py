@@ -36,7 +36,7 @@ def analyze(
     logs = [paths] if isinstance(paths, str | os.PathLike) else list(paths)  # read twice
     files = tuple(str(f) for f in log_files(logs))
     tally = tally_blocks(files, batch_rows=batch_rows, progress=progress)
-    requests = read_requests(logs, tally.shape.M)
+    requests = read_requests(logs, tally.shape.M, tally.decoder)
     return summarize(tally, ks, draws, seed, level, files, requests)
 
 

@@ -41,7 +41,8 @@ Position i (1-based) is *reached* when i ≤ min(L + 1, M); the reached position
 verified ones, and the *first breaker* is position L + 1 when L < M. M, K and the format version
 live in the schema metadata under ``brisk.M``, ``brisk.K`` and ``brisk.version``; how the blocks
 were verified (:class:`Verification`) under ``brisk.verification``, ``brisk.draft_law`` and
-``brisk.temperature``.
+``brisk.temperature``; the decoder family that wrote them (:data:`Decoder`) under
+``brisk.decoder``, in the request files too (a file without it reads as ``"isd"``).
 
 ``head_choice`` feeds the per-position same-state diagnostics (rescue, regression, intervention:
 one token changed at an unchanged state); ``head_block`` feeds the whole-block ones (the head's
@@ -68,6 +69,7 @@ from typing import Literal
 import pyarrow as pa  # type: ignore[import-untyped]
 
 __all__ = [
+    "DECODERS",
     "FORMAT_VERSION",
     "OPTIONAL_COLUMNS",
     "PER_CANDIDATE_COLUMNS",
@@ -77,9 +79,13 @@ __all__ = [
     "UNKNOWN_VERIFICATION",
     "BlockLogError",
     "CorruptBlockLogError",
+    "Decoder",
     "LogShape",
     "Verification",
     "block_schema",
+    "decoder_metadata",
+    "decoder_of",
+    "describe_decoder",
     "required_columns",
     "schema_info",
 ]
@@ -89,6 +95,7 @@ READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 _META_M, _META_K, _META_VERSION = b"brisk.M", b"brisk.K", b"brisk.version"
 _META_RULE, _META_LAW, _META_T = b"brisk.verification", b"brisk.draft_law", b"brisk.temperature"
+_META_DECODER = b"brisk.decoder"
 
 Rule = Literal["greedy", "sampled", "unknown"]
 DraftLaw = Literal["argmax", "q", "q_topk", "head", "unknown"]
@@ -168,6 +175,55 @@ _LAW_WORDS = {
 
 UNKNOWN_VERIFICATION = Verification("unknown", "unknown", math.nan)
 """What a version 1 or 2 log reads as."""
+
+Decoder = Literal["isd", "speculative"]
+"""The decoder family that wrote a log: what a request's forwards are, so which request rows
+are possible (:func:`brisk.mechanism.requests.check_requests`) and which renewal cycles and
+cost model its TPFs count (:mod:`brisk.mechanism.runs`).
+
+- ``"isd"``: introspective strided decoding. The prefill commits output token 1, a cold start
+  (after the prefill and after every rejection) 1 token, a verify round L + 1; a block's
+  token_offset starts at prompt + 2.
+- ``"speculative"``: a drafter proposes, an autoregressive target verifies
+  (:mod:`brisk.runtime.drafter.speculative`); forwards are the target's: the prefill (output
+  token 1, the first anchor) and one verify round per block (L + 1 tokens), no cold starts; a
+  block's token_offset starts at prompt + 1.
+"""
+DECODERS: tuple[Decoder, ...] = ("isd", "speculative")
+_DECODER_WORDS: dict[str, str] = {
+    "isd": "ISD: the prefill, cold starts (after it and after every rejection) and verify rounds",
+    "speculative": "speculative: the prefill and one target verify round per block, "
+    "no cold starts (the drafter's forwards are not counted)",
+}
+
+
+def describe_decoder(decoder: Decoder) -> str:
+    """One phrase for reports: the family and the forwards it counts.
+
+    >>> describe_decoder("speculative").split(":")[0]
+    'speculative'
+    """
+    return _DECODER_WORDS[decoder]
+
+
+def decoder_metadata(decoder: Decoder) -> dict[bytes, bytes]:
+    """The metadata entry that records ``decoder`` (one of :data:`DECODERS`) in a block part or
+    a request file; a ValueError for any other value, so a writer refuses it up front."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder: need one of {', '.join(DECODERS)}, got {decoder!r}")
+    return {_META_DECODER: decoder.encode()}
+
+
+def decoder_of(schema: pa.Schema, file: str) -> Decoder:
+    """The decoder family a file's metadata records: ``"isd"`` when it has none (every log
+    written before the key); raise :class:`BlockLogError` for a value not in :data:`DECODERS`."""
+    raw = (schema.metadata or {}).get(_META_DECODER, b"isd").decode(errors="replace")
+    for decoder in DECODERS:
+        if raw == decoder:
+            return decoder
+    problem = f"brisk.decoder {raw!r}, this brisk reads {', '.join(DECODERS)}"
+    raise BlockLogError(file, "(schema metadata)", None, problem)
+
 
 # (name, element type, list length: "MK", "M" or None for a scalar column, version added)
 _COLUMNS: tuple[tuple[str, pa.DataType, str | None, int], ...] = (
@@ -262,10 +318,16 @@ class LogShape:
 
 
 def block_schema(
-    M: int, K: int, verification: Verification | None = None, *, logp: bool = True
+    M: int,
+    K: int,
+    verification: Verification | None = None,
+    *,
+    logp: bool = True,
+    decoder: Decoder = "isd",
 ) -> pa.Schema:
     """The Arrow schema of a block log with M positions and K candidates (current version),
-    verified as ``verification`` says (None: :data:`UNKNOWN_VERIFICATION`).
+    verified as ``verification`` says (None: :data:`UNKNOWN_VERIFICATION`), written by the
+    ``decoder`` family.
 
     >>> s = block_schema(7, 16, Verification("sampled", "q_topk", 1.0))
     >>> s.field("q").type
@@ -276,6 +338,8 @@ def block_schema(
     (b'7', b'16', b'3')
     >>> s.metadata[b"brisk.verification"], s.metadata[b"brisk.draft_law"]
     (b'sampled', b'q_topk')
+    >>> s.metadata[b"brisk.decoder"]
+    b'isd'
     """
     shape = LogShape(M, K)
     fields = []
@@ -289,7 +353,7 @@ def block_schema(
         fields.extend(pa.field(name, dtype, nullable=True) for name, dtype in _OPTIONAL)
     meta = {_META_M: str(M).encode(), _META_K: str(K).encode()}
     meta[_META_VERSION] = str(FORMAT_VERSION).encode()
-    meta |= (verification or UNKNOWN_VERIFICATION).metadata()
+    meta |= (verification or UNKNOWN_VERIFICATION).metadata() | decoder_metadata(decoder)
     return pa.schema(fields, metadata=meta)
 
 
@@ -297,7 +361,8 @@ def schema_info(schema: pa.Schema, file: str) -> tuple[LogShape, int]:
     """Read and check M, K, format version and column types; raise :class:`BlockLogError` if off.
 
     Returns the shape and the file's format version (one of ``READABLE_VERSIONS``); the columns
-    checked are those that version requires. :func:`verification_of` reads the verification.
+    checked are those that version requires. :func:`verification_of` reads the verification,
+    :func:`decoder_of` the decoder family.
     """
     meta = schema.metadata or {}
     values: dict[bytes, int] = {}

@@ -23,11 +23,11 @@ from brisk.mechanism.likelihood import BlockLikelihood, block_likelihood
 from brisk.mechanism.repetition import Repetition, repetition
 from brisk.mechanism.replay import SameStateReplay, same_state_replay
 from brisk.mechanism.requests import RequestTable
-from brisk.mechanism.runs import RunTPF, run_tpf_of_log
-from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification
+from brisk.mechanism.runs import RunTPF, cost_model, run_tpf_of_log
+from brisk.mechanism.schema import UNKNOWN_VERIFICATION, Decoder, LogShape, Verification
 from brisk.mechanism.stats import Bootstrap
 from brisk.mechanism.tally import RequestTally
-from brisk.theory import AcceptanceProfile, CostModel, TPFInterval
+from brisk.theory import AcceptanceProfile, TPFInterval
 
 __all__ = ["NO_CORRECTOR", "HeadColumn", "MechanismSummary", "default_ks", "summarize"]
 
@@ -47,7 +47,8 @@ class MechanismSummary:
     ``run`` holds the run's TPFs when the log has its request table (None otherwise), over
     the requests with a row; ``unlisted_requests`` counts requests with blocks but no row
     (unfinished when the log closed). ``tpf`` is renewal theory at the profile of every logged
-    round, shown only without a request table: it is none of the run's TPFs.
+    round, shown only without a request table: it is none of the run's TPFs. ``decoder`` is the
+    family that wrote the log, whose cost model both renewal estimates use.
     """
 
     files: tuple[str, ...]
@@ -67,6 +68,7 @@ class MechanismSummary:
     verification: Verification = UNKNOWN_VERIFICATION
     run: RunTPF | None = None
     unlisted_requests: int = 0
+    decoder: Decoder = "isd"
 
     @property
     def has_corrector(self) -> bool:
@@ -106,6 +108,7 @@ class MechanismSummary:
             "blocks": self.n_blocks,
             "requests": self.n_requests,
             "corrector": self.has_corrector,
+            "decoder": self.decoder,
             "verification": {
                 "rule": self.verification.rule,
                 "draft_law": self.verification.draft_law,
@@ -187,10 +190,11 @@ def summarize(
         likelihood=block_likelihood(sums, boot),
         repetition=repetition(sums, boot),
         profile=profile,
-        tpf=profile.tpf_interval(CostModel.isd(tally.shape.M), level=level, seed=seed),
+        tpf=profile.tpf_interval(cost_model(tally.decoder, tally.shape.M), level=level, seed=seed),
         verification=tally.verification,
         run=None if requests is None else run_tpf_of_log(tally, requests, level, seed),
         unlisted_requests=(
             0 if requests is None else int((~np.isin(tally.request_ids, requests.request_id)).sum())
         ),
+        decoder=tally.decoder,
     )

@@ -28,7 +28,13 @@ from brisk.mechanism.likelihood import likelihood_features
 from brisk.mechanism.reader import read_blocks
 from brisk.mechanism.repetition import repetition_features
 from brisk.mechanism.replay import BlockState, replay_features
-from brisk.mechanism.schema import UNKNOWN_VERIFICATION, BlockLogError, LogShape, Verification
+from brisk.mechanism.schema import (
+    UNKNOWN_VERIFICATION,
+    BlockLogError,
+    Decoder,
+    LogShape,
+    Verification,
+)
 from brisk.theory import AcceptanceProfile
 
 __all__ = ["RequestTally", "block_features", "tally_batches", "tally_blocks"]
@@ -58,14 +64,15 @@ class RequestTally:
     """Per-request sums ``sums[name]`` of shape [R, c], rows in sorted ``request_ids`` order.
 
     ``sums["accept_len"][r, k]`` counts request r's blocks with L = k; ``sums["last_block"]``
-    is a maximum, not a sum (module docstring). ``verification`` is the blocks' (every batch
-    of a log shares it).
+    is a maximum, not a sum (module docstring). ``verification`` and ``decoder`` are the
+    blocks' (every batch of a log shares them).
     """
 
     shape: LogShape
     request_ids: IntArray
     sums: Mapping[str, IntArray]
     verification: Verification = UNKNOWN_VERIFICATION
+    decoder: Decoder = "isd"
 
     @property
     def n_blocks(self) -> int:
@@ -135,8 +142,9 @@ def tally_batches(
     partial: dict[str, list[IntArray]] = {}
     shape: LogShape | None = None
     verification = UNKNOWN_VERIFICATION
+    decoder: Decoder = "isd"
     for batch in batches:
-        shape, verification = batch.shape, batch.verification
+        shape, verification, decoder = batch.shape, batch.verification, batch.decoder
         ids, sums = _group_sum(batch["request_id"].astype(np.int64), block_features(batch))
         partial_ids.append(ids)
         for k, v in sums.items():
@@ -148,4 +156,4 @@ def tally_batches(
     ids, sums = _group_sum(
         np.concatenate(partial_ids), {k: np.concatenate(v) for k, v in partial.items()}
     )
-    return RequestTally(shape, ids, sums, verification)
+    return RequestTally(shape, ids, sums, verification, decoder)

@@ -21,7 +21,14 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from brisk.mechanism.columns import DEFAULT_BATCH_ROWS, block_table
 from brisk.mechanism.discover import part_path, request_path
 from brisk.mechanism.requests import request_table
-from brisk.mechanism.schema import UNKNOWN_VERIFICATION, LogShape, Verification, block_schema
+from brisk.mechanism.schema import (
+    UNKNOWN_VERIFICATION,
+    Decoder,
+    LogShape,
+    Verification,
+    block_schema,
+    decoder_metadata,
+)
 
 __all__ = ["BlockLogWriter"]
 
@@ -45,9 +52,11 @@ class BlockLogWriter:
 
     ``verification`` (:class:`~brisk.mechanism.schema.Verification`) goes into every part's
     metadata; it can be given later with :meth:`declare`, until the first part is written.
+    ``decoder`` (:data:`~brisk.mechanism.schema.Decoder`: ``"isd"`` or ``"speculative"``), the
+    family whose blocks and forwards these are, goes into every part's and request file's.
     :meth:`write_requests` adds rows of the request table
-    (:mod:`brisk.mechanism.requests`); they reach disk only after every block written before
-    them, so a request with a row never lacks a block.
+    (:mod:`brisk.mechanism.requests`), checked against that family's forwards; they reach disk
+    only after every block written before them, so a request with a row never lacks a block.
     Parts are LZ4 (raw) compressed: probability lists barely compress, and LZ4 decodes about
     twice as fast as Snappy at the same size. Every data page carries a CRC-32 checksum that
     the readers verify.
@@ -61,10 +70,13 @@ class BlockLogWriter:
         rows_per_group: int = DEFAULT_BATCH_ROWS,
         compression: str = "lz4",
         verification: Verification | None = None,
+        decoder: Decoder = "isd",
     ) -> None:
         self.path = Path(path)
         self.shape = LogShape(M, K)
         self.verification = verification
+        decoder_metadata(decoder)  # refused now, not at the first flush
+        self.decoder = decoder
         if rows_per_group < 1:
             raise ValueError(f"rows_per_group: need a positive integer, got {rows_per_group!r}")
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
@@ -127,7 +139,7 @@ class BlockLogWriter:
         same arrays), checked now, written at the next :meth:`flush`."""
         if self._closed:
             raise ValueError("write_requests: the writer is closed")
-        table = request_table(columns, self.shape.M, file=str(self.path))
+        table = request_table(columns, self.shape.M, file=str(self.path), decoder=self.decoder)
         self._requests.append(table)
         self._requests_buffered += table.num_rows
         self.requests_written += table.num_rows
@@ -153,7 +165,7 @@ class BlockLogWriter:
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self._buffer).combine_chunks()
         part, rest = table.slice(0, rows), table.slice(rows)
-        schema = block_schema(self.shape.M, self.shape.K, self.verification)
+        schema = block_schema(self.shape.M, self.shape.K, self.verification, decoder=self.decoder)
         _write_atomic(
             part.replace_schema_metadata(schema.metadata),
             part_path(self.path, self.parts),

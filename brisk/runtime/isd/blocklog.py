@@ -12,9 +12,11 @@ whole-block log-likelihoods of the base and head blocks from the round's prefix
 (eq:mech_block_logp) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward over
 the rows whose two blocks differ; identical blocks score identically by construction).
 
-The log records how it was verified (:func:`verification_for`), and each finished request
-adds its row to the request table (:meth:`BlockLogger.log_request`), so a report on the log
-shows the TPFs the decode printed.
+The log records how it was verified (:func:`verification_for`) and the decoder family that
+wrote it (``decoder``: ``"isd"`` here, ``"speculative"`` for
+:mod:`brisk.runtime.drafter.speculative`, which logs through the same class), and each finished
+request adds its row to the request table (:meth:`BlockLogger.log_request`), so a report on the
+log shows the TPFs the decode printed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from brisk.mechanism import BlockLogWriter
-from brisk.mechanism.schema import Verification
+from brisk.mechanism.schema import Decoder, Verification
 
 if TYPE_CHECKING:
     from brisk.runtime.corrector import Corrector
@@ -115,7 +117,9 @@ class BlockRecord:
 
 
 class BlockLogger(BlockLogWriter):
-    """A :class:`~brisk.mechanism.writer.BlockLogWriter` at ``path`` taking :class:`BlockRecord`."""
+    """A :class:`~brisk.mechanism.writer.BlockLogWriter` at ``path`` taking :class:`BlockRecord`;
+    ``decoder`` is the family whose rounds and requests it logs (``"speculative"`` for the
+    drafter's speculative decoding: its request rows are checked as F = 1 + verify rounds)."""
 
     collects = False  # the decoder keeps the head's inputs on its drafts for :meth:`log_round`
 
@@ -126,8 +130,16 @@ class BlockLogger(BlockLogWriter):
         K: int,
         rows_per_group: int = 4096,
         verification: Verification | None = None,
+        decoder: Decoder = "isd",
     ) -> None:
-        super().__init__(path, M, K, rows_per_group=rows_per_group, verification=verification)
+        super().__init__(
+            path,
+            M,
+            K,
+            rows_per_group=rows_per_group,
+            verification=verification,
+            decoder=decoder,
+        )
         self.M, self.K = M, K
 
     def log_request(self, request_id: int, prompt_tokens: int, output: RequestOutput) -> None:
