@@ -20,6 +20,7 @@ from brisk.mechanism.render import notes, table_rows
 from brisk.mechanism.report import write_report
 from brisk.mechanism.requests import read_requests
 from brisk.mechanism.runs import run_tpf_of_log
+from brisk.mechanism.schema import describe_decoder
 from brisk.mechanism.summary import MechanismSummary, default_ks, summarize
 from brisk.mechanism.synthetic import synthetic_log
 from brisk.mechanism.tally import tally_blocks
@@ -136,6 +137,7 @@ def print_table(s: MechanismSummary, console: Console) -> None:
             table.add_row(f"[italic]{section}[/]", "", "", "", "")
         table.add_row(row.quantity, row.unit, row.value, row.pooled, row.requests)
     console.print(table)
+    console.print(f"decoder: {describe_decoder(s.decoder)}", style="dim")
     console.print(f"verification: {s.verification.describe()}", style="dim")
     for note in notes(s):
         console.print(f"[yellow]note:[/] {note}")

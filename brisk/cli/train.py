@@ -424,6 +424,14 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     x.add_argument("--no-progress", action="store_true", help="quiet")
     add_placement_arguments(x)
     x.set_defaults(run=run_experiment_proposal)
+    d = commands.add_parser(
+        "drafter", help="drafter weightings on one AR target: arms × seeds, TPF, tok/s vs AR"
+    )
+    d.add_argument("--config", type=Path, required=True, help="TOML experiment config")
+    d.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
+    d.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
+    d.add_argument("--no-progress", action="store_true", help="quiet")
+    d.set_defaults(run=run_experiment_drafter)
     from brisk.cli.corrector import register_experiment
 
     register_experiment(commands)
@@ -455,4 +463,23 @@ def run_experiment_proposal(args: argparse.Namespace) -> int:
     quiet_transformers()
     summary = run_experiment(cfg, show_progress=not args.no_progress)
     print(f"best arm by whole-run TPF: {summary['best_arm']}; summary in {cfg.out_dir}")
+    return 0
+
+
+@exits_on_interrupt
+def run_experiment_drafter(args: argparse.Namespace) -> int:
+    from brisk.runtime.experiment.drafter import DrafterExperimentConfig, run_drafter_experiment
+
+    try:
+        cfg = DrafterExperimentConfig.load(args.config)
+    except ValueError as err:
+        raise ValueError(f"--config: {err}") from None
+    changes = {"out_dir": args.out, "workers": args.workers}
+    try:
+        cfg = cfg.replace(**{k: v for k, v in changes.items() if v is not None})
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    quiet_transformers()
+    run_drafter_experiment(cfg, show_progress=not args.no_progress)
+    print(f"summary in {cfg.out_dir}/summary.md")
     return 0

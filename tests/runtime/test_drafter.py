@@ -26,6 +26,8 @@ from scipy.stats import chisquare
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import brisk.runtime.drafter.speculative as sd
+from brisk.cli import main
+from brisk.mechanism import validate
 from brisk.runtime.drafter import (
     DFlashDrafter,
     SDOptions,
@@ -34,6 +36,7 @@ from brisk.runtime.drafter import (
     save_drafter,
     speculative_decode,
 )
+from brisk.runtime.isd.blocklog import BlockLogger
 
 V = 4  # small enough to enumerate every three-token output
 
@@ -243,3 +246,41 @@ def test_a_drafter_for_another_target_is_refused() -> None:
         speculative_decode(
             target, tiny_drafter(target, 8), [[0] * 50], SDOptions(max_new_tokens=40)
         )
+
+
+# -- block logs
+
+
+@pytest.mark.parametrize(("temperature", "draft"), [(0.0, "greedy"), (1.0, "top-k")])
+def test_the_loops_block_log_is_a_mechanism_log_the_report_reads(
+    tmp_path: Path, temperature: float, draft: sd.DraftLaw
+) -> None:
+    """Every round a row (its L as the loop's), every request a row of the request table, the
+    verification declared; ``brisk mechanism report`` reads it with no contradictions."""
+    target = tiny_target(6, scale=3.0)
+    drafter = tiny_drafter(target, 4)
+    options = SDOptions(temperature=temperature, draft=draft, top_k=3, max_new_tokens=30)
+    path = tmp_path / "blocks"
+    with BlockLogger(path, M=3, K=3, decoder="speculative") as logger:
+        result = speculative_decode(target, drafter, [[0, 1, 2], [3, 4]], options, logger=logger)
+    rounds = sum(len(o.accept_lengths) for o in result.outputs)
+    assert validate(path) == rounds
+    report = tmp_path / "report"
+    assert main(["mechanism", "report", str(path), "--out", str(report), "--bootstrap", "20"]) == 0
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["blocks"] == rounds
+    assert summary["verification"]["rule"] == ("greedy" if temperature == 0 else "sampled")
+    assert summary["verification"]["contradictions"] == 0
+    tokens = sum(len(o.tokens) for o in result.outputs)
+    assert summary["decoder"] == "speculative"
+    assert summary["tpf"]["whole_run"] == pytest.approx(tokens / (rounds + 2))
+    lengths = [L for o in result.outputs for L in o.accept_lengths]
+    assert summary["tpf"]["complete_cycles"] == pytest.approx(
+        sum(L + 1 for L in lengths) / len(lengths)
+    )
+    other = BlockLogger(tmp_path / "other", M=3, K=5, decoder="speculative")
+    with pytest.raises(ValueError, match="logger: holds M = 3, K = 5"):
+        speculative_decode(target, drafter, [[0]], options, logger=other)
+    isd = BlockLogger(tmp_path / "i", 3, 3)
+    with pytest.raises(ValueError, match="logger: writes 'isd' logs"):
+        speculative_decode(target, drafter, [[0]], options, logger=isd)

@@ -24,6 +24,7 @@ checkpoint loads here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from dataclasses import dataclass
@@ -120,6 +121,17 @@ class DrafterSpec:
                 f"config: dflash_config.target_layer_ids must be layer ids in 0..{layers - 1}, "
                 f"got {ids!r}"
             )
+        if any(b <= a for a, b in itertools.pairwise(ids)):
+            raise ValueError(
+                "config: dflash_config.target_layer_ids must increase (a server captures the "
+                f"target's features in layer order, each once), got {ids!r}"
+            )
+        vocab = getattr(config, "vocab_size", None)
+        if isinstance(vocab, int) and not 0 <= mask < vocab:
+            raise ValueError(
+                f"config: dflash_config.mask_token_id {mask} is outside the vocabulary "
+                f"0..{vocab - 1}"
+            )
         return cls(block, mask, tuple(ids), layers)
 
 
@@ -136,6 +148,8 @@ def drafter_config(
     the target's width, heads, rotary and vocabulary, ``num_layers`` decoder layers, and the
     DFlash fields (default target layers: :func:`build_target_layer_ids`)."""
     L = target.num_hidden_layers
+    if target_layer_ids is not None and not target_layer_ids:
+        raise ValueError("target_layer_ids: give at least one layer (None: DFlash's default)")
     ids = target_layer_ids or build_target_layer_ids(L, num_layers)
     heads = target.num_attention_heads
     config = Qwen3Config(
@@ -293,6 +307,7 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    drafter.config.dtype = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     drafter.config.save_pretrained(tmp)
     state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
     save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})

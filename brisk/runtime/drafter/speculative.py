@@ -34,12 +34,22 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from brisk.mechanism.schema import Verification
 from brisk.runtime.backbone import cache_keyword
 from brisk.runtime.drafter.model import DFlashDrafter
-from brisk.runtime.isd.batched import Draft, draw_next, probs_at, verify_block
+from brisk.runtime.isd.batched import Draft, draw_next, verify_block
+from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
-__all__ = ["DRAFT_LAWS", "SDOptions", "SDOutput", "SDResult", "check_pair", "speculative_decode"]
+__all__ = [
+    "DRAFT_LAWS",
+    "SDOptions",
+    "SDOutput",
+    "SDResult",
+    "check_pair",
+    "speculative_decode",
+    "verification_of",
+]
 
 DraftLaw = Literal["greedy", "sample", "top-k"]
 DRAFT_LAWS: tuple[DraftLaw, ...] = ("greedy", "sample", "top-k")
@@ -76,6 +86,11 @@ class SDOutput:
     finished: str = ""  # "eos" or "length"
 
     @property
+    def forwards(self) -> int:
+        """Target forwards (the block log's request table counts these)."""
+        return self.target_forwards
+
+    @property
     def tpf(self) -> float:
         """Tokens per target forward over the whole run (the prefill's included)."""
         return len(self.tokens) / self.target_forwards if self.target_forwards else float("nan")
@@ -107,6 +122,14 @@ class SDResult:
         return sum(lengths) / len(lengths) if lengths else float("nan")
 
 
+def verification_of(options: SDOptions) -> Verification:
+    """How the loop verifies drafts of ``options`` (the block log's verification)."""
+    if options.temperature == 0:
+        return Verification("greedy", "argmax", 1.0)
+    law = {"greedy": "argmax", "top-k": "q_topk", "sample": "q"}[options.draft]
+    return Verification("sampled", law, options.temperature)  # type: ignore[arg-type]
+
+
 def _vocab(target: Any) -> int:
     return int(target.get_output_embeddings().weight.shape[0])
 
@@ -121,10 +144,11 @@ def check_pair(target: Any, drafter: DFlashDrafter) -> None:
         raise ValueError(f"drafter: hidden size {drafter.config.hidden_size}, the target's is {H}")
     if drafter.config.vocab_size != V:
         raise ValueError(f"drafter: vocabulary {drafter.config.vocab_size}, the target's is {V}")
-    if max(spec.target_layer_ids) >= L:
+    if max(spec.target_layer_ids) >= L - 1:
         raise ValueError(
             f"drafter: target_layer_ids {list(spec.target_layer_ids)} name layers the target "
-            f"({L} layers) does not have"
+            f"({L} layers) does not have below its last (whose output a server does not "
+            "capture: ids must be at most L − 2)"
         )
     if not 0 <= spec.mask_token_id < V:
         raise ValueError(f"drafter: mask_token_id {spec.mask_token_id} is outside the vocabulary")
@@ -149,26 +173,34 @@ class _Context:
             ]
 
 
-def _propose(logits: Tensor, anchor: Tensor, offset: int, options: SDOptions, u: Tensor) -> Draft:
-    """x_1..x_M from the drafter's logits ``[1, M, V]`` and the law π they were drawn from."""
+def _propose(
+    logits: Tensor, anchor: Tensor, offset: int, options: SDOptions, u: Tensor, log: bool
+) -> Draft:
+    """x_1..x_M from the drafter's logits ``[1, M, V]`` and the law π they were drawn from:
+    greedy and Top-K drafts over the Top-K candidates C_i (π one-hot at the argmax, or q
+    restricted to C_i), ``sample`` over the whole vocabulary. ``log``: fill q over C_i,
+    normalized over the vocabulary, for the block log."""
     T = options.temperature
     law_kind = "greedy" if T == 0 else options.draft
-    if law_kind == "greedy":
-        cand_ids = logits.argmax(-1, keepdim=True)
-        law = torch.ones(cand_ids.shape, dtype=torch.float64, device=logits.device)
-        ranks = torch.zeros_like(cand_ids[..., 0])
-    else:
-        if law_kind == "top-k":
-            cand_logits, cand_ids = logits.topk(min(options.top_k, logits.shape[-1]), dim=-1)
-        else:
-            cand_logits = logits
-            cand_ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
-        law = probs_at(cand_logits.double(), T)
+    scaled = logits.double() / (T if T > 0 else 1.0)
+    if law_kind == "sample":
+        cand_ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
+        law = torch.softmax(scaled, dim=-1)
         ranks = sample_inverse_cdf(law, u)
-    tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
+    else:
+        cand_scaled, cand_ids = scaled.topk(min(options.top_k, logits.shape[-1]), dim=-1)
+        if law_kind == "greedy":
+            ranks = torch.zeros_like(cand_ids[..., 0])
+            law = torch.nn.functional.one_hot(ranks, cand_ids.shape[-1]).double()
+        else:
+            law = torch.softmax(cand_scaled, dim=-1)
+            ranks = sample_inverse_cdf(law, u)
+    q = None
+    if log:
+        q = torch.exp(scaled.gather(-1, cand_ids) - scaled.logsumexp(-1, keepdim=True))
     none = torch.full_like(ranks, -1)
     return Draft(
-        tokens=tokens,
+        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
         ranks=ranks,
         cand_ids=cand_ids,
         law=law,
@@ -177,6 +209,7 @@ def _propose(logits: Tensor, anchor: Tensor, offset: int, options: SDOptions, u:
         base_choice=ranks,
         head_choice=none,
         head_block=none,
+        q=q,
     )
 
 
@@ -188,6 +221,7 @@ def _decode_one(
     seed: int,
     request: int,
     timing: list[float],
+    logger: BlockLogger | None,
 ) -> SDOutput:
     from transformers import DynamicCache
 
@@ -220,7 +254,9 @@ def _decode_one(
         positions = torch.arange(start, start + M + 1, device=device)[None]
         assert context.kv is not None
         hidden = drafter(embed(block), positions, context.kv)
-        draft = _propose(head(hidden[:, 1:]), anchor, start + 1, options, u[:, 1 + M :])
+        draft = _propose(
+            head(hidden[:, 1:]), anchor, start + 1, options, u[:, 1 + M :], logger is not None
+        )
         t1 = time.perf_counter()
         verify_ids = torch.cat([anchor[:, None], draft.tokens], 1)
         ver = target(input_ids=verify_ids, **kv)
@@ -228,6 +264,17 @@ def _decode_one(
         t2 = time.perf_counter()
         timing[0] += t1 - t0
         timing[1] += t2 - t1
+        if logger is not None:
+            record = BlockRecord.from_round(
+                request_id=key[1],
+                block_index=torch.tensor([counter - 1], device=device),
+                draft=draft,
+                verifier_logits=ver.logits,
+                temperature=T,
+                u=u[:, 1 : 1 + M],
+                accept_len=L_t,
+            )
+            logger.log_round(record, draft)
         L = int(L_t)
         if L < M:  # x_0..x_L stay; x_{L+1}..x_M go (crop takes a negative count to drop)
             cache.crop(L - M)
@@ -251,13 +298,34 @@ def speculative_decode(
     *,
     seeds: Sequence[int] | None = None,
     request_ids: Sequence[int] | None = None,
+    logger: BlockLogger | None = None,
 ) -> SDResult:
     """Decode ``prompts`` (token ids) with ``drafter`` proposing and ``target`` (an HF causal
     LM) verifying (module docstring). ``seeds[r]`` and ``request_ids[r]`` (default r) key
     request r's uniforms. Runs under ``torch.inference_mode``; both models' modes are the
-    caller's."""
+    caller's. ``logger`` receives one block-log row per round (the drafter's Top-K as the
+    candidates; greedy or Top-K drafts) and each finished request's row, so
+    ``brisk mechanism report`` runs on the log."""
     options = options or SDOptions()
     check_pair(target, drafter)
+    if logger is not None:
+        if options.temperature > 0 and options.draft == "sample":
+            raise ValueError(
+                "draft: a block log holds Top-K candidates; log greedy or top-k drafts, "
+                "not drafts from the whole softmax"
+            )
+        if logger.decoder != "speculative":
+            raise ValueError(
+                f"logger: writes {logger.decoder!r} logs; a speculative decode's rounds and "
+                'requests count other forwards (BlockLogger(..., decoder="speculative"))'
+            )
+        K = min(options.top_k, _vocab(target))
+        if (logger.M, logger.K) != (drafter.spec.M, K):
+            raise ValueError(
+                f"logger: holds M = {logger.M}, K = {logger.K}; the drafter's block gives "
+                f"M = {drafter.spec.M} and top_k K = {K}"
+            )
+        logger.declare(verification_of(options))
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: need at least one prompt, each with at least one token")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
@@ -277,8 +345,9 @@ def speculative_decode(
             )
     timing = [0.0, 0.0]
     with torch.inference_mode():
-        outputs = [
-            _decode_one(target, drafter, p, options, s, r, timing)
-            for p, s, r in zip(prompts, seeds, request_ids, strict=True)
-        ]
+        outputs = []
+        for p, s, r in zip(prompts, seeds, request_ids, strict=True):
+            outputs.append(_decode_one(target, drafter, p, options, s, r, timing, logger))
+            if logger is not None:
+                logger.log_request(r, len(p), outputs[-1])
     return SDResult(outputs, M, draft_seconds=timing[0], verify_seconds=timing[1])

@@ -60,7 +60,7 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import ProfileTracker
 
-__all__ = ["DrafterResult", "load_target", "train_drafter"]
+__all__ = ["DrafterResult", "heldout_prompts", "load_target", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
 
@@ -268,19 +268,27 @@ def _batch(
     return ids, supervised
 
 
+def heldout_prompts(dataset: str | Path, n: int, tokenizer: Any) -> list[list[int]] | None:
+    """The token ids of ``n`` held-out prompts of the task a regenerated dataset was drawn from
+    (the world's test split; None for a user's prompt file, which has none)."""
+    from brisk.runtime.prompts import encode_prompt
+
+    described = dict(read_provenance(dataset)["task"])
+    if described.get("name") == "file":
+        return None
+    described.update(split="test", n=n)
+    problems = task_from_description(described).problems(tokenizer)
+    return [encode_prompt(tokenizer, p.prompt) for p in problems]
+
+
 def _evaluate(
     cfg: DrafterTrainConfig, target: Any, tokenizer: Any, drafter: DFlashDrafter
 ) -> dict[str, Any] | None:
     """Greedy speculative decoding of the dataset task's held-out prompts: TPF and E[L]
     (None for a dataset of a user's prompt file)."""
-    from brisk.runtime.prompts import encode_prompt
-
-    described = dict(read_provenance(cfg.dataset)["task"])
-    if described.get("name") == "file":
-        return None  # a user's prompt file has no held-out split to decode
-    described.update(split="test", n=cfg.eval_problems)  # the world's held-out problems
-    problems = task_from_description(described).problems(tokenizer)
-    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    prompts = heldout_prompts(cfg.dataset, cfg.eval_problems, tokenizer)
+    if prompts is None:
+        return None
     limit = target.config.max_position_embeddings - cfg.block_size
     budget = max(1, min(cfg.eval_max_new_tokens, limit - max(len(p) for p in prompts)))
     options = SDOptions(max_new_tokens=budget, eos_token_id=tokenizer.eos_token_id)
