@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -133,6 +133,14 @@ code-head: $(STAMP)
 # runs/code/ablation (25 min on 2 cores; run it in the background: it resumes where it stopped).
 code-ablation: $(STAMP)
 	$(BIN)/brisk experiment proposal --config configs/code_experiment.toml
+
+# The cross-backbone experiment on the code world (issue 33): the AR target's regenerated data,
+# then 4 drafter weightings × 3 seeds, under runs/code/drafter (after make code-world).
+code-drafter: $(STAMP)
+	$(BIN)/brisk train selfgen --checkpoint $(CODE)/ar/final --out $(CODE)/drafter/data \
+	  --problems 1000 --samples 2 --stride 2 --temperature 1 --max-new-tokens 256 --task stdlib \
+	  --resume
+	$(BIN)/brisk experiment drafter --config configs/code_drafter_experiment.toml
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).

@@ -151,6 +151,11 @@ def drafter_config(
     if target_layer_ids is not None and not target_layer_ids:
         raise ValueError("target_layer_ids: give at least one layer (None: DFlash's default)")
     ids = target_layer_ids or build_target_layer_ids(L, num_layers)
+    if max(ids) > L - 2:
+        raise ValueError(
+            f"target_layer_ids: {ids} for a target of {L} layers; each must be at most L − 2 "
+            f"= {L - 2} (the last layer's output is not captured by a server)"
+        )
     heads = target.num_attention_heads
     config = Qwen3Config(
         vocab_size=target.vocab_size,
