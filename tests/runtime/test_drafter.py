@@ -232,7 +232,7 @@ def test_a_drafter_for_another_target_is_refused() -> None:
     target = tiny_target(6, scale=1.0)
     wide = Qwen3Config(**{**target.config.to_dict(), "hidden_size": 48})
     other_vocab = Qwen3Config(**{**target.config.to_dict(), "vocab_size": 8})
-    deep_ids = drafter_config(target.config, mask_token_id=5, target_layer_ids=[3])
+    deep_ids = drafter_config(target.config, mask_token_id=5, target_layer_ids=[2])
     deep_ids.dflash_config["target_layer_ids"] = [7]
     deep_ids.num_target_layers = 8
     for config, message in (
@@ -284,3 +284,18 @@ def test_the_loops_block_log_is_a_mechanism_log_the_report_reads(
     isd = BlockLogger(tmp_path / "i", 3, 3)
     with pytest.raises(ValueError, match="logger: writes 'isd' logs"):
         speculative_decode(target, drafter, [[0]], options, logger=isd)
+
+
+def test_target_layers_and_the_mask_id_are_checked_where_the_config_is_made() -> None:
+    """What a server needs of them: layers in increasing order (it captures each once, in layer
+    order), none the last (whose output it never captures), a mask id inside the vocabulary."""
+    config = tiny_target(6, scale=1.0).config
+    for kwargs, message in (
+        ({"target_layer_ids": [2, 1]}, "target_layer_ids must increase"),
+        ({"target_layer_ids": [1, 1]}, "target_layer_ids must increase"),
+        ({"target_layer_ids": [3]}, "each must be at most L − 2 = 2"),
+        ({"target_layer_ids": []}, "give at least one layer"),
+        ({"mask_token_id": 6}, "mask_token_id 6 is outside the vocabulary 0..5"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            drafter_config(config, **{"mask_token_id": 5, **kwargs})  # type: ignore[arg-type]
