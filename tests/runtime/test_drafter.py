@@ -299,3 +299,29 @@ def test_target_layers_and_the_mask_id_are_checked_where_the_config_is_made() ->
     ):
         with pytest.raises(ValueError, match=message):
             drafter_config(config, **{"mask_token_id": 5, **kwargs})  # type: ignore[arg-type]
+
+
+def test_an_accepted_eos_ends_the_request_at_that_round() -> None:
+    """An EOS among a round's accepted drafts ends the request there: no forward runs after
+    the round that committed it (the output is the same either way; the forwards are not)."""
+    target = tiny_target(6, scale=3.0)
+    drafter = tiny_drafter(target, 4)
+    prompts = [[0, 1, 2, 3], [0, 4], [5, 5, 1, 0, 2, 2, 3]]
+    free = speculative_decode(target, drafter, prompts, SDOptions(max_new_tokens=40))
+    found = None  # (prompt, eos): a token first output as an accepted draft
+    for prompt, out in zip(prompts, free.outputs, strict=True):
+        at = 1  # the prefill committed output token 0
+        for L in out.accept_lengths:
+            for j in range(at, at + L):
+                if out.tokens[j] not in out.tokens[:j] and found is None:
+                    found = (prompt, out.tokens[j])
+            at += L + 1
+    assert found is not None, "no round accepted a draft: the test needs one"
+    prompt, eos = found
+    out = speculative_decode(
+        target, drafter, [prompt], SDOptions(max_new_tokens=40, eos_token_id=eos)
+    ).outputs[0]
+    assert out.finished == "eos"
+    before_last = 1 + sum(L + 1 for L in out.accept_lengths[:-1])
+    assert before_last < len(out.tokens) <= before_last + out.accept_lengths[-1] + 1
+    assert out.target_forwards == 1 + len(out.accept_lengths)

@@ -246,7 +246,9 @@ def _decode_one(
     start = len(prompt)  # the anchor's position
     out.tokens.append(int(anchor))
     counter = 1
-    while len(out.tokens) < options.max_new_tokens and out.tokens[-1] != options.eos_token_id:
+    eos = options.eos_token_id
+    ended = out.tokens[-1] == eos
+    while len(out.tokens) < options.max_new_tokens and not ended:
         u = uniforms(counter)
         t0 = time.perf_counter()
         block = torch.full((1, M + 1), spec.mask_token_id, device=device)
@@ -279,14 +281,16 @@ def _decode_one(
         if L < M:  # x_0..x_L stay; x_{L+1}..x_M go (crop takes a negative count to drop)
             cache.crop(L - M)
         context.append(drafter.features(ver.hidden_states)[:, : L + 1], start)
-        out.tokens += [*draft.tokens[0, :L].tolist(), int(nxt)]
+        committed = [*draft.tokens[0, :L].tolist(), int(nxt)]
+        out.tokens += committed
+        ended = eos in committed  # an accepted draft may be the EOS: nothing after it counts
         out.accept_lengths.append(L)
         out.target_forwards += 1
         anchor, start, counter = nxt, start + L + 1, counter + 1
-    if options.eos_token_id in out.tokens:
-        out.tokens = out.tokens[: out.tokens.index(options.eos_token_id) + 1]
+    if eos in out.tokens:
+        out.tokens = out.tokens[: out.tokens.index(eos) + 1]
     out.tokens = out.tokens[: options.max_new_tokens]
-    out.finished = "eos" if out.tokens[-1] == options.eos_token_id else "length"
+    out.finished = "eos" if out.tokens[-1] == eos else "length"
     return out
 
 

@@ -100,10 +100,16 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
         seed=seed,
         eval_problems=0,
     )
-    trained = train_drafter(train, show_progress=False, resume=True)
+    final = run / "train" / "final"
+    if (final / "config.json").is_file():  # trained before its evaluation was cut short
+        ends = [json.loads(line) for line in (run / "train" / "metrics.jsonl").open()]
+        train_wall = next(r["train_wall_s"] for r in ends if r["event"] == "end")
+    else:
+        trained = train_drafter(train, show_progress=False, resume=True)
+        final, train_wall = trained.checkpoint, trained.wall_s
     from brisk.runtime.drafter import load_drafter
 
-    drafter = load_drafter(trained.checkpoint).eval()
+    drafter = load_drafter(final).eval()
     target, tokenizer, _ = load_target(cfg.target)
     e = cfg.eval
     prompts = heldout_prompts(cfg.dataset, e.problems, tokenizer)
@@ -145,7 +151,7 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
         "sd_tokens_per_s": tokens / sd_s,
         "ar_tokens_per_s": ar_tokens / ar_s,
         "speedup": (tokens / sd_s) / (ar_tokens / ar_s),
-        "train_wall_s": trained.wall_s,
+        "train_wall_s": train_wall,
     }
     atomic_write_text(run / "eval.json", json.dumps(record, indent=2))
     return record
