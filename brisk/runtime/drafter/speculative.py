@@ -37,7 +37,7 @@ from torch import Tensor
 from brisk.mechanism.schema import Verification
 from brisk.runtime.backbone import cache_keyword
 from brisk.runtime.drafter.model import DFlashDrafter
-from brisk.runtime.isd.batched import Draft, draw_next, verify_block
+from brisk.runtime.isd.batched import Draft, candidate_q, draw_next, verify_block
 from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
@@ -195,9 +195,7 @@ def _propose(
         else:
             law = torch.softmax(cand_scaled, dim=-1)
             ranks = sample_inverse_cdf(law, u)
-    q = None
-    if log:
-        q = torch.exp(scaled.gather(-1, cand_ids) - scaled.logsumexp(-1, keepdim=True))
+    q = candidate_q(logits, logits.gather(-1, cand_ids), T) if log else None
     none = torch.full_like(ranks, -1)
     return Draft(
         tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],

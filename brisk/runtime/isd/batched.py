@@ -45,7 +45,16 @@ from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
-__all__ = ["Draft", "ISDState", "StepContext", "StepResult", "first_step", "init_state", "step"]
+__all__ = [
+    "Draft",
+    "ISDState",
+    "StepContext",
+    "StepResult",
+    "candidate_q",
+    "first_step",
+    "init_state",
+    "step",
+]
 
 
 class _Rows:
@@ -231,6 +240,14 @@ def probs_at(logits: Tensor, temperature: float) -> Tensor:
     return torch.softmax(_float(logits) / (temperature if temperature > 0 else 1.0), dim=-1)
 
 
+def candidate_q(logits: Tensor, cand_logits: Tensor, temperature: float) -> Tensor:
+    """q_i(C_i) for the block log: the proposal law at the decoding temperature (T = 1 when
+    greedy) at the candidates' logits ``cand_logits [..., K]``, normalized over the whole
+    vocabulary of ``logits [..., V]``."""
+    t = temperature if temperature > 0 else 1.0
+    return torch.exp(_float(cand_logits) / t - (_float(logits) / t).logsumexp(-1, True))
+
+
 def draw_next(logits: Tensor, temperature: float, u: Tensor) -> Tensor:
     """The next token from one row of logits ``[B, V]``: argmax, or a draw from p."""
     if temperature == 0:
@@ -355,10 +372,7 @@ def propose(
     if T == 0 and head_drafted:
         law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
     kept = (anchor_hidden, mask_hidden, cand_logits) if ctx.collect else (None, None, None)
-    q = None
-    if ctx.log:  # q over C_i, normalized over the full vocabulary
-        scaled = _float(mask_logits) / (T if T > 0 else 1.0)
-        q = torch.exp(_float(cand_logits) / (T if T > 0 else 1.0) - scaled.logsumexp(-1, True))
+    q = candidate_q(mask_logits, cand_logits, T) if ctx.log else None
     return Draft(
         tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
         ranks=ranks,

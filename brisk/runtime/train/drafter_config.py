@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from brisk.runtime.train.fields import Run, Schedule, at_least, one_of, positive
+from brisk.runtime.train.fields import BudgetSchedule, Run, at_least, one_of, positive
 
 __all__ = ["DATA", "DrafterTrainConfig"]
 
@@ -24,7 +24,7 @@ WEIGHTINGS: tuple[str, ...] = ("brisk", "dpace", "decay", "uniform")  # train.dr
 
 
 @dataclass(frozen=True)
-class DrafterTrainConfig(Run, Schedule):
+class DrafterTrainConfig(Run, BudgetSchedule):
     """A DFlash-shaped drafter for ``target`` trained on ``dataset`` with ``weighting``."""
 
     target: str = ""  # the AR target checkpoint (an HF causal LM)
@@ -40,7 +40,6 @@ class DrafterTrainConfig(Run, Schedule):
     batch_size: int = 16
     lr: float = 3e-3
     min_lr: float = 3e-4
-    warmup: float = 0.05  # share of the budget spent warming up
     alpha: float = 0.5  # D-PACE's smoothing
     gamma: float = 7.0  # DFlash's decay
     profile_decay: float = 0.9  # the BRISK profile tracker's (about 10 batches)
@@ -59,8 +58,6 @@ class DrafterTrainConfig(Run, Schedule):
         one_of(self, "weighting", WEIGHTINGS)
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha: must lie in [0, 1], got {self.alpha!r}")
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup: must lie in [0, 1), got {self.warmup!r}")
         if not 0 <= self.profile_decay < 1:
             raise ValueError(f"profile_decay: must lie in [0, 1), got {self.profile_decay!r}")
         super().__post_init__()
@@ -68,9 +65,3 @@ class DrafterTrainConfig(Run, Schedule):
     @property
     def M(self) -> int:
         return self.block_size - 1
-
-    def lr_at(self, progress: float) -> float:
-        """Linear warmup over ``warmup`` of the budget, then cosine from ``lr`` to ``min_lr``."""
-        if progress < self.warmup:
-            return self.lr * max(progress / self.warmup, 1e-3)
-        return self.cosine((progress - self.warmup) / (1 - self.warmup))

@@ -106,6 +106,25 @@ class Schedule(Optimizer):
 
 
 @dataclass(frozen=True)
+class BudgetSchedule(Schedule):
+    """A run measured in a token budget instead of steps: linear warmup over ``warmup`` of the
+    budget, then cosine decay (proposal and drafter training)."""
+
+    warmup: float = 0.05  # share of the budget spent warming up
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup: must lie in [0, 1), got {self.warmup!r}")
+        super().__post_init__()
+
+    def lr_at(self, progress: float) -> float:
+        """The learning rate at ``progress`` ∈ [0, 1] of the budget."""
+        if progress < self.warmup:
+            return self.lr * max(progress / self.warmup, 1e-3)
+        return self.cosine((progress - self.warmup) / (1 - self.warmup))
+
+
+@dataclass(frozen=True)
 class Placement(Config):
     """Where and how a model trains: one process or torchrun ranks, the mask, the precision."""
 

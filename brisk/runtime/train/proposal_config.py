@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from brisk.runtime.train.fields import (
+    BudgetSchedule,
     IDLMLoss,
     Placement,
     Run,
-    Schedule,
     at_least,
     one_of,
     positive,
@@ -32,7 +32,7 @@ PROFILE_MODES: tuple[str, ...] = ("dynamic", "static")
 
 
 @dataclass(frozen=True)
-class ProposalTrainConfig(Run, Schedule, Placement, IDLMLoss):
+class ProposalTrainConfig(Run, BudgetSchedule, Placement, IDLMLoss):
     """Continued I-DLM training with per-position proposal weights (eq:brisk_weighting).
 
     The run consumes ``token_budget`` response tokens (the same for every arm of an ablation,
@@ -50,7 +50,6 @@ class ProposalTrainConfig(Run, Schedule, Placement, IDLMLoss):
     batch_size: int = 32
     lr: float = 1e-3
     min_lr: float = 1e-4
-    warmup: float = 0.05  # share of the budget spent warming up
     # The ISD rule the batch's own proposals are verified with (the deployed decoder's).
     temperature: float = 1.0
     top_k: int = 16
@@ -66,8 +65,6 @@ class ProposalTrainConfig(Run, Schedule, Placement, IDLMLoss):
         if self.stride < 2:
             raise ValueError(f"stride: need N ≥ 2, got {self.stride!r}")
         positive(self, "gamma")
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup: must lie in [0, 1), got {self.warmup!r}")
         if not 0 <= self.profile_decay < 1:
             raise ValueError(f"profile_decay: must lie in [0, 1), got {self.profile_decay!r}")
         if not self.temperature >= 0:
@@ -80,9 +77,3 @@ class ProposalTrainConfig(Run, Schedule, Placement, IDLMLoss):
     @property
     def M(self) -> int:
         return self.stride - 1
-
-    def lr_at(self, progress: float) -> float:
-        """Linear warmup over ``warmup`` of the budget, then cosine from ``lr`` to ``min_lr``."""
-        if progress < self.warmup:
-            return self.lr * max(progress / self.warmup, 1e-3)
-        return self.cosine((progress - self.warmup) / (1 - self.warmup))
