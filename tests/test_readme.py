@@ -287,6 +287,28 @@ FIGURES += [
         BENCHMARKS_PAGE,
     ),
 ]
+CODE_DRAFTER = "benchmarks/results/code_drafter.json"
+
+
+def _drafter_change(summary: dict[str, object], other: str) -> float:
+    evals = summary["evals"]
+    assert isinstance(evals, list)
+    change = paired_change({(e["arm"], e["seed"]): e["tpf"] for e in evals}, "brisk", other)
+    assert change is not None
+    return change.mean
+
+
+FIGURES += [
+    Figure(
+        f"code world drafter: brisk against {other}",
+        CODE_DRAFTER,
+        "make code-drafter",
+        lambda s, other=other: _drafter_change(s, other),
+        lambda x: f"{100 * x:+.1f} %",
+        BENCHMARKS_PAGE,
+    )
+    for other in ("uniform", "decay", "dpace")
+]
 CLAIMS = [(page, f) for f in FIGURES for page in f.pages]
 
 
