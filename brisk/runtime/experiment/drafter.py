@@ -108,9 +108,11 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
         trained = train_drafter(train, show_progress=False, resume=True)
         final, train_wall = trained.checkpoint, trained.wall_s
     from brisk.runtime.drafter import load_drafter
+    from brisk.runtime.loader import placement
 
-    drafter = load_drafter(final).eval()
-    target, tokenizer, _ = load_target(cfg.target)
+    device = placement(cfg.train.device, "float32", announce=False).device
+    drafter = load_drafter(final, device=device).eval()
+    target, tokenizer, _ = load_target(cfg.target, device=device)
     e = cfg.eval
     prompts = heldout_prompts(cfg.dataset, e.problems, tokenizer)
     if prompts is None:
@@ -170,10 +172,10 @@ def _plain_ar(
     total = 0
     with torch.inference_mode():
         for prompt, seed in zip(prompts, seeds, strict=True):
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch.Generator(target.device).manual_seed(seed)
             cache = DynamicCache(config=target.config)
             kw = {cache_keyword(target): cache, "use_cache": True}
-            ids = torch.tensor([prompt])
+            ids = torch.tensor([prompt], device=target.device)
             n = 0
             while n < budget:
                 logits = target(input_ids=ids, logits_to_keep=1, **kw).logits[:, -1].float()

@@ -71,7 +71,7 @@ def sample_anchors(
     ok[:, :-1] = supervised[:, :-1] & supervised[:, 1:]
     if not bool(ok.any()):
         raise ValueError("supervised: no sequence has two consecutive supervised tokens")
-    noise = torch.rand(B, S, generator=generator, device=supervised.device)
+    noise = torch.rand(B, S, generator=generator).to(supervised.device)  # the CPU's stream
     order = torch.where(ok, noise, 2.0).argsort(dim=1)  # candidates first, in random order
     n = min(anchors, int(ok.sum(1).max()))
     chosen = order[:, :n]

@@ -47,6 +47,9 @@ class DrafterTrainConfig(Run, BudgetSchedule):
     eval_max_new_tokens: int = 128
     log_every: int = 10
     save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
+    # where the target and the drafter run: cpu, cuda, cuda:1 (auto: the GPU where one exists);
+    # both in float32
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_layers", "anchors", "token_budget", "batch_size", "log_every")

@@ -36,6 +36,7 @@ from brisk.runtime.drafter import (
     save_drafter,
     speculative_decode,
 )
+from brisk.runtime.loader import placement
 from brisk.runtime.tasks.spec import task_from_description
 from brisk.runtime.train.common import adamw, cpu_settings
 from brisk.runtime.train.drafter import drafter_loss
@@ -73,7 +74,9 @@ class DrafterResult:
     wall_s: float
 
 
-def load_target(path: str | Path, where: str = "--target") -> tuple[Any, Any, int]:
+def load_target(
+    path: str | Path, where: str = "--target", device: str | torch.device = "cpu"
+) -> tuple[Any, Any, int]:
     """The frozen target, its tokenizer and the MASK id its drafter uses: the tokenizer's MASK
     token, else the first unused embedding row (DFlash's choice for Qwen3); one line naming
     ``where`` when there is neither."""
@@ -84,7 +87,7 @@ def load_target(path: str | Path, where: str = "--target") -> tuple[Any, Any, in
     if not (directory / "config.json").is_file():
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     tokenizer = load_tokenizer(directory, where=where)
-    target = load_causal_lm(directory, False, torch.float32).eval()
+    target = load_causal_lm(directory, False, torch.float32).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
     rows = target.get_output_embeddings().weight.shape[0]
@@ -128,13 +131,14 @@ def train_drafter(
     with cpu_settings(cfg.threads), stop_signals() as stop:
         out = Path(cfg.out_dir)
         start = start_checkpoint(out, resume, cfg, CONFIG_FILE)
-        target, tokenizer, mask_id = load_target(cfg.target)
+        device = placement(cfg.device, "float32").device
+        target, tokenizer, mask_id = load_target(cfg.target, device=device)
         examples = _examples(cfg)
         limit = target.config.max_position_embeddings
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         if start is not None:
-            drafter = load_drafter(start)
+            drafter = load_drafter(start, device=device)
         else:
             config = drafter_config(
                 target.config,
@@ -144,6 +148,7 @@ def train_drafter(
                 target_layer_ids=list(cfg.target_layer_ids) or None,
             )
             drafter = DFlashDrafter(config)
+        drafter.to(device)
         optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)
         tracker = ProfileTracker(cfg.M, cfg.profile_decay)
         stream = ExampleStream(examples, cfg.seed)
@@ -197,6 +202,7 @@ def train_drafter(
                     where = f"{tokens:,}/{cfg.token_budget:,} tokens"
                     raise interrupted_at(step, where, out / f"checkpoint-{step:06d}", save, metrics)
                 ids, supervised = _batch(stream.take(cfg.batch_size), tokenizer, limit)
+                ids, supervised = ids.to(device), supervised.to(device)
                 for group in optimizer.param_groups:
                     group["lr"] = cfg.lr_at(tokens / cfg.token_budget)
                 result = drafter_loss(
