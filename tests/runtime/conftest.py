@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,18 @@ from brisk.runtime.train.selfgen import SelfGenOptions
 
 # Small enough for the suite: 40 problems × 2 samples of the trivial task at stride 4.
 MICRO_SELFGEN = SelfGenOptions(problems=40, samples=2, stride=4, max_new_tokens=24, chunk=16)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test: loops of many small forwards run several times slower
+    with two threads per worker beside the other worker's two, on two cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

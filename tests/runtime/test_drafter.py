@@ -38,6 +38,9 @@ from brisk.runtime.drafter import (
 )
 from brisk.runtime.isd.blocklog import BlockLogger
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
 V = 4  # small enough to enumerate every three-token output
 
 

@@ -37,6 +37,8 @@ from brisk.theory import (
 )
 from tests.runtime.test_drafter import greedy_reference, tiny_drafter, tiny_target
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def test_the_block_mask_shows_the_context_before_the_anchor_and_the_own_block() -> None:
     anchors, keep = torch.tensor([[1, 3]]), torch.tensor([[True, True]])
