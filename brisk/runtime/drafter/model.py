@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,9 +306,12 @@ class DFlashDrafter(nn.Module):
         return self.norm(h)
 
 
-def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
+def save_drafter(
+    drafter: DFlashDrafter, path: str | Path, extra: Callable[[Path], object] | None = None
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` in the DFlash format, atomically (a
-    reader sees the old checkpoint or the new one)."""
+    reader sees the old checkpoint or the new one); ``extra(directory)`` writes what else the
+    checkpoint holds (a trainer's config and state) before it is moved into place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -316,6 +320,8 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     drafter.config.save_pretrained(tmp)
     state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
     save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    if extra is not None:
+        extra(tmp)
     return replace_dir(tmp, path)
 
 

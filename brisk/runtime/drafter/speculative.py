@@ -138,7 +138,7 @@ def check_pair(target: Any, drafter: DFlashDrafter) -> None:
     """That ``drafter`` was built for ``target``: width, vocabulary, target layers and mask id;
     one line naming the first that does not match."""
     tc, spec = target.config, drafter.spec
-    text = getattr(tc, "text_config", tc) if hasattr(tc, "text_config") else tc
+    text = getattr(tc, "text_config", None) or tc  # a multimodal config keeps its LM here
     H, V, L = text.hidden_size, _vocab(target), text.num_hidden_layers
     if drafter.config.hidden_size != H:
         raise ValueError(f"drafter: hidden size {drafter.config.hidden_size}, the target's is {H}")

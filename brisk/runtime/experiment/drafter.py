@@ -30,6 +30,7 @@ from brisk._atomic import atomic_write_text
 from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import experiment_step, job_dir, run_jobs
 from brisk.runtime.train.drafter_config import WEIGHTINGS, DrafterTrainConfig
+from brisk.theory import AcceptanceProfile
 
 __all__ = ["DrafterEval", "DrafterExperimentConfig", "run_drafter_experiment"]
 
@@ -136,8 +137,7 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
         ar_s = time.perf_counter() - t0
     tokens = sum(len(o.tokens) for o in result.outputs)
     lengths = [L for o in result.outputs for L in o.accept_lengths]
-    reached = [sum(1 for L in lengths if i <= L) for i in range(train.M)]
-    accepted = [sum(1 for L in lengths if i < L) for i in range(train.M)]
+    profile = AcceptanceProfile.from_accept_lengths(np.asarray(lengths, dtype=np.int64), train.M)
     record = {
         "arm": arm,
         "seed": seed,
@@ -147,8 +147,8 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
         "target_forwards": sum(o.target_forwards for o in result.outputs),
         "tpf": result.tpf,
         "mean_accept": result.mean_accept,
-        "reached": reached,
-        "accepted": accepted,
+        "reached": profile.reached.tolist(),
+        "accepted": profile.accepted.tolist(),
         "draft_cost": result.draft_cost,
         "sd_tokens_per_s": tokens / sd_s,
         "ar_tokens_per_s": ar_tokens / ar_s,
@@ -229,7 +229,6 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
     acceptance per position, and the paper's direction for each other weighting."""
     from brisk.mechanism.stats import Interval
     from brisk.runtime.experiment.table import paired_change
-    from brisk.theory import AcceptanceProfile
 
     M = cfg.train.block_size - 1
     e = cfg.eval

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from brisk._atomic import replace_dir
 from brisk._interrupt import stop_signals
 from brisk.runtime.drafter import (
     DFlashDrafter,
@@ -168,10 +167,11 @@ def train_drafter(
             n_params = sum(p.numel() for p in drafter.parameters())
             metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
 
-        def save(path: Path) -> Path:
-            tmp = path.with_name(f".{path.name}.build")
-            save_drafter(drafter, tmp)
-            (tmp / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+        def write_config(directory: Path) -> None:
+            (directory / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+
+        def write_state(directory: Path) -> None:
+            write_config(directory)
             state = {
                 "step": step,
                 "tokens": tokens,
@@ -182,8 +182,10 @@ def train_drafter(
                 "rng": rng_state(),
                 "metrics_bytes": metrics.size,
             }
-            torch.save(state, tmp / STATE)
-            return replace_dir(tmp, path)
+            torch.save(state, directory / STATE)
+
+        def save(path: Path) -> Path:
+            return save_drafter(drafter, path, extra=write_state)
 
         progress = Progress(
             TextColumn(f"drafter {cfg.weighting}"),
@@ -244,12 +246,7 @@ def train_drafter(
                     save(out / f"checkpoint-{step:06d}")
         drafter.eval()
         wall = time.monotonic() - t0
-        final = out / "final"
-        save_drafter(drafter, final.with_name(".final.build"))
-        (final.with_name(".final.build") / CONFIG_FILE).write_text(
-            json.dumps(cfg.to_dict(), indent=2)
-        )
-        replace_dir(final.with_name(".final.build"), final)
+        final = save_drafter(drafter, out / "final", extra=write_config)
         evaluation = _evaluate(cfg, target, tokenizer, drafter) if cfg.eval_problems else None
         if evaluation is not None:
             metrics.write({"event": "eval", "step": step, **evaluation})
