@@ -38,7 +38,17 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "collect", help="decode training problems head-off and store policy-reached events"
     )
     add_problem_decode_arguments(
-        k, CollectOptions, checkpoint="the frozen backbone", out="event store directory (new)"
+        k,
+        CollectOptions,
+        checkpoint="the frozen backbone (with --drafter: the AR target)",
+        out="event store directory (new)",
+    )
+    k.add_argument(
+        "--drafter",
+        type=Path,
+        default=None,
+        help="a DFlash drafter of the AR target --checkpoint: collect the events of speculative "
+        "decoding (--stride defaults to its block size)",
     )
     k.set_defaults(run=run_collect)
 
@@ -47,6 +57,8 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 def run_collect(args: argparse.Namespace) -> int:
     from brisk.runtime.train.corrector_events import collect_from_checkpoint
 
+    if args.drafter is not None and args.cfg_stride is None:
+        args.cfg_stride = _block_size(args.drafter)
     store = run_problem_decode(
         CollectOptions,
         args,
@@ -58,6 +70,7 @@ def run_collect(args: argparse.Namespace) -> int:
             resume=args.resume,
             device=args.device,
             dtype=args.dtype,
+            drafter=args.drafter,
         ),
     )
     print(
@@ -66,6 +79,18 @@ def run_collect(args: argparse.Namespace) -> int:
         f"K = {store.K}, H = {store.hidden_size} in {args.out}"
     )
     return 0
+
+
+def _block_size(drafter: Path) -> int | None:
+    """The drafter's block size from its config (None where it cannot be read: loading the
+    drafter then says why)."""
+    import json
+
+    try:
+        size = json.loads((drafter / "config.json").read_text()).get("block_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) else None
 
 
 @exits_on_interrupt

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedModel
 
-__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone", "cache_keyword"]
+__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone", "ModelHeads", "cache_keyword"]
 
 MASK_TOKEN = "<|MASK|>"
 
@@ -262,3 +262,36 @@ def _tokenizer_mask_id(path: str | Path, trust_remote_code: bool) -> int | None:
     if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
         return None
     return token_id
+
+
+class ModelHeads:
+    """What the corrector reads of a model it does not decode through a :class:`Backbone`: E
+    (input embeddings) and E_out (LM head rows), for a Qwen3-layout ``model``
+    (``model.model.embed_tokens``, ``model.lm_head``), which SGLang's and transformers'
+    modules share: the served model in SGLang, the AR target of a speculative decode."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None) -> None:
+        inner = getattr(model, "model", None)
+        embed = getattr(inner, "embed_tokens", None)
+        head = getattr(model, "lm_head", None)
+        if embed is None or head is None or not hasattr(head, "weight"):
+            raise RuntimeError(
+                "corrector: the model has no model.embed_tokens / lm_head.weight "
+                f"(a Qwen3-layout model is needed), got {type(model).__name__}"
+            )
+        if hasattr(head, "shard_indices") and head.weight.shape[0] < (vocab_size or 0):
+            raise RuntimeError(
+                "corrector: the LM head is sharded across tensor-parallel ranks; the head needs "
+                "the whole vocabulary (tensor parallelism 1)"
+            )
+        self._embed, self._head = embed, head
+        # SGLang pads the head's rows; the model's vocabulary is the unpadded size
+        self.vocab_size = int(vocab_size) if vocab_size else int(head.weight.shape[0])
+        self.hidden_size = int(head.weight.shape[1])
+        self.device = head.weight.device
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self._embed(ids)  # type: ignore[no-any-return]
+
+    def lm_head_rows(self, ids: Tensor) -> Tensor:
+        return self._head.weight[ids]  # type: ignore[no-any-return]

@@ -1,7 +1,7 @@
 """The drafter family of verified parallel decoders: a DFlash-shaped block drafter conditioned
 on an autoregressive target's hidden states (:mod:`~brisk.runtime.drafter.model`) and the
-speculative decoding loop that verifies its blocks exactly
-(:mod:`~brisk.runtime.drafter.speculative`)."""
+speculative decoding loop that verifies its blocks exactly, with the corrector drafting over
+the drafter's Top-K when one is given (:mod:`~brisk.runtime.drafter.speculative`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from brisk.runtime.drafter.model import (
     load_drafter,
     save_drafter,
 )
-from brisk.runtime.drafter.speculative import SDOptions, SDOutput, SDResult, speculative_decode
+from brisk.runtime.drafter.speculative import (
+    SDOptions,
+    SDOutput,
+    SDResult,
+    check_head,
+    check_pair,
+    speculative_decode,
+)
 
 __all__ = [
     "DFlashDrafter",
@@ -22,6 +29,8 @@ __all__ = [
     "SDOutput",
     "SDResult",
     "build_target_layer_ids",
+    "check_head",
+    "check_pair",
     "drafter_config",
     "load_drafter",
     "save_drafter",

@@ -19,6 +19,17 @@ slot) in ISD's slot layout (:class:`~brisk.runtime.sampling.Slots`: the proposal
 the ``draft`` slots, acceptance at ``accept``, the correction at ``next``), so a request's output
 depends on its prompt, seed and id only. The prefill draws the first token like ISD's.
 
+**The corrector on drafts.** With ``head`` (a :class:`~brisk.runtime.corrector.Corrector` of
+M = B − 1 positions) the draft is the head's: C_i = the Top-K of the drafter's logits, and the
+head picks over C_i left to right, each pick conditioned on the previous ones
+(:meth:`~brisk.runtime.corrector.Corrector.select`: the argmax at T = 0, a draw from its π_i at
+T > 0, which verification is then given). The head reads the drafter's hidden states at the MASK
+slots, the target's E and E_out (:class:`~brisk.runtime.backbone.ModelHeads`), and for the anchor
+its token's embedding with a *zero* hidden state: what SGLang's DFlash sampler sees
+(:mod:`brisk.runtime.serving.dflash`), so one head serves both loops. A logger that collects
+(:class:`~brisk.runtime.train.event_store.EventWriter`) gets the head's inputs of every round,
+recorded the same way: the corrector's training events of this decoder.
+
 Requests run one at a time (batch 1, the target's ``DynamicCache``); tokens per forward count
 target forwards (the prefill's included), and the run measures the drafter's forward time
 relative to the target's verify forward (ρ of the cost model).
@@ -27,7 +38,7 @@ relative to the target's verify forward (ρ of the cost model).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,10 +46,19 @@ import torch
 from torch import Tensor
 
 from brisk.mechanism.schema import Verification
-from brisk.runtime.backbone import cache_keyword
+from brisk.runtime.backbone import ModelHeads, cache_keyword
+from brisk.runtime.corrector import Corrector
 from brisk.runtime.drafter.model import DFlashDrafter
-from brisk.runtime.isd.batched import Draft, candidate_q, draw_next, verify_block
+from brisk.runtime.isd.batched import (
+    Draft,
+    StepContext,
+    candidate_q,
+    draw_next,
+    propose,
+    verify_block,
+)
 from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
+from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
 __all__ = [
@@ -46,6 +66,7 @@ __all__ = [
     "SDOptions",
     "SDOutput",
     "SDResult",
+    "check_head",
     "check_pair",
     "speculative_decode",
     "verification_of",
@@ -122,12 +143,47 @@ class SDResult:
         return sum(lengths) / len(lengths) if lengths else float("nan")
 
 
-def verification_of(options: SDOptions) -> Verification:
-    """How the loop verifies drafts of ``options`` (the block log's verification)."""
-    if options.temperature == 0:
-        return Verification("greedy", "argmax", 1.0)
-    law = {"greedy": "argmax", "top-k": "q_topk", "sample": "q"}[options.draft]
-    return Verification("sampled", law, options.temperature)  # type: ignore[arg-type]
+def verification_of(options: SDOptions, head: Corrector | None = None) -> Verification:
+    """How the loop verifies drafts of ``options`` (the block log's verification): against the
+    head's law when a head drafts."""
+    T = options.temperature
+    if T == 0:
+        return Verification("greedy", "head" if head is not None else "argmax", 1.0)
+    law = "head" if head is not None else {"greedy": "argmax", "top-k": "q_topk", "sample": "q"}
+    return Verification("sampled", law if isinstance(law, str) else law[options.draft], T)  # type: ignore[arg-type]
+
+
+def _isd_law(options: SDOptions, head: Corrector | None) -> bool:
+    """Whether the draft law is one ISD's proposal step draws (greedy at T = 0, q restricted to
+    the Top-K, the head's), so the loop proposes through it."""
+    return head is not None or options.temperature == 0 or options.draft == "top-k"
+
+
+def _candidates(target: Any, options: SDOptions, head: Corrector | None) -> int:
+    """K: the head's candidates when it drafts, else ``top_k`` (at most the vocabulary)."""
+    return head.config.K if head is not None else min(options.top_k, _vocab(target))
+
+
+def check_head(target: Any, drafter: DFlashDrafter, head: Corrector, options: SDOptions) -> None:
+    """That ``head`` can draft for ``drafter`` on ``target`` under ``options``: its M is the
+    drafter's, its width and vocabulary the target's, and at T > 0 the drafts are Top-K draws
+    (the head samples over the drafter's Top-K); one line naming the first that does not."""
+    c, heads = head.config, ModelHeads(target, vocab_size=_vocab(target))
+    if c.M != drafter.spec.M:
+        raise ValueError(
+            f"head: a corrector for M = {c.M} positions; the drafter's block of "
+            f"{drafter.spec.block_size} drafts M = {drafter.spec.M}"
+        )
+    if (c.hidden_size, c.vocab_size) != (heads.hidden_size, heads.vocab_size):
+        raise ValueError(
+            f"head: a corrector for hidden {c.hidden_size} / vocab {c.vocab_size}; the target "
+            f"has {heads.hidden_size} / {heads.vocab_size}"
+        )
+    if options.temperature > 0 and options.draft != "top-k":
+        raise ValueError(
+            f"draft: with a head at T > 0 the drafts are the head's draws over the drafter's "
+            f"Top-K (draft 'top-k'), got {options.draft!r}"
+        )
 
 
 def _vocab(target: Any) -> int:
@@ -174,40 +230,49 @@ class _Context:
 
 
 def _propose(
-    logits: Tensor, anchor: Tensor, offset: int, options: SDOptions, u: Tensor, log: bool
+    logits: Tensor,
+    hidden: Tensor,
+    anchor: Tensor,
+    offset: int,
+    options: SDOptions,
+    u: Tensor,
+    ctx: StepContext,
 ) -> Draft:
-    """x_1..x_M from the drafter's logits ``[1, M, V]`` and the law π they were drawn from:
-    greedy and Top-K drafts over the Top-K candidates C_i (π one-hot at the argmax, or q
-    restricted to C_i), ``sample`` over the whole vocabulary. ``log``: fill q over C_i,
-    normalized over the vocabulary, for the block log."""
+    """x_1..x_M from the drafter's logits ``[1, M, V]`` and hidden states ``[1, M, H]`` at the
+    MASK slots, and the law π they were drawn from. Greedy drafts at T = 0, Top-K drafts and the
+    head's are ISD's proposal step (:func:`brisk.runtime.isd.batched.propose`, with the anchor's
+    hidden state zero as in SGLang's DFlash sampler); ``sample`` draws from the whole softmax,
+    and ``greedy`` at T > 0 proposes the argmax as a point mass over the Top-K."""
+    anchor_hidden = hidden.new_zeros(hidden.shape[0], hidden.shape[-1])
+    offsets = torch.tensor([offset], device=logits.device)
+    if _isd_law(options, ctx.corrector):
+        return propose(logits, hidden, anchor_hidden, anchor, offsets, u, ctx)
     T = options.temperature
-    law_kind = "greedy" if T == 0 else options.draft
-    scaled = logits.double() / (T if T > 0 else 1.0)
-    if law_kind == "sample":
+    if options.draft == "sample":
         cand_ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
-        law = torch.softmax(scaled, dim=-1)
+        law = torch.softmax(logits.double() / T, dim=-1)
         ranks = sample_inverse_cdf(law, u)
-    else:
-        cand_scaled, cand_ids = scaled.topk(min(options.top_k, logits.shape[-1]), dim=-1)
-        if law_kind == "greedy":
-            ranks = torch.zeros_like(cand_ids[..., 0])
-            law = torch.nn.functional.one_hot(ranks, cand_ids.shape[-1]).double()
-        else:
-            law = torch.softmax(cand_scaled, dim=-1)
-            ranks = sample_inverse_cdf(law, u)
-    q = candidate_q(logits, logits.gather(-1, cand_ids), T) if log else None
+    else:  # greedy at T > 0
+        cand_ids = logits.topk(ctx.K, dim=-1).indices
+        ranks = torch.zeros_like(cand_ids[..., 0])
+        law = torch.nn.functional.one_hot(ranks, cand_ids.shape[-1]).double()
+    cand_logits = logits.gather(-1, cand_ids)
     none = torch.full_like(ranks, -1)
+    kept = (anchor_hidden, hidden, cand_logits) if ctx.collect else (None, None, None)
     return Draft(
         tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
         ranks=ranks,
         cand_ids=cand_ids,
         law=law,
         anchor=anchor,
-        offset=torch.tensor([offset], device=logits.device),
+        offset=offsets,
         base_choice=ranks,
         head_choice=none,
         head_block=none,
-        q=q,
+        q=candidate_q(logits, cand_logits, T) if ctx.log else None,
+        anchor_hidden=kept[0],
+        mask_hidden=kept[1],
+        cand_logits=kept[2],
     )
 
 
@@ -220,13 +285,14 @@ def _decode_one(
     request: int,
     timing: list[float],
     logger: BlockLogger | None,
+    ctx: StepContext,
 ) -> SDOutput:
     from transformers import DynamicCache
 
     spec, device = drafter.spec, next(drafter.parameters()).device
     M, T = spec.M, options.temperature
     slots = Slots(M)
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     key = (torch.tensor([seed], device=device), torch.tensor([request], device=device))
 
     def uniforms(counter: int) -> Tensor:
@@ -254,8 +320,9 @@ def _decode_one(
         positions = torch.arange(start, start + M + 1, device=device)[None]
         assert context.kv is not None
         hidden = drafter(embed(block), positions, context.kv)
+        mask_hidden = hidden[:, 1:]
         draft = _propose(
-            head(hidden[:, 1:]), anchor, start + 1, options, u[:, 1 + M :], logger is not None
+            lm_head(mask_hidden), mask_hidden, anchor, start + 1, options, u[:, 1 + M :], ctx
         )
         t1 = time.perf_counter()
         verify_ids = torch.cat([anchor[:, None], draft.tokens], 1)
@@ -301,15 +368,23 @@ def speculative_decode(
     seeds: Sequence[int] | None = None,
     request_ids: Sequence[int] | None = None,
     logger: BlockLogger | None = None,
+    head: Corrector | None = None,
+    on_finish: Callable[[int, SDOutput], None] | None = None,
 ) -> SDResult:
     """Decode ``prompts`` (token ids) with ``drafter`` proposing and ``target`` (an HF causal
     LM) verifying (module docstring). ``seeds[r]`` and ``request_ids[r]`` (default r) key
     request r's uniforms. Runs under ``torch.inference_mode``; both models' modes are the
     caller's. ``logger`` receives one block-log row per round (the drafter's Top-K as the
     candidates; greedy or Top-K drafts) and each finished request's row, so
-    ``brisk mechanism report`` runs on the log."""
+    ``brisk mechanism report`` runs on the log; a logger that collects gets the corrector's
+    training events. ``head`` drafts over the drafter's Top-K (module docstring; the head's own
+    device and dtype, the caller's). ``on_finish(r, output)`` hears request r (its index in
+    ``prompts``) as it finishes."""
     options = options or SDOptions()
     check_pair(target, drafter)
+    if head is not None:
+        check_head(target, drafter, head, options)
+    K = _candidates(target, options, head)
     if logger is not None:
         if options.temperature > 0 and options.draft == "sample":
             raise ValueError(
@@ -321,13 +396,12 @@ def speculative_decode(
                 f"logger: writes {logger.decoder!r} logs; a speculative decode's rounds and "
                 'requests count other forwards (BlockLogger(..., decoder="speculative"))'
             )
-        K = min(options.top_k, _vocab(target))
         if (logger.M, logger.K) != (drafter.spec.M, K):
             raise ValueError(
                 f"logger: holds M = {logger.M}, K = {logger.K}; the drafter's block gives "
-                f"M = {drafter.spec.M} and top_k K = {K}"
+                f"M = {drafter.spec.M} and {'the head' if head else 'top_k'} K = {K}"
             )
-        logger.declare(verification_of(options))
+        logger.declare(verification_of(options, head))
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: need at least one prompt, each with at least one token")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
@@ -346,10 +420,20 @@ def speculative_decode(
                 f" new tokens + a block of {M + 1} exceeds the target's {limit} positions"
             )
     timing = [0.0, 0.0]
+    ctx = StepContext(
+        ISDOptions(stride=M + 1, temperature=options.temperature, top_k=K),
+        K,
+        backbone=ModelHeads(target, vocab_size=_vocab(target)) if head is not None else None,  # type: ignore[arg-type]
+        corrector=head,
+        log=logger is not None,
+        collect=logger is not None and logger.collects,
+    )
     with torch.inference_mode():
         outputs = []
-        for p, s, r in zip(prompts, seeds, request_ids, strict=True):
-            outputs.append(_decode_one(target, drafter, p, options, s, r, timing, logger))
+        for i, (p, s, r) in enumerate(zip(prompts, seeds, request_ids, strict=True)):
+            outputs.append(_decode_one(target, drafter, p, options, s, r, timing, logger, ctx))
             if logger is not None:
                 logger.log_request(r, len(p), outputs[-1])
+            if on_finish is not None:
+                on_finish(i, outputs[-1])
     return SDResult(outputs, M, draft_seconds=timing[0], verify_seconds=timing[1])

@@ -1,6 +1,5 @@
 """What SGLang's ``BRISK_ISD`` worker and the DFlash hook share, and the checks a launch makes.
 
-- :class:`ModelHeads` — the served model's E and E_out, which the corrector reads;
 - :func:`validate_sampling` — why a request's sampling cannot be served exactly (or None);
 - :func:`request_key` — a request's key for its uniforms, from SGLang's request id;
 - :func:`rank_logger` — the block log of this process (TP rank 0 only);
@@ -16,47 +15,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from brisk.runtime.isd.blocklog import BlockLogger
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
-__all__ = ["ModelHeads", "check_model", "rank_logger", "request_key", "validate_sampling"]
+__all__ = ["check_model", "rank_logger", "request_key", "validate_sampling"]
 
 ALGORITHM = "BRISK_ISD"
-
-
-class ModelHeads:
-    """What the corrector reads of the served model: E (input embeddings) and E_out (LM head
-    rows), for a Qwen3-layout ``model`` (``model.model.embed_tokens``, ``model.lm_head``), which
-    SGLang's and transformers' modules share."""
-
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None) -> None:
-        inner = getattr(model, "model", None)
-        embed = getattr(inner, "embed_tokens", None)
-        head = getattr(model, "lm_head", None)
-        if embed is None or head is None or not hasattr(head, "weight"):
-            raise RuntimeError(
-                "corrector: the served model has no model.embed_tokens / lm_head.weight "
-                f"(a Qwen3-layout model is needed), got {type(model).__name__}"
-            )
-        if hasattr(head, "shard_indices") and head.weight.shape[0] < (vocab_size or 0):
-            raise RuntimeError(
-                "corrector: the LM head is sharded across tensor-parallel ranks; the head needs "
-                "the whole vocabulary (tensor parallelism 1)"
-            )
-        self._embed, self._head = embed, head
-        # SGLang pads the head's rows; the model's vocabulary is the unpadded size
-        self.vocab_size = int(vocab_size) if vocab_size else int(head.weight.shape[0])
-        self.hidden_size = int(head.weight.shape[1])
-        self.device = head.weight.device
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self._embed(ids)  # type: ignore[no-any-return]
-
-    def lm_head_rows(self, ids: Tensor) -> Tensor:
-        return self._head.weight[ids]  # type: ignore[no-any-return]
 
 
 def validate_sampling(params: Any, temperature: float) -> str | None:

@@ -14,8 +14,11 @@ proposal law, which DFlash's verification (draft token against the target's argm
 its sample) is already exact for; no other law needs handing over.
 
 The sampler sees the MASK slots' hidden states, not the anchor slot's, so the head's anchor
-term gets the anchor token's embedding and a zero hidden state; a head for DFlash is trained on
-events recorded the same way.
+term gets the anchor token's embedding and a zero hidden state. brisk's speculative loop
+(:func:`brisk.runtime.drafter.speculative_decode`) drafts with a head the same way and records
+its training events the same way (``brisk train corrector collect --checkpoint TARGET
+--drafter DRAFTER``), so a head ``brisk train corrector`` trains on them is the head this hook
+loads, and it picks here what it picks in brisk's loop from the same hidden states.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from brisk.runtime.backbone import ModelHeads
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.serving.common import ModelHeads
 
 __all__ = ["ENV", "eager_when_reranking", "rerank", "reranker"]
 

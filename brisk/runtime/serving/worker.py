@@ -56,13 +56,13 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from torch import Tensor
 
+from brisk.runtime.backbone import ModelHeads
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd.batched import ISDState, StepContext, first_step, init_state, step
 from brisk.runtime.isd.blocklog import verification_for
 from brisk.runtime.isd.loop import log_verified
 from brisk.runtime.serving.chain import PoolStates, chain_attention, chain_layout, verify_mask
 from brisk.runtime.serving.common import (
-    ModelHeads,
     check_model,
     rank_logger,
     request_key,

@@ -250,8 +250,10 @@ def load_backbone(
 ) -> Backbone:
     """The store's frozen backbone (its recorded checkpoint unless another is given), checked
     against the store's sizes and, when recorded, its checkpoint hash; on ``device`` in
-    ``dtype`` (:func:`brisk.runtime.loader.load_model`)."""
-    from brisk.runtime.loader import load_model
+    ``dtype`` (:func:`brisk.runtime.loader.load_model`). A store of speculative decoding gets
+    its AR target's E and E_out (:class:`~brisk.runtime.backbone.ModelHeads`), in float32:
+    what the head reads of it."""
+    from brisk.runtime.loader import load_model, placement
     from brisk.runtime.train.selfgen import checkpoint_hash
 
     path = Path(checkpoint or store.meta.get("checkpoint", ""))
@@ -266,6 +268,14 @@ def load_backbone(
             f"backbone: {path} is not the checkpoint {store.path} was collected from "
             f"(hash {checkpoint_hash(path)} ≠ {expected})"
         )
+    if store.meta.get("decoder", {}).get("algorithm") == "speculative":
+        from brisk.runtime.backbone import ModelHeads
+        from brisk.runtime.train.drafter_loop import load_target
+
+        target, _, _ = load_target(path, "backbone", placement(device, "float32").device)
+        heads = ModelHeads(target, vocab_size=store.vocab_size)
+        store.check_backbone(heads)  # type: ignore[arg-type]
+        return heads  # type: ignore[return-value]
     backbone = load_model(path, device=device, dtype=dtype, where="backbone").backbone
     backbone.model.requires_grad_(False)
     store.check_backbone(backbone)

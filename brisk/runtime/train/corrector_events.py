@@ -2,7 +2,9 @@
 backbone, with everything the head's forward needs and the verifier's targets.
 
 An *event* is one verify round of the deployed decoder (ISD at stride N, temperature T, head
-off, exact verification): the block the base proposed and what verification made of it. The
+off, exact verification; or speculative decoding, a DFlash drafter proposing and its AR target
+verifying: :func:`collect_draft_events`): the block the base proposed and what verification
+made of it. The
 events are written as an event store (:mod:`brisk.runtime.train.event_store`: its layout, the
 writer and the reader).
 
@@ -20,7 +22,8 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +36,15 @@ from brisk.runtime.train.resume import config_changes
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from brisk.mechanism.schema import Decoder
     from brisk.runtime.backbone import Backbone
+    from brisk.runtime.drafter import DFlashDrafter, SDOptions
     from brisk.runtime.isd.options import ISDOptions
 
 __all__ = [
     "CollectOptions",
     "EventStore",
+    "collect_draft_events",
     "collect_events",
     "collect_from_checkpoint",
     "refuse_complete",
@@ -74,22 +80,154 @@ def collect_events(
     library's default) continues after them to the store an uninterrupted run writes, while
     without it they are refused. ``on_resume(n)`` hears how many requests were collected before.
     """
-    import torch
-
     from brisk.runtime.isd import decode
 
-    out = Path(out)
-    refuse_complete(out)
-    K = min(options.top_k, backbone.vocab_size)
+    def decode_batch(lo: int, hi: int, writer: EventWriter, finished: Any) -> list[int]:
+        result = decode(
+            backbone,
+            prompts[lo:hi],
+            options,
+            seeds=seeds_[lo:hi],
+            request_ids=ids[lo:hi],
+            logger=writer,
+            batch_size=batch_size,
+            on_finish=finished,
+            fit_positions=True,  # a long prompt decodes what fits after it
+        )
+        return [len(t) for t in result.tokens]
+
     n = len(prompts)
     ids = list(range(n)) if request_ids is None else list(request_ids)
-    seeds = list(range(n)) if seeds is None else list(seeds)
+    seeds_ = list(range(n)) if seeds is None else list(seeds)
+    shape = _Shape(options.M, min(options.top_k, backbone.vocab_size), backbone.hidden_size)
+    decoder = {"decoder": asdict(options)}
+    sizes = {"vocab_size": backbone.vocab_size, "stride": options.stride}
+    return _collect(
+        Path(out),
+        prompts,
+        seeds_,
+        ids,
+        shape,
+        decoder,
+        {**sizes, "temperature": options.temperature},
+        decode_batch,
+        "isd",
+        correct=correct,
+        provenance=provenance,
+        feature_dtype=feature_dtype,
+        batch_size=batch_size,
+        on_finish=on_finish,
+        on_resume=on_resume,
+        resume=resume,
+    )
+
+
+def collect_draft_events(
+    target: Any,
+    drafter: DFlashDrafter,
+    prompts: Sequence[Sequence[int]],
+    options: SDOptions,
+    out: str | Path,
+    *,
+    seeds: Sequence[int] | None = None,
+    request_ids: Sequence[int] | None = None,
+    correct: Any = None,
+    provenance: dict[str, Any] | None = None,
+    feature_dtype: str = "float32",
+    batch_size: int = 16,
+    on_finish: Any = None,
+    on_resume: Any = None,
+    resume: bool = True,
+) -> EventStore:
+    """The corrector's events of speculative decoding: ``drafter`` proposing, ``target``
+    verifying (:func:`brisk.runtime.drafter.speculative_decode`, head off; greedy drafts at
+    T = 0, ``options.draft`` at T > 0, ``sample`` refused: a store holds Top-K candidates). The
+    rows hold the drafter's MASK-slot hidden states, a zero anchor hidden state (what SGLang's
+    DFlash sampler gives the head) and the drafter's Top-K logits; the store's ``backbone`` is
+    the target, whose E and E_out the head reads. Otherwise as :func:`collect_events`: batches
+    of ``batch_size`` requests, interruption, ``resume``."""
+    from brisk.runtime.drafter import speculative_decode
+
+    def decode_batch(lo: int, hi: int, writer: EventWriter, finished: Any) -> list[int]:
+        result = speculative_decode(
+            target,
+            drafter,
+            prompts[lo:hi],
+            options,
+            seeds=seeds_[lo:hi],
+            request_ids=ids[lo:hi],
+            logger=writer,
+            on_finish=finished,
+        )
+        return [len(o.tokens) for o in result.outputs]
+
+    n = len(prompts)
+    ids = list(range(n)) if request_ids is None else list(request_ids)
+    seeds_ = list(range(n)) if seeds is None else list(seeds)
+    V = int(target.get_output_embeddings().weight.shape[0])
+    M = drafter.spec.M
+    shape = _Shape(M, min(options.top_k, V), drafter.config.hidden_size)
+    decoder = {"decoder": {"algorithm": "speculative", **asdict(options)}}
+    sizes = {"vocab_size": V, "stride": M + 1, "temperature": options.temperature}
+    return _collect(
+        Path(out),
+        prompts,
+        seeds_,
+        ids,
+        shape,
+        decoder,
+        sizes,
+        decode_batch,
+        "speculative",
+        correct=correct,
+        provenance=provenance,
+        feature_dtype=feature_dtype,
+        batch_size=batch_size,
+        on_finish=on_finish,
+        on_resume=on_resume,
+        resume=resume,
+    )
+
+
+@dataclass(frozen=True)
+class _Shape:
+    M: int
+    K: int
+    hidden_size: int
+
+
+def _collect(
+    out: Path,
+    prompts: Sequence[Sequence[int]],
+    seeds: list[int],
+    ids: list[int],
+    shape: _Shape,
+    decoder: dict[str, Any],
+    sizes: dict[str, Any],
+    decode_batch: Callable[[int, int, EventWriter, Any], list[int]],
+    family: Decoder,
+    *,
+    correct: Any,
+    provenance: dict[str, Any] | None,
+    feature_dtype: str,
+    batch_size: int,
+    on_finish: Any,
+    on_resume: Any,
+    resume: bool,
+) -> EventStore:
+    """The collection loop both decoders share: ``decode_batch(lo, hi, writer, finished)``
+    decodes requests lo..hi − 1 into ``writer`` (calling ``finished(r, output)`` with r counted
+    from lo) and returns their token counts."""
+    import torch
+
+    refuse_complete(out)
+    n = len(prompts)
     inputs = json.dumps([[[int(t) for t in p] for p in prompts], seeds, ids]).encode()
     settings = {  # what makes two runs collect the same store (the path aside: its hash counts)
         "provenance": {k: v for k, v in (provenance or {}).items() if k != "checkpoint"},
-        "decoder": asdict(options),
-        "K": K,
-        "hidden_size": backbone.hidden_size,
+        **decoder,
+        "K": shape.K,
+        "hidden_size": shape.hidden_size,
         "feature_dtype": feature_dtype,
         "batch_size": batch_size,
         "requests": n,
@@ -113,38 +251,27 @@ def collect_events(
                 raise partial.interrupted(n)
             # A batch: decoded into staging/, thrown away if a signal cuts it short.
             hi = min(lo + batch_size, n)
-            writer = EventWriter(partial.staging, options.M, K, backbone.hidden_size, feature_dtype)
+            writer = EventWriter(
+                partial.staging, shape.M, shape.K, shape.hidden_size, feature_dtype, family
+            )
             try:
                 with (
                     writer,
                     stop.abortable(),
                     torch.inference_mode(),
                 ):  # closed before `except` runs
-                    result = decode(
-                        backbone,
-                        prompts[lo:hi],
-                        options,
-                        seeds=seeds[lo:hi],
-                        request_ids=ids[lo:hi],
-                        logger=writer,
-                        batch_size=batch_size,
-                        on_finish=finished,
-                        fit_positions=True,  # a long prompt decodes what fits after it
-                    )
+                    tokens = decode_batch(lo, hi, writer, finished)
             except KeyboardInterrupt:
                 raise partial.interrupted(n) from None
-            partial.commit(
-                writer.events, [grades[r] for r in range(lo, hi)], [len(t) for t in result.tokens]
-            )
+            partial.commit(writer.events, [grades[r] for r in range(lo, hi)], tokens)
     meta = {
         "format": FORMAT,
+        "decoder": {"algorithm": family, "head": "off"},  # what the head is trained to draft for
         **(provenance or {}),
-        "hidden_size": backbone.hidden_size,
-        "vocab_size": backbone.vocab_size,
-        "M": options.M,
-        "K": K,
-        "stride": options.stride,
-        "temperature": options.temperature,
+        "hidden_size": shape.hidden_size,
+        "M": shape.M,
+        "K": shape.K,
+        **sizes,
         "feature_dtype": feature_dtype,
         "events": partial.events,
         "requests": n,
@@ -303,13 +430,19 @@ def collect_from_checkpoint(
     resume: bool = True,
     device: str | None = None,
     dtype: str | None = None,
+    drafter: str | Path | None = None,
 ) -> EventStore:
     """Events of a checkpoint on the training problems of ``options.task`` (by default the world
     it was trained on), each response graded by the task's grader (interruption and ``resume``
     as in :func:`collect_events`); the model runs on ``device`` in ``dtype``
-    (:func:`brisk.runtime.loader.placement`)."""
+    (:func:`brisk.runtime.loader.placement`).
+
+    With ``drafter`` (a DFlash drafter for the AR target ``checkpoint``) the events are those of
+    speculative decoding (:func:`collect_draft_events`: greedy drafts at T = 0, Top-K drafts at
+    T > 0, in float32); ``options.stride`` must be the drafter's block size."""
     from rich.progress import Progress
 
+    from brisk.runtime.drafter import SDOptions
     from brisk.runtime.prompts import completion_text, encode_prompts
     from brisk.runtime.train.selfgen import checkpoint_hash, deployed_decoder, tokenizer_hash
 
@@ -320,7 +453,10 @@ def collect_from_checkpoint(
         n=options.problems, seed=options.problem_seed, split="train", checkpoint=checkpoint
     )
     refuse_complete(Path(out))  # before loading the model
-    tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
+    if drafter is not None:
+        target, tokenizer, spec = _draft_pair(checkpoint, drafter, options, device)
+    else:
+        tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
     problems = task.problems(tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")
@@ -342,6 +478,31 @@ def collect_from_checkpoint(
     }
     with Progress(disable=not show_progress) as progress:
         bar = progress.add_task("collect", total=len(index))
+        if drafter is not None:
+            provenance["decoder"] = {"algorithm": "speculative", "head": "off"}
+            provenance["drafter"] = str(drafter)
+            provenance["drafter_hash"] = checkpoint_hash(drafter)
+            return collect_draft_events(
+                target,
+                spec,
+                prompts,
+                SDOptions(
+                    temperature=options.temperature,
+                    draft="top-k" if options.temperature > 0 else "greedy",
+                    top_k=options.top_k,
+                    max_new_tokens=options.max_new_tokens,
+                    eos_token_id=tokenizer.eos_token_id,
+                ),
+                out,
+                seeds=seeds,
+                correct=correct,
+                provenance=provenance,
+                feature_dtype=options.feature_dtype,
+                batch_size=options.batch_size,
+                on_finish=lambda _r, _o: progress.advance(bar),
+                on_resume=lambda n: progress.advance(bar, n),
+                resume=resume,
+            )
         return collect_events(
             backbone,
             prompts,
@@ -356,3 +517,28 @@ def collect_from_checkpoint(
             on_resume=lambda n: progress.advance(bar, n),
             resume=resume,
         )
+
+
+def _draft_pair(
+    checkpoint: Path, drafter: str | Path, options: CollectOptions, device: str | None
+) -> tuple[Any, Any, DFlashDrafter]:
+    """The frozen AR target, its tokenizer and the drafter, checked against each other and
+    against ``options``' stride."""
+    from brisk.runtime.drafter import check_pair, load_drafter
+    from brisk.runtime.loader import placement
+    from brisk.runtime.train.drafter_loop import load_target
+
+    where = placement(device, "float32").device
+    target, tokenizer, _ = load_target(checkpoint, "--checkpoint", where)
+    try:
+        model = load_drafter(drafter, device=where).eval()
+        check_pair(target, model)
+    except ValueError as err:
+        raise ValueError(f"--drafter: {err}") from None
+    if options.stride != model.spec.block_size:
+        raise ValueError(
+            f"--stride: {options.stride}, but the drafter's block is {model.spec.block_size} "
+            f"(pass --stride {model.spec.block_size})"
+        )
+    model.requires_grad_(False)
+    return target, tokenizer, model

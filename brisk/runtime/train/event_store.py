@@ -35,6 +35,7 @@ from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.train.corrector_config import FEATURE_DTYPES
 
 if TYPE_CHECKING:
+    from brisk.mechanism.schema import Decoder
     from brisk.runtime.backbone import Backbone
     from brisk.runtime.isd.batched import Draft
 
@@ -62,12 +63,18 @@ class EventWriter(BlockLogger):
     collects = True
 
     def __init__(
-        self, path: str | Path, M: int, K: int, hidden_size: int, feature_dtype: str = "float32"
+        self,
+        path: str | Path,
+        M: int,
+        K: int,
+        hidden_size: int,
+        feature_dtype: str = "float32",
+        decoder: Decoder = "isd",
     ) -> None:
         if feature_dtype not in FEATURE_DTYPES:
             raise ValueError(f"feature_dtype: one of {FEATURE_DTYPES}, got {feature_dtype!r}")
         path = Path(path)
-        super().__init__(path / "blocks", M, K)
+        super().__init__(path / "blocks", M, K, decoder=decoder)
         self.hidden_size, self.feature_dtype = hidden_size, feature_dtype
         self.meta = {"hidden_size": hidden_size, "M": M, "K": K, "feature_dtype": feature_dtype}
         (path / "features").mkdir(parents=True, exist_ok=True)
