@@ -60,7 +60,7 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import ProfileTracker
 
-__all__ = ["DrafterResult", "heldout_prompts", "load_target", "train_drafter"]
+__all__ = ["DrafterResult", "load_target", "task_prompts", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
 
@@ -271,15 +271,18 @@ def _batch(
     return ids, supervised
 
 
-def heldout_prompts(dataset: str | Path, n: int, tokenizer: Any) -> list[list[int]] | None:
-    """The token ids of ``n`` held-out prompts of the task a regenerated dataset was drawn from
-    (the world's test split; None for a user's prompt file, which has none)."""
+def task_prompts(
+    dataset: str | Path, n: int, tokenizer: Any, split: str = "test"
+) -> list[list[int]] | None:
+    """The token ids of ``n`` prompts of the task a regenerated dataset was drawn from, from its
+    ``split`` (test: held out; train: what training may see); None for a user's prompt file,
+    which has no splits."""
     from brisk.runtime.prompts import encode_prompt
 
     described = dict(read_provenance(dataset)["task"])
     if described.get("name") == "file":
         return None
-    described.update(split="test", n=n)
+    described.update(split=split, n=n)
     problems = task_from_description(described).problems(tokenizer)
     return [encode_prompt(tokenizer, p.prompt) for p in problems]
 
@@ -289,7 +292,7 @@ def _evaluate(
 ) -> dict[str, Any] | None:
     """Greedy speculative decoding of the dataset task's held-out prompts: TPF and E[L]
     (None for a dataset of a user's prompt file)."""
-    prompts = heldout_prompts(cfg.dataset, cfg.eval_problems, tokenizer)
+    prompts = task_prompts(cfg.dataset, cfg.eval_problems, tokenizer)
     if prompts is None:
         return None
     limit = target.config.max_position_embeddings - cfg.block_size
