@@ -94,7 +94,9 @@ def test_the_drafter_experiment_writes_its_tables_and_resumes(
     micro_base: Path, micro_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two weightings × two seeds on the micro target: one job row each, the summary's three
-    tables, and a rerun that reads every job back."""
+    tables, and a rerun that reads every job back; then a ``[head]`` section: the rerun adds the
+    head stage to the brisk jobs alone (head-on greedy output is head-off's, head-off TPF the
+    job's), and the summary its head table."""
     config = tmp_path / "exp.toml"
     config.write_text(
         f'out_dir = "{tmp_path / "exp"}"\ntarget = "{micro_base}"\ndataset = "{micro_dataset}"\n'
@@ -118,3 +120,25 @@ def test_the_drafter_experiment_writes_its_tables_and_resumes(
     assert main(["experiment", "drafter", "--config", str(config), "--no-progress"]) == 0
     again = json.loads((tmp_path / "exp" / "summary.json").read_text())
     assert again["evals"] == summary["evals"]
+
+    config.write_text(
+        config.read_text()
+        + '[head]\narms = ["brisk"]\nproblems = 8\nK = 4\nepochs = 2\nbatch_size = 16\n'
+    )
+    assert main(["experiment", "drafter", "--config", str(config), "--no-progress"]) == 0
+    headed = json.loads((tmp_path / "exp" / "summary.json").read_text())["evals"]
+    for before, after in zip(summary["evals"], headed, strict=True):
+        if after["arm"] == "uniform":
+            assert after == before  # read back: no head asked for
+            continue
+        head = after.pop("head")
+        assert after == before  # the head-off job is kept as it was
+        assert head["identical_output"] is True  # greedy: both are the target's decoding
+        assert head["tpf_off"] == pytest.approx(before["tpf"])  # the same decode, again
+        assert head["tpf"] == pytest.approx(head["output_tokens"] / head["target_forwards"])
+        assert head["events"] > 0
+        assert head["head_val_loss"] < head["head_val_loss_init"]
+    table = (tmp_path / "exp" / "summary.md").read_text()
+    assert "Head on and off" in table
+    assert "| brisk | " in table.split("Head on and off")[1]
+    assert "| 2/2 | 2 |" in table  # same output in both seeds
