@@ -295,9 +295,17 @@ def _load(out: Path, mode: str) -> dict[str, Any]:
 
 
 def _worker(mode: str, out: Path, *args: str) -> None:
+    import torch.distributed as dist
+
     rank = int(os.environ["RANK"])
     record = _record_collectives(out, *args) if mode == "collectives" else _load(out, mode)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
+    # torch's shutdown pattern, explicitly, while the interpreter is whole: no rank tears its
+    # gloo pairs down while the other still talks, and no work object outlives the group (a
+    # rank exiting on brisk's atexit destroy alone aborted, rarely, with "terminate called
+    # without an active exception")
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

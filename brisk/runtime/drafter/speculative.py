@@ -147,10 +147,11 @@ def verification_of(options: SDOptions, head: Corrector | None = None) -> Verifi
     """How the loop verifies drafts of ``options`` (the block log's verification): against the
     head's law when a head drafts."""
     T = options.temperature
+    laws = {"greedy": "argmax", "top-k": "q_topk", "sample": "q"}
+    law = "head" if head is not None else "argmax" if T == 0 else laws[options.draft]
     if T == 0:
-        return Verification("greedy", "head" if head is not None else "argmax", 1.0)
-    law = "head" if head is not None else {"greedy": "argmax", "top-k": "q_topk", "sample": "q"}
-    return Verification("sampled", law if isinstance(law, str) else law[options.draft], T)  # type: ignore[arg-type]
+        return Verification("greedy", law, 1.0)  # type: ignore[arg-type]
+    return Verification("sampled", law, T)  # type: ignore[arg-type]
 
 
 def _isd_law(options: SDOptions, head: Corrector | None) -> bool:
