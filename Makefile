@@ -171,7 +171,7 @@ docs: $(STAMP)
 
 # brisk's suite in .venv, then the SGLang contract tests and `brisk bench serve` in .venv-serving.
 test: lint typecheck docs
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 --durations=25
 	$(MAKE) test-serving
 
 # A test file per worker: each file's servers (module fixtures) start in one process.

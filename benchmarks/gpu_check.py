@@ -18,6 +18,10 @@ per-token tensor has the 8B width):
 - ``corrector_triton_equals_naive_T*``, ``corrector_cuda_graph_equals_eager``: the fused head
   against its torch twin, and its CUDA-graph replay against eager;
 - ``isd_fused_head_equals_naive_T1_bf16``: ISD with the head on, fused vs naive, same tokens;
+- ``sd_greedy_equals_ar``: speculative decoding with a random DFlash-shaped drafter (block 8)
+  on the small fp32 target equals its greedy AR decoding token for token;
+- ``sd_8b_bf16``: the same loop on the 8B-shaped bf16 target with a 1-layer drafter at its width
+  (block 16, DFlash's shape): the draft cost ρ, tok/s and the peak above the weights;
 - ``flex_compiled_proposal_step``: a bf16 proposal step (hidden states, chunked stream losses,
   backward) at three (L, offset) pairs through compiled flex: the graphs dynamo compiled (one
   per padded length) and the peak against the micro-batch's bf16 logits (target ≤ 2×);
@@ -226,6 +230,50 @@ def in_process(budget_s: float, smoke: bool) -> None:
         return same == len(Q), f"{same}/{len(Q)} requests equal"
 
     check("isd_fused_head_equals_naive_T1_bf16", fused_isd)
+
+    def drafter_for(target: Any, block: int, dtype: Any) -> Any:
+        from brisk.runtime.drafter import DFlashDrafter, drafter_config
+
+        cfg = drafter_config(
+            target.config,
+            num_layers=1,
+            block_size=block,
+            mask_token_id=target.config.vocab_size - 1,
+            target_layer_ids=[0],
+        )
+        return DFlashDrafter(cfg).to(dev, dtype).eval()
+
+    def sd_greedy() -> tuple[bool, str]:
+        from brisk.runtime.drafter import SDOptions, speculative_decode
+
+        R, n = (P[:2], 16) if smoke else (P, 48)  # one request at a time: slow on a CPU
+        ar = torch.no_grad()(greedy_decode)(small, R, n, -1)
+        drafter = drafter_for(small.model, 8, torch.float32)
+        sd = speculative_decode(small.model, drafter, R, SDOptions(max_new_tokens=n))
+        same = sum(a == o.tokens for a, o in zip(ar, sd.outputs, strict=True))
+        return same == len(R), f"{same}/{len(R)} prompts token for token, TPF {sd.tpf:.2f}"
+
+    check("sd_greedy_equals_ar", sd_greedy)
+
+    def sd_8b() -> tuple[bool, str]:
+        from brisk.runtime.drafter import SDOptions, speculative_decode
+
+        drafter = drafter_for(big.model, 16, dtype)
+        Q = torch.randint(0, V - 2, (2, 256)).tolist()
+        base = mem.reset()
+        t = time.monotonic()
+        out = speculative_decode(
+            big.model, drafter, Q, SDOptions(max_new_tokens=16 if smoke else 64)
+        )
+        wall, above = time.monotonic() - t, mem.peak() - base
+        tokens = sum(len(o.tokens) for o in out.outputs)
+        return out.tpf >= 1.0, (
+            f"{tokens} tokens in {wall:.1f} s ({tokens / wall:.0f} tok/s, batch 1), TPF "
+            f"{out.tpf:.2f}, draft cost ρ {out.draft_cost:.2f}, peak above the weights "
+            f"{above / GiB:.2f} GiB"
+        )
+
+    check("sd_8b_bf16", sd_8b)
     if not smoke:  # the 8B-shaped layers and the head are done with: room for training
         big.model.to("meta")
         torch.cuda.empty_cache()
