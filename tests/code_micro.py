@@ -1,9 +1,10 @@
 """The code world at micro scale, built through the command line as a user builds it, for the
-main suite (``tests/worlds/test_code_world_path.py``) and the serving suite
-(``tests/serving/test_code_server.py``).
+main suite (``tests/worlds/test_code_world_path.py``, ``tests/runtime/test_drafter_bpe.py``) and
+the serving suite (``tests/serving/test_code_server.py``).
 
 :func:`build_code_world` writes two configs and runs ``brisk train ar`` then ``brisk train base
---init`` (≈ 30 s here, one thread each), the tokenizer cached inside the world's directory. The
+--init`` (≈ 30 s here, one thread each), the tokenizer cached inside the world's directory;
+:func:`build_code_ar` runs the first alone (the AR model, a drafter's target). The
 corpus is small on purpose. Its training files are ``operator.py``, ``stat.py`` and
 ``genericpath.py``: 73 short, regular functions of at most 400 characters, which both streams of
 a 2-layer model learn by heart in a few hundred steps. Its held-out files are
@@ -30,6 +31,7 @@ __all__ = [
     "accept_totals",
     "brisk",
     "brisk_decode",
+    "build_code_ar",
     "build_code_world",
     "problem_rows",
     "read_jsonl",
@@ -126,19 +128,29 @@ def brisk(world: Path, *args: object, timeout: float = TIMEOUT_S) -> str:
     return done.stdout
 
 
+def build_code_ar(world: Path) -> Path:
+    """The micro code world's AR model under ``world`` (``brisk train ar``: ``ar.toml``, the run
+    ``ar/``, the tokenizer cache ``cache/``); returns its ``final`` checkpoint, a Qwen3 causal LM
+    with the byte-level BPE tokenizer (the AR target of the drafter tests)."""
+    world.mkdir(parents=True, exist_ok=True)
+    include = json.dumps([*TRAIN, *HELDOUT])
+    model = MODEL.format(include=include)
+    (world / "ar.toml").write_text(AR.format(out=world / "ar", include=include) + model)
+    brisk(world, "train", "ar", "--config", world / "ar.toml", "--no-progress")
+    return world / "ar" / "final"
+
+
 def build_code_world(world: Path) -> Path:
     """The micro code world under ``world``: ``ar.toml`` / ``base.toml``, the runs ``ar/`` and
     ``base/`` (each with ``metrics.jsonl``), the tokenizer cache ``cache/``; returns the I-DLM
     base's ``final`` checkpoint."""
-    world.mkdir(parents=True, exist_ok=True)
+    ar = build_code_ar(world)
     include = json.dumps([*TRAIN, *HELDOUT])
-    model = MODEL.format(include=include)
-    ar, base = world / "ar", world / "base"
-    (world / "ar.toml").write_text(AR.format(out=ar, include=include) + model)
+    base = world / "base"
     (world / "base.toml").write_text(
-        BASE.format(out=base, init=ar / "final", stride=STRIDE, include=include) + model
+        BASE.format(out=base, init=ar, stride=STRIDE, include=include)
+        + MODEL.format(include=include)
     )
-    brisk(world, "train", "ar", "--config", world / "ar.toml", "--no-progress")
     brisk(world, "train", "base", "--config", world / "base.toml", "--no-progress")
     return base / "final"
 

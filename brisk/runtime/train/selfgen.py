@@ -22,8 +22,8 @@ written to a temporary file and renamed, so a kill loses at most the chunk being
 or SIGTERM discards that chunk at once and ends with :class:`~brisk._interrupt.Interrupted`.
 With ``resume`` (the library's default, which the experiments rely on) a rerun into the same
 directory continues after the last complete part, to the dataset an uninterrupted run writes;
-without it a directory holding parts is refused, and either way one made with other settings
-is (the differences named).
+without it a directory holding parts is refused, and either way one whose parts were made with
+other settings is (the differences named).
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ def generate_dataset(
     _claim(out, provenance, options, resume, len(problems))
 
     tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
+    _check_fit(tokenizer, problems, backbone.max_positions, options.stride)
     R = options.samples
     meta = {META_KEY: json.dumps(provenance).encode()}
     chunks = range(0, len(problems), options.chunk)
@@ -259,14 +260,16 @@ def generate_dataset(
 def _claim(
     out: Path, provenance: dict[str, Any], options: SelfGenOptions, resume: bool, n_problems: int
 ) -> None:
-    """Make ``out`` the dataset's directory: a new one gets the provenance; one made with other
-    settings is refused, and one holding parts unless ``resume``."""
+    """Make ``out`` the dataset's directory: a new one, or one holding no part yet (a run
+    refused or stopped before its first part), gets the provenance; one whose parts were made
+    with other settings is refused, and one holding parts unless ``resume``."""
     out.mkdir(parents=True, exist_ok=True)
     for tmp in out.glob(".part-*.tmp"):  # what a kill during a write left
         tmp.unlink()
     from brisk.runtime.train.resume import config_changes
 
-    if (out / PROVENANCE).exists():
+    parts, total = len(list(out.glob("part-*.parquet"))), -(-n_problems // options.chunk)
+    if (out / PROVENANCE).exists() and parts:  # without a part it holds no dataset to keep
         old = read_provenance(out)
         changes = config_changes({**old, "checkpoint": None}, {**provenance, "checkpoint": None})
         if changes:
@@ -276,11 +279,28 @@ def _claim(
             )
     else:
         atomic_write_text(out / PROVENANCE, json.dumps(provenance, indent=2))
-    parts, total = len(list(out.glob("part-*.parquet"))), -(-n_problems // options.chunk)
     if parts and not resume:
         held = "a complete dataset" if parts == total else f"a dataset ({parts} of {total} parts)"
         way_out = "" if parts == total else "pass --resume to continue it or "
         raise ValueError(f"--out: {out} already holds {held}; {way_out}choose another --out")
+
+
+def _check_fit(tokenizer: Any, problems: list[Any], limit: int | None, stride: int) -> None:
+    """That every prompt leaves the model's positions room for a token and ISD's 2M slots
+    (decode shortens a long prompt's budget to what fits, but a prompt with no room cannot
+    decode): one line naming ``--task`` and the first problem that does not fit."""
+    from brisk.runtime.prompts import encode_prompt
+
+    if limit is None:
+        return
+    room = limit - 1 - 2 * (stride - 1)
+    for p in problems:
+        n = len(encode_prompt(tokenizer, p.prompt))
+        if n > room:
+            raise ValueError(
+                f"--task: problem {p.id}'s prompt is {n} tokens; at stride {stride} the model's "
+                f"{limit} positions take prompts of at most {room}"
+            )
 
 
 def _interrupted(out: Path, done: int, total: int, rows: int) -> Interrupted:
