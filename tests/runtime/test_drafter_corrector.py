@@ -201,7 +201,8 @@ def test_brisk_train_corrector_collects_a_drafters_events_and_trains_on_them(
 ) -> None:
     """The command-line door: ``collect --drafter`` on the AR target's training problems (the
     stride defaults to the drafter's block), then ``brisk train corrector`` on the store; a
-    drafter of another block than ``--stride`` is refused in one line."""
+    drafter of another block than ``--stride`` and a prompt the target's positions cannot hold
+    with the budget are refused in one line, before anything is written."""
     from brisk.runtime.drafter import DFlashDrafter, drafter_config, save_drafter
     from brisk.runtime.train.drafter_loop import load_target
     from brisk.runtime.train.event_store import EventStore
@@ -231,3 +232,10 @@ def test_brisk_train_corrector_collects_a_drafters_events_and_trains_on_them(
     err = capsys.readouterr().err.strip()
     assert err.endswith("--stride: 6, but the drafter's block is 4 (pass --stride 4)")
     assert len(err.splitlines()) == 1
+    long = ["--max-new-tokens", "100000", "--out", str(tmp_path / "ev3")]
+    assert main([*collect, *flags, *long]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--task: problem 0's prompt is" in err
+    assert "--max-new-tokens 100000 and a block of 4 it exceeds the target's 128" in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "ev3").exists() and not (tmp_path / ".ev3.partial").exists()

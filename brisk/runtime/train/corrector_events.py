@@ -463,6 +463,16 @@ def collect_from_checkpoint(
     index = [(i, s) for i in range(len(problems)) for s in range(options.samples)]
     prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
     seeds = [options.decode_seed(i, s) for i, s in index]
+    if drafter is not None:  # ISD fits its budget after a long prompt; the drafter's loop cannot
+        limit = target.config.max_position_embeddings - spec.spec.block_size
+        for r, prompt in enumerate(prompts):
+            if len(prompt) + options.max_new_tokens > limit:
+                raise ValueError(
+                    f"--task: problem {index[r][0]}'s prompt is {len(prompt)} tokens; with "
+                    f"--max-new-tokens {options.max_new_tokens} and a block of "
+                    f"{spec.spec.block_size} it exceeds the target's "
+                    f"{target.config.max_position_embeddings} positions"
+                )
 
     def correct(r: int, output: Any) -> bool:  # a grader that raises counts as wrong
         text = completion_text(tokenizer, output.tokens)
