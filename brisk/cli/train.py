@@ -271,7 +271,15 @@ def run_drafter(args: argparse.Namespace) -> int:
     from brisk.runtime.train.drafter_loop import train_drafter
 
     quiet_transformers()
-    result = train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
+    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
+        if rank == 0:
+            raise
+        return INTERRUPTED
+    if rank != 0:
+        return 0
     print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
     if result.evaluation is not None:
         e = result.evaluation

@@ -11,6 +11,7 @@ from brisk.cli import build_parser
 from brisk.runtime.train import fields
 from brisk.runtime.train.config import BaseTrainConfig, StepRun
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.pretrain_config import PretrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
@@ -22,11 +23,14 @@ CONFIGS = (
     CorrectorTrainConfig,
     SelfGenOptions,
     CollectOptions,
+    DrafterTrainConfig,
 )
 GROUPS = (
     fields.Run,
     fields.Optimizer,
     fields.Schedule,
+    fields.BudgetSchedule,
+    fields.DataParallel,
     fields.Placement,
     fields.IDLMLoss,
     fields.ProblemSampling,
@@ -70,10 +74,14 @@ def test_the_groups_hold_what_the_configs_repeated() -> None:
     shared = ("seed", "threads", "lr", "weight_decay", "grad_clip")
     for config in (BaseTrainConfig, PretrainConfig, ProposalTrainConfig, CorrectorTrainConfig):
         assert set(shared) <= set(config.__dataclass_fields__), config
-    placement = set(vars(fields.Placement)["__annotations__"])
+    placement = set(fields.Placement.__dataclass_fields__)
     for config in (BaseTrainConfig, ProposalTrainConfig):
         assert issubclass(config, fields.Placement)
         assert placement <= set(config.__dataclass_fields__)
+    assert issubclass(DrafterTrainConfig, fields.DataParallel)  # no I-DLM mask
+    assert set(fields.DataParallel.__dataclass_fields__) <= set(
+        DrafterTrainConfig.__dataclass_fields__
+    )
     # the defaults each config had before the groups
     assert (BaseTrainConfig().lr, BaseTrainConfig().min_lr, BaseTrainConfig().log_every) == (
         3e-3,
@@ -117,7 +125,7 @@ def test_the_flags_keep_their_names() -> None:
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     train = commands.choices["train"]
     sub = next(a for a in train._actions if isinstance(a, argparse._SubParsersAction))
-    for command in ("base", "proposal"):
+    for command in ("base", "proposal", "drafter"):
         flags = {s: a for a in sub.choices[command]._actions for s in a.option_strings}
         for flag in ("--lr", "--fsdp", "--precision", "--micro-batch-size", "--device"):
             assert flag in flags, (command, flag)

@@ -30,8 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from brisk.runtime.drafter.model import DFlashDrafter
 from brisk.theory import (
@@ -46,11 +47,17 @@ from brisk.theory import (
 
 __all__ = [
     "WEIGHTINGS",
+    "BlockLosses",
     "Blocks",
     "DrafterLoss",
+    "DrafterStep",
+    "accept_histogram",
     "block_attention",
+    "block_losses",
     "drafter_loss",
+    "histogram_profile",
     "make_blocks",
+    "position_weights",
     "sample_anchors",
     "weights_for",
 ]
@@ -153,6 +160,111 @@ def weights_for(
     raise ValueError(f"weighting: one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
 
 
+class DrafterStep(nn.Module):
+    """The drafter's share of a training forward as one module call, the unit DDP replicates
+    and FSDP2 shards: the target's features projected into every layer's context keys and
+    values (:meth:`~DFlashDrafter.project`, :meth:`~DFlashDrafter.context_kv`), then the blocks
+    run against them. A wrapper's hooks fire on ``forward`` alone, so the drafter's other
+    methods are called inside it. ``checkpointing``: the backward recomputes this forward
+    (non-reentrant activation checkpointing) instead of keeping its activations."""
+
+    def __init__(self, drafter: DFlashDrafter, checkpointing: bool = False) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.checkpointing = checkpointing
+
+    def forward(
+        self, features: Tensor, positions: Tensor, embeds: Tensor, at: Tensor, mask: Tensor
+    ) -> Tensor:
+        """Normed hidden states ``[B, n·(M+1), H]`` of the block embeddings ``embeds`` at
+        positions ``at`` against the context ``features [B, S, k·H]`` at ``positions``."""
+        if self.checkpointing and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            out: Tensor = checkpoint(
+                self._blocks, features, positions, embeds, at, mask, use_reentrant=False
+            )
+            return out
+        return self._blocks(features, positions, embeds, at, mask)
+
+    def _blocks(
+        self, features: Tensor, positions: Tensor, embeds: Tensor, at: Tensor, mask: Tensor
+    ) -> Tensor:
+        drafter = self.drafter
+        context = drafter.context_kv(drafter.project(features), positions)
+        hidden: Tensor = drafter(embeds, at, context, mask)
+        return hidden
+
+
+@dataclass(frozen=True)
+class BlockLosses:
+    """One forward of a batch's blocks: the plain CE of every target (with its graph), which
+    targets are trained, and the teacher-forced accept length of each kept block whose first
+    target is trained (its leading argmax matches; CPU)."""
+
+    ce: Tensor  # [B, n, M]
+    valid: Tensor  # [B, n, M]
+    lengths: Tensor  # [blocks] int64
+
+
+def block_losses(
+    target: Any, drafter: DFlashDrafter, net: Any, ids: Tensor, blocks: Blocks
+) -> BlockLosses:
+    """The blocks of ``ids [B, S]`` (:func:`make_blocks`) through the frozen target (its
+    forward, embeddings and LM head without gradient to their weights) and ``net``, the
+    :class:`DrafterStep` of ``drafter`` or its DDP / FSDP wrapper."""
+    M = drafter.spec.M
+    B, S = ids.shape
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
+        features = drafter.features(out.hidden_states)
+        embeds = target.get_input_embeddings()(blocks.ids)
+    positions = torch.arange(S, device=ids.device).expand(B, S)
+    mask = block_attention(blocks.anchors, blocks.keep, S, M + 1)
+    hidden = net(features, positions, embeds, blocks.positions, mask)
+    n = blocks.anchors.shape[1]
+    hidden = hidden.view(B, n, M + 1, -1)[:, :, 1:]
+    head = target.get_output_embeddings()
+    logits = head(hidden.to(head.weight.dtype)).float()  # [B, n, M, V]
+    ce = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), blocks.labels.reshape(-1), reduction="none"
+    ).view(B, n, M)
+    valid = blocks.valid
+    with torch.no_grad():
+        match = (logits.argmax(-1) == blocks.labels) & valid
+        lengths = match.long().cumprod(-1).sum(-1)[blocks.keep & valid[..., 0]].cpu()
+    return BlockLosses(ce, valid, lengths)
+
+
+def accept_histogram(lengths: Tensor, M: int) -> Tensor:
+    """``[M + 1]`` float64: how many blocks have each accept length 0..M (summable over ranks
+    and micro-batches; :func:`histogram_profile` reads it)."""
+    return torch.bincount(lengths.cpu(), minlength=M + 1).double()
+
+
+def histogram_profile(histogram: Tensor, M: int) -> AcceptanceProfile:
+    """The acceptance profile of the blocks :func:`accept_histogram` counted."""
+    counts = histogram.round().long().numpy()
+    return AcceptanceProfile.from_accept_lengths(np.repeat(np.arange(M + 1), counts), M)
+
+
+def position_weights(
+    weighting: Weighting,
+    losses: BlockLosses,
+    *,
+    tracker: ProfileTracker | None = None,
+    alpha: float = 0.5,
+    gamma: float = 7.0,
+) -> Tensor:
+    """The weights of ``losses``' targets (:func:`weights_for`, constants in backprop): ``[M]``,
+    or ``[B, n, M]`` for D-PACE, from each target's probability exp(−CE) (1 where nothing is
+    trained: a no-op in its prefix products)."""
+    q = torch.where(losses.valid, torch.exp(-losses.ce.detach()), 1.0)
+    M = losses.ce.shape[-1]
+    w = weights_for(weighting, M, tracker=tracker, token_probs=q, alpha=alpha, gamma=gamma)
+    return w.to(losses.ce)
+
+
 @dataclass(frozen=True)
 class DrafterLoss:
     """One batch's loss and what the loop logs: the weighted CE, the plain CE per position,
@@ -178,39 +290,20 @@ def drafter_loss(
     alpha: float = 0.5,
     gamma: float = 7.0,
 ) -> DrafterLoss:
-    """The drafter's loss on a batch (module docstring): Σ w_k · CE / (trained targets), the
-    target frozen (its forward, embeddings and LM head run without gradient)."""
-    spec = drafter.spec
-    M = spec.M
-    B, S = ids.shape
-    with torch.no_grad():
-        out = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
-        features = drafter.features(out.hidden_states)
+    """The drafter's loss on a batch in one process (module docstring): Σ w_k · CE / (trained
+    targets), the target frozen. The tracker takes the batch's profile before the weights are
+    computed. ``brisk train drafter`` runs the same pieces (:func:`sample_anchors`,
+    :func:`make_blocks`, :func:`block_losses`, :func:`position_weights`) over ranks and
+    micro-batches (:mod:`brisk.runtime.train.drafter_loop`)."""
+    M = drafter.spec.M
     a, keep = sample_anchors(supervised, anchors, generator)
-    blocks = make_blocks(ids, supervised, a, keep, M, spec.mask_token_id)
-    positions = torch.arange(S, device=ids.device).expand(B, S)
-    context = drafter.context_kv(drafter.project(features), positions)
-    with torch.no_grad():
-        embeds = target.get_input_embeddings()(blocks.ids)
-    mask = block_attention(a, keep, S, M + 1)
-    hidden = drafter(embeds, blocks.positions, context, mask)
-    n = a.shape[1]
-    hidden = hidden.view(B, n, M + 1, -1)[:, :, 1:]
-    logits = target.get_output_embeddings()(hidden).float()  # [B, n, M, V]
-    ce = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), blocks.labels.reshape(-1), reduction="none"
-    ).view(B, n, M)
-    valid = blocks.valid
-    with torch.no_grad():
-        match = (logits.argmax(-1) == blocks.labels) & valid
-        # leading matches of each kept block whose first target is trained
-        lengths = match.long().cumprod(-1).sum(-1)[keep & valid[..., 0]]
-        profile = AcceptanceProfile.from_accept_lengths(lengths.cpu().numpy(), M)
+    blocks = make_blocks(ids, supervised, a, keep, M, drafter.spec.mask_token_id)
+    losses = block_losses(target, drafter, DrafterStep(drafter), ids, blocks)
+    profile = AcceptanceProfile.from_accept_lengths(losses.lengths.numpy(), M)
     if tracker is not None:
         tracker.update(profile)
-    # D-PACE's q = exp(−CE), 1 where nothing is trained (a no-op in its prefix products)
-    q = torch.where(valid, torch.exp(-ce.detach()), 1.0)
-    w = weights_for(weighting, M, tracker=tracker, token_probs=q, alpha=alpha, gamma=gamma).to(ce)
+    w = position_weights(weighting, losses, tracker=tracker, alpha=alpha, gamma=gamma)
+    ce, valid = losses.ce, losses.valid
     vf = valid.to(ce.dtype)
     count = vf.sum().clamp(min=1)
     loss = (w * ce * vf).sum() / count

@@ -6,6 +6,11 @@ train selfgen --checkpoint TARGET`` (the target decodes with exact verification,
 responses follow the target's own law; the correctness filter is the task's grader). Every
 weighting trains on ``token_budget`` drafted targets, so the arms of an experiment spend the
 same budget.
+
+Where it runs are the fields every training command shares
+(:class:`~brisk.runtime.train.fields.DataParallel`): ``device``, ``precision`` (the target and
+the drafter keep fp32 weights; ``bf16`` computes in bfloat16), and under torchrun ``fsdp`` and
+``micro_batch_size``; ``batch_size`` is the global batch.
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from brisk.runtime.train.fields import BudgetSchedule, Run, at_least, one_of, positive
+from brisk.runtime.train.fields import (
+    BudgetSchedule,
+    DataParallel,
+    Run,
+    at_least,
+    one_of,
+    positive,
+)
 
 __all__ = ["DATA", "DrafterTrainConfig"]
 
@@ -24,7 +36,7 @@ WEIGHTINGS: tuple[str, ...] = ("brisk", "dpace", "decay", "uniform")  # train.dr
 
 
 @dataclass(frozen=True)
-class DrafterTrainConfig(Run, BudgetSchedule):
+class DrafterTrainConfig(Run, BudgetSchedule, DataParallel):
     """A DFlash-shaped drafter for ``target`` trained on ``dataset`` with ``weighting``."""
 
     target: str = ""  # the AR target checkpoint (an HF causal LM)
@@ -37,9 +49,7 @@ class DrafterTrainConfig(Run, BudgetSchedule):
     target_layer_ids: tuple[int, ...] = ()  # empty: DFlash's default spread
     anchors: int = 32  # blocks per sequence per step
     token_budget: int = 100_000  # drafted targets trained on
-    batch_size: int = 16
-    lr: float = 3e-3
-    min_lr: float = 3e-4
+    batch_size: int = 16  # responses per step: the global batch, split over torchrun ranks
     alpha: float = 0.5  # D-PACE's smoothing
     gamma: float = 7.0  # DFlash's decay
     profile_decay: float = 0.9  # the BRISK profile tracker's (about 10 batches)
@@ -47,9 +57,6 @@ class DrafterTrainConfig(Run, BudgetSchedule):
     eval_max_new_tokens: int = 128
     log_every: int = 10
     save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
-    # where the target and the drafter run: cpu, cuda, cuda:1 (auto: the GPU where one exists);
-    # both in float32
-    device: str = "auto"
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_layers", "anchors", "token_budget", "batch_size", "log_every")

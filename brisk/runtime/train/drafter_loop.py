@@ -12,21 +12,46 @@ format (``config.json`` + ``model.safetensors``) and ``train_config.json``; each
 atomically. At the end the drafter decodes ``eval_problems`` prompts of the dataset's task
 (test split) greedily with its target (:func:`~brisk.runtime.drafter.speculative_decode`):
 tokens per target forward and E[L], logged as the ``eval`` event.
+
+Under ``torchrun --nproc-per-node P`` (gloo on CPU, nccl on GPU) it trains data parallel, as
+``brisk train base`` and ``brisk train proposal`` do (:mod:`brisk.runtime.train.distributed`):
+the drafter is replicated with DDP, or sharded with FSDP2 under ``fsdp`` (one unit: its layers'
+context keys and values are computed before its blocks run, inside one forward,
+:class:`~brisk.runtime.train.drafter.DrafterStep`); the frozen target is a replica on every
+rank's device. What does not depend on P (nor on ``micro_batch_size``): every rank draws the
+same global batch from the data stream and the same anchors for it from the one CPU generator
+(seeded with ``seed``), then runs rows ``rank::P`` of it, in micro-batches; so a run's data,
+anchors and generator state are the same on any number of ranks. The loss is divided by the
+global batch's trained targets (known from the anchors before any forward), the acceptance
+counts are all-reduced before the tracker takes them, and under ``brisk`` weighting the step's
+own profile sets its weights, as in one process: with one micro-batch per rank the counts are
+all-reduced between its forward and its backward; with several each micro-batch is first
+forwarded without gradients to count them. So a step on P ranks is the one-process step on the
+whole batch up to float summation order (``tests/runtime/test_drafter_fsdp.py``). Rank 0 writes
+``metrics.jsonl``, the checkpoints (under FSDP every rank writes its model and optimizer shards
+into the checkpoint's ``sharded/`` with DCP, rank 0 the gathered plain drafter beside them) and
+runs the final evaluation; the saved drafter is always the plain DFlash checkpoint. ``resume``
+continues from the newest checkpoint, bit-identical to an uninterrupted run on CPU in one
+process; under torchrun it continues from the checkpoint (FSDP shards are resharded by DCP, so
+the world size may change). SIGINT or SIGTERM stops every rank at the same step (the flag is
+all-reduced) with a checkpoint of that step.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from brisk._interrupt import stop_signals
+from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.drafter import (
     DFlashDrafter,
     SDOptions,
@@ -35,10 +60,31 @@ from brisk.runtime.drafter import (
     save_drafter,
     speculative_decode,
 )
-from brisk.runtime.loader import placement
+from brisk.runtime.loader import training_placement
 from brisk.runtime.tasks.spec import task_from_description
 from brisk.runtime.train.common import adamw, cpu_settings
-from brisk.runtime.train.drafter import drafter_loss
+from brisk.runtime.train.distributed import (
+    SHARDED,
+    Dist,
+    Precision,
+    autocast,
+    full_state_dict,
+    grad_sync,
+    load_sharded,
+    micro_batches,
+    save_sharded,
+)
+from brisk.runtime.train.drafter import (
+    BlockLosses,
+    Blocks,
+    DrafterStep,
+    accept_histogram,
+    block_losses,
+    histogram_profile,
+    make_blocks,
+    position_weights,
+    sample_anchors,
+)
 from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.proposal_data import Example, ExampleStream
@@ -128,138 +174,307 @@ def train_drafter(
     """Train into ``cfg.out_dir`` (module docstring); ``resume`` continues an interrupted run.
     SIGINT or SIGTERM ends it with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
     with cpu_settings(cfg.threads), stop_signals() as stop:
-        out = Path(cfg.out_dir)
-        start = start_checkpoint(out, resume, cfg, CONFIG_FILE)
-        device = placement(cfg.device, "float32").device
-        target, tokenizer, mask_id = load_target(cfg.target, device=device)
-        examples = _examples(cfg)
-        limit = target.config.max_position_embeddings
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        if start is not None:
-            drafter = load_drafter(start, device=device)
+        return _train(cfg, show_progress, resume, stop)
+
+
+def _train(
+    cfg: DrafterTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
+) -> DrafterResult:
+    dist = Dist.from_env(fsdp=cfg.fsdp)
+    mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
+    device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
+    out, M = Path(cfg.out_dir), cfg.M
+    start = start_checkpoint(out, resume, cfg, CONFIG_FILE)
+    dist.barrier()  # every rank reads the directory before rank 0 writes to it
+    target, tokenizer, mask_id = load_target(cfg.target, device=device)
+    examples = _examples(cfg)
+    limit = target.config.max_position_embeddings
+    torch.manual_seed(cfg.seed)  # the drafter's initial weights: the same on every rank
+    random.seed(cfg.seed)
+    if start is not None:
+        drafter = load_drafter(start, device=device)
+    else:
+        config = drafter_config(
+            target.config,
+            num_layers=cfg.num_layers,
+            block_size=cfg.block_size,
+            mask_token_id=mask_id,
+            target_layer_ids=list(cfg.target_layer_ids) or None,
+        )
+        drafter = DFlashDrafter(config)
+    drafter.to(device)
+    n_params = sum(p.numel() for p in drafter.parameters())
+    net = _prepare(DrafterStep(drafter, cfg.activation_checkpointing), dist, cfg, precision_name)
+    optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)  # after sharding: DTensors under FSDP
+    tracker = ProfileTracker(M, cfg.profile_decay)
+    stream = ExampleStream(examples, cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)  # the anchors' draws (CPU)
+    state = load_state(start) if start is not None else {}
+    step, tokens = 0, 0
+    if start is not None:
+        if cfg.fsdp:
+            load_sharded(start, net, optimizer)
         else:
-            config = drafter_config(
-                target.config,
-                num_layers=cfg.num_layers,
-                block_size=cfg.block_size,
-                mask_token_id=mask_id,
-                target_layer_ids=list(cfg.target_layer_ids) or None,
-            )
-            drafter = DFlashDrafter(config)
-        drafter.to(device)
-        optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)
-        tracker = ProfileTracker(cfg.M, cfg.profile_decay)
-        stream = ExampleStream(examples, cfg.seed)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        state = load_state(start) if start is not None else {}
-        step, tokens = 0, 0
-        if start is not None:
             optimizer.load_state_dict(state["optimizer"])
-            tracker.load_state_dict(state["tracker"])
-            stream = ExampleStream(examples, cfg.seed, **state["cursor"])
-            generator.set_state(state["generator"])
-            restore_rng(state["rng"])
-            step, tokens = state["step"], state["tokens"]
+        tracker.load_state_dict(state["tracker"])
+        stream = ExampleStream(examples, cfg.seed, **state["cursor"])
+        generator.set_state(state["generator"])
+        restore_rng(state["rng"])
+        step, tokens = state["step"], state["tokens"]
+    # bf16: the frozen target computes under autocast too (it has no master weights to keep)
+    precision = autocast(cast(Precision, precision_name), False, device)
+
+    # The log (rank 0), as it was at the checkpoint: the records of later steps go.
+    metrics = None
+    if dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
         if start is None:
-            n_params = sum(p.numel() for p in drafter.parameters())
             metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
+    history: list[dict[str, Any]] = metrics.records if metrics is not None else []
+    log = metrics.write if metrics is not None else history.append
 
-        def write_config(directory: Path) -> None:
-            (directory / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+    def write_config(directory: Path) -> None:
+        (directory / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
 
-        def write_state(directory: Path) -> None:
+    def save(path: Path, resumable: bool = True) -> Path:
+        """The drafter in the DFlash format at ``path``, atomically, with (``resumable``) the
+        trainer state: called by rank 0 alone, or under FSDP by every rank (the plain weights
+        gathered to rank 0, every rank's model and optimizer shards into ``sharded/``)."""
+        state: dict[str, Any] = {
+            "step": step,
+            "tokens": tokens,
+            "tracker": tracker.state_dict(),
+            "cursor": stream.cursor,
+            "generator": generator.get_state(),
+            "rng": rng_state(),
+            "metrics_bytes": metrics.size if metrics is not None else 0,
+            "elapsed_s": time.monotonic() - t0,
+            "world_size": dist.world,
+        }
+        weights = full_state_dict(net, cfg.fsdp)  # a collective under FSDP
+        shards = path.with_name(f".{path.name}.shards")
+        if cfg.fsdp and resumable:
+            if dist.rank == 0:
+                shutil.rmtree(shards, ignore_errors=True)
+                shards.mkdir(parents=True)
+            dist.barrier()
+            save_sharded(shards, net, optimizer)
+        elif resumable:
+            state["optimizer"] = optimizer.state_dict()
+
+        def extra(directory: Path) -> None:
             write_config(directory)
-            state = {
-                "step": step,
-                "tokens": tokens,
-                "optimizer": optimizer.state_dict(),
-                "tracker": tracker.state_dict(),
-                "cursor": stream.cursor,
-                "generator": generator.get_state(),
-                "rng": rng_state(),
-                "metrics_bytes": metrics.size,
-            }
-            torch.save(state, directory / STATE)
+            if resumable:
+                torch.save(state, directory / STATE)
+            if cfg.fsdp and resumable:
+                (shards / SHARDED).rename(directory / SHARDED)
+                shards.rmdir()
 
-        def save(path: Path) -> Path:
-            return save_drafter(drafter, path, extra=write_state)
+        if dist.rank == 0:
+            plain = drafter if weights is None else _plain(drafter, weights)
+            save_drafter(plain, path, extra=extra)
+        if cfg.fsdp:
+            dist.barrier()
+        return path
 
-        progress = Progress(
-            TextColumn(f"drafter {cfg.weighting}"),
-            BarColumn(),
-            TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-        )
-        t0 = time.monotonic()
-        drafter.train()
-        with progress:
-            bar = progress.add_task("train", total=cfg.token_budget, completed=tokens, info="")
-            while tokens < cfg.token_budget:
-                if stop.requested:
+    progress = Progress(
+        TextColumn(f"drafter {cfg.weighting}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        disable=not show_progress or dist.rank != 0,
+    )
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
+    saved_at = step if start is not None else -1  # the step of the newest checkpoint on disk
+    net.train()
+    with progress:
+        bar = progress.add_task("train", total=cfg.token_budget, completed=tokens, info="")
+        while tokens < cfg.token_budget:
+            # Stop between steps on SIGINT/SIGTERM, every rank at the same step (the flag is
+            # all-reduced), with a checkpoint of the step reached (module docstring).
+            if dist.any(stop.requested, device):
+                err = Interrupted(f"at step {step}")
+                here = out / f"checkpoint-{step:06d}"
+                if cfg.fsdp and step > 0 and step != saved_at:
+                    save(here)
+                if metrics is not None:
                     where = f"{tokens:,}/{cfg.token_budget:,} tokens"
-                    raise interrupted_at(step, where, out / f"checkpoint-{step:06d}", save, metrics)
-                ids, supervised = _batch(stream.take(cfg.batch_size), tokenizer, limit)
-                ids, supervised = ids.to(device), supervised.to(device)
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.lr_at(tokens / cfg.token_budget)
-                result = drafter_loss(
-                    target,
-                    drafter,
-                    ids,
-                    supervised,
-                    cfg.weighting,  # type: ignore[arg-type]
-                    anchors=cfg.anchors,
-                    tracker=tracker,
-                    generator=generator,
-                    alpha=cfg.alpha,
-                    gamma=cfg.gamma,
-                )
-                optimizer.zero_grad(set_to_none=True)
-                result.loss.backward()
-                torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-                optimizer.step()
-                step, tokens = step + 1, tokens + result.tokens
-                if step % cfg.log_every == 0 or tokens >= cfg.token_budget:
-                    metrics.write(
-                        {
-                            "event": "train",
-                            "step": step,
-                            "tokens": tokens,
-                            "loss": result.loss.item(),
-                            "ce": result.ce.tolist(),
-                            "weights": result.weights.tolist(),
-                            "accept_rates": tracker.posterior_mean().tolist(),
-                            "elapsed_s": time.monotonic() - t0,
-                        }
+                    err = interrupted_at(step, where, here, save, metrics)
+                dist.barrier()
+                raise err
+
+            # Batch: the global batch and its anchors, the same on every rank; this rank's rows
+            # of it, in micro-batches, each cut to its longest row.
+            ids, supervised, lengths = _batch(stream.take(cfg.batch_size), tokenizer, limit)
+            a, keep = sample_anchors(supervised, cfg.anchors, generator)
+            blocks = make_blocks(ids, supervised, a, keep, M, mask_id)
+            count = int(blocks.valid.sum())  # the global batch's trained targets
+            rows = list(range(cfg.batch_size))[mine]
+            chunks = [
+                _rows(ids, blocks, chunk, lengths, device)
+                for chunk in micro_batches(rows, cfg.micro_batch_size)
+            ]
+            lr = cfg.lr_at(tokens / cfg.token_budget)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            def forward(chunk: tuple[torch.Tensor, Blocks]) -> BlockLosses:
+                with precision:
+                    return block_losses(target, drafter, net, *chunk)
+
+            # brisk weights come from the tracker once it holds this step's acceptance
+            # (all-reduced): several micro-batches are counted by a forward without gradients
+            # first, a single one between its forward and its backward.
+            brisk = cfg.weighting == "brisk"
+            probe = brisk and len(chunks) > 1
+            if probe:
+                counted = torch.zeros(M + 1, dtype=torch.float64)
+                with torch.no_grad():
+                    for chunk in chunks:
+                        counted += accept_histogram(forward(chunk).lengths, M)
+                tracker.update(histogram_profile(dist.sum(counted), M))
+
+            # Step: each micro-batch's share of Σ w·CE / (global trained targets); gradients
+            # are reduced across ranks once, after the last micro-batch.
+            optimizer.zero_grad(set_to_none=True)
+            local = torch.zeros(1 + 3 * M + M + 1, dtype=torch.float64)
+            for k, chunk in enumerate(chunks):
+                with grad_sync(net, k == len(chunks) - 1):
+                    losses = forward(chunk)
+                    histogram = accept_histogram(losses.lengths, M)
+                    if brisk and not probe:
+                        tracker.update(histogram_profile(dist.sum(histogram), M))
+                    w = position_weights(
+                        cfg.weighting,
+                        losses,
+                        tracker=tracker,
+                        alpha=cfg.alpha,
+                        gamma=cfg.gamma,
                     )
-                progress.update(
-                    bar,
-                    completed=min(tokens, cfg.token_budget),
-                    info=f"loss {result.loss.item():.3f}",
+                    vf = losses.valid.to(losses.ce.dtype)
+                    share = (w * losses.ce * vf).sum()
+                    loss: Any = dist.world * (share / max(count, 1))
+                    loss.backward()
+                local += _stats(share, losses, vf, w, histogram)
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+            optimizer.step()
+            summed = dist.sum(local)
+            if not brisk:  # the weights did not need it: the step's profile, for the log
+                tracker.update(histogram_profile(summed[1 + 3 * M :], M))
+            step, tokens = step + 1, tokens + count
+            loss_value = float(summed[0]) / max(count, 1)
+
+            if step % cfg.log_every == 0 or tokens >= cfg.token_budget:
+                ce_sums, trained, weight_sums = summed[1 : 1 + 3 * M].view(3, M)
+                blocks_n = cfg.batch_size * blocks.anchors.shape[1]
+                log(
+                    {
+                        "event": "train",
+                        "step": step,
+                        "tokens": tokens,
+                        "lr": lr,
+                        "loss": loss_value,
+                        "ce": (ce_sums / trained.clamp(min=1)).tolist(),
+                        "weights": (weight_sums / blocks_n).tolist(),
+                        "accept_rates": tracker.posterior_mean().tolist(),
+                        "elapsed_s": time.monotonic() - t0,
+                    }
                 )
-                if cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget:
-                    save(out / f"checkpoint-{step:06d}")
-        drafter.eval()
-        wall = time.monotonic() - t0
-        final = save_drafter(drafter, out / "final", extra=write_config)
-        evaluation = _evaluate(cfg, target, tokenizer, drafter) if cfg.eval_problems else None
+            progress.update(
+                bar, completed=min(tokens, cfg.token_budget), info=f"loss {loss_value:.3f}"
+            )
+            due = cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget
+            if due and (dist.rank == 0 or cfg.fsdp):
+                save(out / f"checkpoint-{step:06d}")
+                saved_at = step
+
+    net.eval()
+    wall = time.monotonic() - t0
+    final = out / "final"
+    if dist.rank == 0 or cfg.fsdp:
+        save(final, resumable=False)
+    evaluation = None
+    if metrics is not None:  # rank 0: the plain drafter (under FSDP: the one just saved)
+        plain = load_drafter(final, device=device) if cfg.fsdp else drafter
+        evaluation = _evaluate(cfg, target, tokenizer, plain.eval()) if cfg.eval_problems else None
         if evaluation is not None:
-            metrics.write({"event": "eval", "step": step, **evaluation})
-        metrics.write({"event": "end", "step": step, "tokens": tokens, "train_wall_s": wall})
+            log({"event": "eval", "step": step, **evaluation})
+        log({"event": "end", "step": step, "tokens": tokens, "train_wall_s": wall})
         metrics.close()
-        return DrafterResult(final, metrics.records, evaluation, wall)
+    dist.barrier()
+    return DrafterResult(final, history, evaluation, wall)
+
+
+def _prepare(step: DrafterStep, dist: Dist, cfg: DrafterTrainConfig, precision: str) -> Any:
+    """The module a training step calls: ``step`` sharded with FSDP2 (one unit; bf16 compute
+    with fp32 reductions under ``precision = "bf16"``) or wrapped in DDP when ``dist`` has
+    several ranks, else ``step`` itself (:func:`~brisk.runtime.train.distributed.prepare` for a
+    module without a decoder stack: the drafter's layers are not called one by one)."""
+    if cfg.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if precision == "bf16" else None,
+            reduce_dtype=torch.float32,
+        )
+        fully_shard(step, mp_policy=policy)
+        return step
+    if dist.world > 1:
+        return torch.nn.parallel.DistributedDataParallel(step)
+    return step
+
+
+def _plain(drafter: DFlashDrafter, weights: dict[str, torch.Tensor]) -> DFlashDrafter:
+    """A plain drafter holding the gathered ``weights`` of a sharded :class:`DrafterStep`
+    (what :func:`save_drafter` writes), built without storage or random draws."""
+    with torch.device("meta"):
+        plain = DFlashDrafter(drafter.config)
+    prefix = "drafter."
+    plain.load_state_dict({k.removeprefix(prefix): v for k, v in weights.items()}, assign=True)
+    return plain
+
+
+def _rows(
+    ids: torch.Tensor,
+    blocks: Blocks,
+    rows: Sequence[int],
+    lengths: list[int],
+    device: torch.device,
+) -> tuple[torch.Tensor, Blocks]:
+    """Rows ``rows`` of a global batch's ids and blocks on ``device``, the ids cut to the
+    longest of these rows (no anchor and no trained target lies beyond it)."""
+    index = torch.as_tensor(rows)
+    S = max(lengths[r] for r in rows)
+    picked = {f.name: getattr(blocks, f.name)[index].to(device) for f in fields(Blocks)}
+    return ids[index, :S].to(device), Blocks(**picked)
+
+
+def _stats(
+    share: torch.Tensor, losses: BlockLosses, vf: torch.Tensor, w: torch.Tensor, hist: torch.Tensor
+) -> torch.Tensor:
+    """A micro-batch's sums for the log, float64 on the CPU: Σ w·CE, then per position the CE
+    sum, the trained targets and the weights summed over its blocks, then its accept
+    histogram (summed over micro-batches and ranks, they give the global batch's means)."""
+    M = losses.ce.shape[-1]
+    blocks = losses.ce.shape[0] * losses.ce.shape[1]
+    with torch.no_grad():
+        weight_sums = w.reshape(-1, M).sum(0) if w.ndim > 1 else w * blocks
+        parts = [
+            share.detach().reshape(1),
+            (losses.ce.detach() * vf).sum((0, 1)),
+            vf.sum((0, 1)),
+            weight_sums,
+        ]
+        return torch.cat([p.double().cpu() for p in parts] + [hist])
 
 
 def _batch(
     rows: list[tuple[int, Example]], tokenizer: Any, limit: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids ``[B, S]`` of ``[bos, prompt, response, eos]`` and the mask of the
-    response tokens (EOS included), each cut to the target's positions."""
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Right-padded ids ``[B, S]`` of ``[bos, prompt, response, eos]``, the mask of the
+    response tokens (EOS included) and each row's length, each cut to the target's positions."""
     encoded = [encode_example(ex.prompt, ex.response, tokenizer) for _, ex in rows]
     seqs = [(s[:limit], n) for s, n in encoded]
     S = max(len(s) for s, _ in seqs)
@@ -268,7 +483,7 @@ def _batch(
     for b, (s, n) in enumerate(seqs):
         ids[b, : len(s)] = torch.as_tensor(s)
         supervised[b, n : len(s)] = True
-    return ids, supervised
+    return ids, supervised, [len(s) for s, _ in seqs]
 
 
 def task_prompts(

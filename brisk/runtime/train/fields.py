@@ -20,6 +20,7 @@ from brisk.runtime.tasks.spec import TaskSpec
 __all__ = [
     "ATTENTIONS",
     "PRECISIONS",
+    "DataParallel",
     "IDLMLoss",
     "Optimizer",
     "Placement",
@@ -125,24 +126,35 @@ class BudgetSchedule(Schedule):
 
 
 @dataclass(frozen=True)
-class Placement(Config):
-    """Where and how a model trains: one process or torchrun ranks, the mask, the precision."""
+class DataParallel(Config):
+    """Where and how a model trains: one process or torchrun ranks, the precision, the
+    micro-batches (every training command; the I-DLM ones add their mask: :class:`Placement`)."""
 
-    # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
-    attention: Literal["dense", "flex", "flex-compiled"] = "dense"
     fsdp: bool = False  # FSDP2 shards instead of DDP replicas (under torchrun)
     # where one process trains: cpu, cuda, cuda:1 (auto: the GPU where one exists); under
     # torchrun each rank trains on its own GPU (LOCAL_RANK) or the CPU
     device: str = "auto"
     # bf16: bf16 compute, fp32 weights and reductions (auto: bf16 on a GPU, fp32 on the CPU)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    activation_checkpointing: bool = False  # recompute each decoder layer in the backward
+    # recompute each decoder layer in the backward (a drafter: its whole forward)
+    activation_checkpointing: bool = False
     micro_batch_size: int = 0  # rows per forward on a rank, accumulated (0: its whole share)
 
     def __post_init__(self) -> None:
         at_least(self, 0, "micro_batch_size")
-        one_of(self, "attention", ATTENTIONS)
         one_of(self, "precision", PRECISIONS)
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class Placement(DataParallel):
+    """:class:`DataParallel` and the I-DLM training mask."""
+
+    # the training mask: dense [2L, 2L], or its FlexAttention BlockMask twin (flex-compiled: CUDA)
+    attention: Literal["dense", "flex", "flex-compiled"] = "dense"
+
+    def __post_init__(self) -> None:
+        one_of(self, "attention", ATTENTIONS)
         super().__post_init__()
 
 
