@@ -135,10 +135,30 @@ def test_the_drafter_experiment_writes_its_tables_and_resumes(
         assert after == before  # the head-off job is kept as it was
         assert head["identical_output"] is True  # greedy: both are the target's decoding
         assert head["tpf_off"] == pytest.approx(before["tpf"])  # the same decode, again
-        assert head["tpf"] == pytest.approx(head["output_tokens"] / head["target_forwards"])
+        assert head["reached"][0] == head["target_forwards"] - before["problems"]
         assert head["events"] > 0
+        assert head["event_prompts"] == 8
         assert head["head_val_loss"] < head["head_val_loss_init"]
+        assert head["config"]["K"] == 4
     table = (tmp_path / "exp" / "summary.md").read_text()
     assert "Head on and off" in table
     assert "| brisk | " in table.split("Head on and off")[1]
     assert "| 2/2 | 2 |" in table  # same output in both seeds
+
+    # stopped after its head was trained, before the decoding: the rerun reuses events and head
+    job = tmp_path / "exp" / "arms" / "brisk" / "seed0" / "eval.json"
+    record = json.loads(job.read_text())
+    first = record.pop("head")
+    job.write_text(json.dumps(record))
+    assert main(["experiment", "drafter", "--config", str(config), "--no-progress"]) == 0
+    again = json.loads(job.read_text())["head"]
+    for key in ("tpf", "tpf_off", "events", "head_val_loss", "identical_output", "accepted"):
+        assert again[key] == first[key], key
+
+    # another [head] section against a finished head stage: refused, one line
+    config.write_text(config.read_text().replace("epochs = 2", "epochs = 3"))
+    capsys.readouterr()
+    assert main(["experiment", "drafter", "--config", str(config), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ran its head stage with another [head] section" in err
+    assert len(err.splitlines()) == 1

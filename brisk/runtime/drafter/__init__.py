@@ -19,7 +19,9 @@ from brisk.runtime.drafter.speculative import (
     SDResult,
     check_head,
     check_pair,
+    position_limit,
     speculative_decode,
+    target_heads,
 )
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "check_pair",
     "drafter_config",
     "load_drafter",
+    "position_limit",
     "save_drafter",
     "speculative_decode",
+    "target_heads",
 ]

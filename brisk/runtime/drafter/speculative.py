@@ -38,6 +38,7 @@ relative to the target's verify forward (ρ of the cost model).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -68,7 +69,9 @@ __all__ = [
     "SDResult",
     "check_head",
     "check_pair",
+    "position_limit",
     "speculative_decode",
+    "target_heads",
     "verification_of",
 ]
 
@@ -169,7 +172,7 @@ def check_head(target: Any, drafter: DFlashDrafter, head: Corrector, options: SD
     """That ``head`` can draft for ``drafter`` on ``target`` under ``options``: its M is the
     drafter's, its width and vocabulary the target's, and at T > 0 the drafts are Top-K draws
     (the head samples over the drafter's Top-K); one line naming the first that does not."""
-    c, heads = head.config, ModelHeads(target, vocab_size=_vocab(target))
+    c, heads = head.config, target_heads(target)
     if c.M != drafter.spec.M:
         raise ValueError(
             f"head: a corrector for M = {c.M} positions; the drafter's block of "
@@ -180,6 +183,8 @@ def check_head(target: Any, drafter: DFlashDrafter, head: Corrector, options: SD
             f"head: a corrector for hidden {c.hidden_size} / vocab {c.vocab_size}; the target "
             f"has {heads.hidden_size} / {heads.vocab_size}"
         )
+    if heads.vocab_size < c.K:
+        raise ValueError(f"head: K = {c.K} candidates exceed the vocabulary ({heads.vocab_size})")
     if options.temperature > 0 and options.draft != "top-k":
         raise ValueError(
             f"draft: with a head at T > 0 the drafts are the head's draws over the drafter's "
@@ -189,6 +194,24 @@ def check_head(target: Any, drafter: DFlashDrafter, head: Corrector, options: SD
 
 def _vocab(target: Any) -> int:
     return int(target.get_output_embeddings().weight.shape[0])
+
+
+_heads: weakref.WeakKeyDictionary[Any, ModelHeads] = weakref.WeakKeyDictionary()
+
+
+def target_heads(target: Any) -> ModelHeads:
+    """The target's E and E_out as the head reads them, one object per target (the head's
+    folded tables are cached against it, so a second decode does not fold them again)."""
+    if target not in _heads:
+        _heads[target] = ModelHeads(target, vocab_size=_vocab(target))
+    return _heads[target]
+
+
+def position_limit(target: Any, M: int) -> int | None:
+    """The most prompt + new tokens a request may hold: the target's positions less a verify
+    block of M + 1 (None: the config names no limit)."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+    return None if limit is None else int(limit) - (M + 1)
 
 
 def check_pair(target: Any, drafter: DFlashDrafter) -> None:
@@ -379,8 +402,8 @@ def speculative_decode(
     candidates; greedy or Top-K drafts) and each finished request's row, so
     ``brisk mechanism report`` runs on the log; a logger that collects gets the corrector's
     training events. ``head`` drafts over the drafter's Top-K (module docstring; the head's own
-    device and dtype, the caller's). ``on_finish(r, output)`` hears request r (its index in
-    ``prompts``) as it finishes."""
+    device and dtype, the caller's): its K replaces ``options.top_k``. ``on_finish(r, output)``
+    hears request r (its index in ``prompts``) as it finishes."""
     options = options or SDOptions()
     check_pair(target, drafter)
     if head is not None:
@@ -410,21 +433,20 @@ def speculative_decode(
     for name, values in (("seeds", seeds), ("request_ids", request_ids)):
         if len(values) != len(prompts):
             raise ValueError(f"{name}: need one per prompt ({len(prompts)}), got {len(values)}")
-    limit = getattr(target.config, "max_position_embeddings", None)
     M = drafter.spec.M
+    limit = position_limit(target, M)
     if limit is not None:
         r = max(range(len(prompts)), key=lambda i: len(prompts[i]))
-        need = len(prompts[r]) + options.max_new_tokens + M + 1
-        if need > limit:
+        if len(prompts[r]) + options.max_new_tokens > limit:
             raise ValueError(
                 f"max_new_tokens: prompt {r} ({len(prompts[r])} tokens) + {options.max_new_tokens}"
-                f" new tokens + a block of {M + 1} exceeds the target's {limit} positions"
+                f" new tokens + a block of {M + 1} exceeds the target's {limit + M + 1} positions"
             )
     timing = [0.0, 0.0]
     ctx = StepContext(
         ISDOptions(stride=M + 1, temperature=options.temperature, top_k=K),
         K,
-        backbone=ModelHeads(target, vocab_size=_vocab(target)) if head is not None else None,  # type: ignore[arg-type]
+        backbone=target_heads(target) if head is not None else None,  # type: ignore[arg-type]
         corrector=head,
         log=logger is not None,
         collect=logger is not None and logger.collects,

@@ -43,6 +43,7 @@ from brisk._atomic import atomic_write_text
 from brisk.runtime.configs import Config
 from brisk.runtime.experiment.common import experiment_step, job_dir, run_jobs
 from brisk.runtime.train.drafter_config import WEIGHTINGS, DrafterTrainConfig
+from brisk.runtime.train.fields import counts, one_of, positive
 from brisk.theory import AcceptanceProfile
 
 __all__ = ["DrafterEval", "DrafterExperimentConfig", "DrafterHead", "run_drafter_experiment"]
@@ -79,12 +80,12 @@ class DrafterHead(Config):
     lr: float = 1e-3
 
     def __post_init__(self) -> None:
-        if min(self.problems, self.K, self.epochs, self.batch_size) < 1:
-            raise ValueError("head: problems, K, epochs and batch_size must be ≥ 1")
-        if self.size not in ("small", "paper"):
-            raise ValueError(f"head.size: small or paper, got {self.size!r}")
-        if not self.lr > 0:
-            raise ValueError(f"head.lr: must be > 0, got {self.lr!r}")
+        try:
+            counts(self, "problems", "K", "epochs", "batch_size")
+            one_of(self, "size", ("small", "paper"))
+            positive(self, "lr")
+        except ValueError as err:
+            raise ValueError(f"head.{err}") from None
         super().__post_init__()
 
 
@@ -110,7 +111,7 @@ class DrafterExperimentConfig(Config):
         for name in self.head.arms:
             if name not in self.arms:
                 raise ValueError(f"head.arms: {name!r} is not one of the experiment's arms")
-        if self.eval.top_k < self.head.K:
+        if self.head.arms and self.eval.top_k < self.head.K:
             raise ValueError(
                 f"head.K: {self.head.K} candidates, but the events keep eval.top_k = "
                 f"{self.eval.top_k}"
@@ -133,6 +134,13 @@ def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
 
     run, saved = job_dir(cfg.out_dir, arm, seed)
     wants_head = arm in cfg.head.arms
+    if saved is not None and wants_head and "head" in saved:
+        ran = saved["head"].get("config")
+        if ran != json.loads(json.dumps(cfg.head.to_dict())):  # as eval.json holds it
+            raise ValueError(
+                f"head: {run} ran its head stage with another [head] section ({ran}); "
+                f"remove {run / 'head'} and the 'head' entry of its eval.json to run it again"
+            )
     if saved is not None and (not wants_head or "head" in saved):
         return saved
     torch.set_num_threads(cfg.train.threads)
@@ -261,24 +269,32 @@ def _evaluate(cfg: DrafterExperimentConfig, pair: _Pair, arm: str, seed: int) ->
 def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int) -> dict[str, Any]:
     """The corrector on this job's drafts (module docstring): events on the task's training
     prompts, a head trained on them, and head off / head on / plain AR on the held-out prompts
-    in one window."""
+    in one window. Each step's output is kept: a rerun reuses the events and a trained head."""
     from brisk._interrupt import stop_signals
-    from brisk.runtime.backbone import ModelHeads
     from brisk.runtime.corrector import Corrector
+    from brisk.runtime.drafter import position_limit, target_heads
     from brisk.runtime.train.corrector import train_corrector
     from brisk.runtime.train.corrector_config import CorrectorTrainConfig
     from brisk.runtime.train.corrector_events import collect_draft_events
     from brisk.runtime.train.drafter_loop import task_prompts
     from brisk.runtime.train.event_store import EventStore
+    from brisk.runtime.train.selfgen import checkpoint_hash, tokenizer_hash
 
-    h, heads = cfg.head, ModelHeads(pair.target)
+    h, heads = cfg.head, target_heads(pair.target)
     events = run / "head" / "events"
     if (events / "_events.json").is_file():
         store = EventStore.open(events)
     else:
         prompts = task_prompts(cfg.dataset, h.problems, pair.tokenizer, split="train") or []
-        limit = pair.target.config.max_position_embeddings - cfg.train.block_size
-        fits = [p for p in prompts if len(p) + pair.options.max_new_tokens <= limit]
+        limit = position_limit(pair.target, pair.drafter.spec.M)
+        budget = pair.options.max_new_tokens
+        fits = [p for p in prompts if limit is None or len(p) + budget <= limit]
+        if not fits:
+            raise ValueError(
+                f"head.problems: none of the {len(prompts)} training prompts leaves room for "
+                f"{budget} new tokens and a block in the target's positions"
+            )
+        drafter = run / "train" / "final"
         store = collect_draft_events(
             pair.target,
             pair.drafter,
@@ -286,41 +302,63 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
             pair.options,
             events,
             seeds=[seed * 1_000_000 + 500_000 + i for i in range(len(fits))],
-            provenance={"target": cfg.target, "drafter": str(run / "train" / "final")},
+            provenance={  # what collect --drafter records: the store trains on its own
+                "checkpoint": cfg.target,
+                "checkpoint_hash": checkpoint_hash(cfg.target),
+                "tokenizer_hash": tokenizer_hash(cfg.target),
+                "decoder": {"algorithm": "speculative", "head": "off"},
+                "drafter": str(drafter),
+                "drafter_hash": checkpoint_hash(drafter),
+            },
             batch_size=16,
         )
-    head_cfg = CorrectorTrainConfig(
-        events=str(events),
-        out_dir=str(run / "head" / "train"),
-        head=h.size,  # type: ignore[arg-type]
-        K=h.K,
-        epochs=h.epochs,
-        batch_size=h.batch_size,
-        lr=h.lr,
-        only_correct=False,
-        seed=seed,
-    )
-    trained = train_corrector(head_cfg, False, heads, store, resume=True)  # type: ignore[arg-type]
-    head = Corrector.from_pretrained(trained.checkpoint).to(pair.target.device).eval()
+    out = run / "head" / "train"
+    trained_file = run / "head" / "trained.json"
+    if trained_file.is_file():  # trained before the decoding was cut short
+        trained = json.loads(trained_file.read_text())
+    else:
+        head_cfg = CorrectorTrainConfig(
+            events=str(events),
+            out_dir=str(out),
+            head=h.size,  # type: ignore[arg-type]
+            K=h.K,
+            epochs=h.epochs,
+            batch_size=h.batch_size,
+            lr=h.lr,
+            only_correct=False,
+            seed=seed,
+            threads=cfg.train.threads,
+        )
+        result = train_corrector(head_cfg, False, heads, store, resume=True)  # type: ignore[arg-type]
+        trained = {
+            "val_loss": result.val_loss,
+            "val_loss_init": result.val_loss_init,
+            "wall_s": result.wall_s,
+        }
+        atomic_write_text(trained_file, json.dumps(trained, indent=2))
+    head = Corrector.from_pretrained(out / "final").to(pair.target.device).eval()
     with stop_signals() as stop, stop.abortable():
         off, off_s = pair.timed_sd(seed)
         on, on_s = pair.timed_sd(seed, head=head)
         ar_tokens, ar_s = pair.timed_ar(seed)
     got = _acceptance(on, cfg.train.block_size - 1)
     ar_rate = ar_tokens / ar_s
+    off_tokens = sum(len(o.tokens) for o in off.outputs)
     return {
+        "config": cfg.head.to_dict(),
         **got,
         "tpf_off": off.tpf,
         "identical_output": [o.tokens for o in on.outputs] == [o.tokens for o in off.outputs],
         "events": len(store),
-        "head_val_loss": trained.val_loss,
-        "head_val_loss_init": trained.val_loss_init,
-        "head_train_wall_s": trained.wall_s,
+        "event_prompts": int(store.meta["requests"]),
+        "head_val_loss": trained["val_loss"],
+        "head_val_loss_init": trained["val_loss_init"],
+        "head_train_wall_s": trained["wall_s"],
         "sd_tokens_per_s": got["output_tokens"] / on_s,
-        "off_tokens_per_s": sum(len(o.tokens) for o in off.outputs) / off_s,
+        "off_tokens_per_s": off_tokens / off_s,
         "ar_tokens_per_s": ar_rate,
         "speedup": got["output_tokens"] / on_s / ar_rate,
-        "speedup_off": sum(len(o.tokens) for o in off.outputs) / off_s / ar_rate,
+        "speedup_off": off_tokens / off_s / ar_rate,
     }
 
 
@@ -482,16 +520,18 @@ def head_table(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) -> lis
     head-off's."""
     from brisk.mechanism.stats import Interval
 
-    h = cfg.head
+    h = evals[0]["head"].get("config", cfg.head.to_dict())  # what the stage ran with
+    prompts = sorted({ev["head"].get("event_prompts", h["problems"]) for ev in evals})
     lines = [
-        f"Head on and off (the corrector drafting over the drafter's Top-{h.K}; {h.size} head "
-        f"trained on the drafter's events on {h.problems} training prompts):",
+        f"Head on and off (the corrector drafting over the drafter's Top-{h['K']}; {h['size']} "
+        f"head trained on each drafter's events on {'/'.join(map(str, prompts))} training "
+        "prompts):",
         "",
         "| weighting | TPF off | TPF on | change of TPF [95 % CI] | verdict | E[L] on "
         "| tok/s ÷ AR, off | tok/s ÷ AR, on | same output | seeds |",
         "|---|---|---|---:|---|---|---|---|---|---|",
     ]
-    for arm in [a for a in cfg.arms if a in h.arms]:
+    for arm in cfg.arms:
         rows = [ev["head"] for ev in evals if ev["arm"] == arm]
         if not rows:
             continue

@@ -269,11 +269,13 @@ def load_backbone(
             f"(hash {checkpoint_hash(path)} ≠ {expected})"
         )
     if store.meta.get("decoder", {}).get("algorithm") == "speculative":
-        from brisk.runtime.backbone import ModelHeads
+        from brisk.runtime.drafter import target_heads
         from brisk.runtime.train.drafter_loop import load_target
 
+        if dtype not in (None, "", "auto", "float32"):
+            raise ValueError(f"dtype: a drafter's target is read in float32, got {dtype}")
         target, _, _ = load_target(path, "backbone", placement(device, "float32").device)
-        heads = ModelHeads(target, vocab_size=store.vocab_size)
+        heads = target_heads(target)  # its vocabulary: the LM head's rows
         store.check_backbone(heads)  # type: ignore[arg-type]
         return heads  # type: ignore[return-value]
     backbone = load_model(path, device=device, dtype=dtype, where="backbone").backbone

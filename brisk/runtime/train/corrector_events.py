@@ -146,7 +146,14 @@ def collect_draft_events(
     DFlash sampler gives the head) and the drafter's Top-K logits; the store's ``backbone`` is
     the target, whose E and E_out the head reads. Otherwise as :func:`collect_events`: batches
     of ``batch_size`` requests, interruption, ``resume``."""
-    from brisk.runtime.drafter import speculative_decode
+    from brisk.runtime.drafter import check_pair, speculative_decode, target_heads
+
+    check_pair(target, drafter)  # before the partial store exists
+    if options.temperature > 0 and options.draft == "sample":
+        raise ValueError(
+            "draft: a store holds Top-K candidates; collect greedy or top-k drafts, not drafts "
+            "from the whole softmax"
+        )
 
     def decode_batch(lo: int, hi: int, writer: EventWriter, finished: Any) -> list[int]:
         result = speculative_decode(
@@ -164,7 +171,7 @@ def collect_draft_events(
     n = len(prompts)
     ids = list(range(n)) if request_ids is None else list(request_ids)
     seeds_ = list(range(n)) if seeds is None else list(seeds)
-    V = int(target.get_output_embeddings().weight.shape[0])
+    V = target_heads(target).vocab_size
     M = drafter.spec.M
     shape = _Shape(M, min(options.top_k, V), drafter.config.hidden_size)
     decoder = {"decoder": {"algorithm": "speculative", **asdict(options)}}
@@ -224,7 +231,9 @@ def _collect(
     n = len(prompts)
     inputs = json.dumps([[[int(t) for t in p] for p in prompts], seeds, ids]).encode()
     settings = {  # what makes two runs collect the same store (the path aside: its hash counts)
-        "provenance": {k: v for k, v in (provenance or {}).items() if k != "checkpoint"},
+        "provenance": {  # paths aside: their hashes count
+            k: v for k, v in (provenance or {}).items() if k not in ("checkpoint", "drafter")
+        },
         **decoder,
         "K": shape.K,
         "hidden_size": shape.hidden_size,
@@ -442,7 +451,7 @@ def collect_from_checkpoint(
     T > 0, in float32); ``options.stride`` must be the drafter's block size."""
     from rich.progress import Progress
 
-    from brisk.runtime.drafter import SDOptions
+    from brisk.runtime.drafter import SDOptions, position_limit
     from brisk.runtime.prompts import completion_text, encode_prompts
     from brisk.runtime.train.selfgen import checkpoint_hash, deployed_decoder, tokenizer_hash
 
@@ -454,7 +463,7 @@ def collect_from_checkpoint(
     )
     refuse_complete(Path(out))  # before loading the model
     if drafter is not None:
-        target, tokenizer, spec = _draft_pair(checkpoint, drafter, options, device)
+        target, tokenizer, spec = _draft_pair(checkpoint, drafter, options, device, dtype)
     else:
         tokenizer, backbone, dec = deployed_decoder(checkpoint, options, device=device, dtype=dtype)
     problems = task.problems(tokenizer)
@@ -464,14 +473,14 @@ def collect_from_checkpoint(
     prompts = encode_prompts(tokenizer, [problems[i].prompt for i, _ in index])
     seeds = [options.decode_seed(i, s) for i, s in index]
     if drafter is not None:  # ISD fits its budget after a long prompt; the drafter's loop cannot
-        limit = target.config.max_position_embeddings - spec.spec.block_size
+        limit = position_limit(target, spec.spec.M)
         for r, prompt in enumerate(prompts):
-            if len(prompt) + options.max_new_tokens > limit:
+            if limit is not None and len(prompt) + options.max_new_tokens > limit:
                 raise ValueError(
                     f"--task: problem {index[r][0]}'s prompt is {len(prompt)} tokens; with "
                     f"--max-new-tokens {options.max_new_tokens} and a block of "
                     f"{spec.spec.block_size} it exceeds the target's "
-                    f"{target.config.max_position_embeddings} positions"
+                    f"{limit + spec.spec.block_size} positions"
                 )
 
     def correct(r: int, output: Any) -> bool:  # a grader that raises counts as wrong
@@ -530,21 +539,27 @@ def collect_from_checkpoint(
 
 
 def _draft_pair(
-    checkpoint: Path, drafter: str | Path, options: CollectOptions, device: str | None
+    checkpoint: Path,
+    drafter: str | Path,
+    options: CollectOptions,
+    device: str | None,
+    dtype: str | None,
 ) -> tuple[Any, Any, DFlashDrafter]:
-    """The frozen AR target, its tokenizer and the drafter, checked against each other and
-    against ``options``' stride."""
+    """The frozen AR target, its tokenizer and the drafter (both in float32), checked against
+    each other and against ``options``' stride."""
     from brisk.runtime.drafter import check_pair, load_drafter
     from brisk.runtime.loader import placement
     from brisk.runtime.train.drafter_loop import load_target
 
+    if dtype not in (None, "", "auto", "float32"):
+        raise ValueError(f"--dtype: the drafter's loop runs in float32, got {dtype}")
     where = placement(device, "float32").device
     target, tokenizer, _ = load_target(checkpoint, "--checkpoint", where)
     try:
         model = load_drafter(drafter, device=where).eval()
         check_pair(target, model)
     except ValueError as err:
-        raise ValueError(f"--drafter: {err}") from None
+        raise ValueError(f"--drafter: {str(err).removeprefix('drafter: ')}") from None
     if options.stride != model.spec.block_size:
         raise ValueError(
             f"--stride: {options.stride}, but the drafter's block is {model.spec.block_size} "
