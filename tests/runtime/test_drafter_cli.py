@@ -162,3 +162,26 @@ def test_the_drafter_experiment_writes_its_tables_and_resumes(
     err = capsys.readouterr().err.strip()
     assert "ran its head stage with another [head] section" in err
     assert len(err.splitlines()) == 1
+
+
+def test_the_head_table_pairs_each_arm_on_against_off_and_the_weightings_with_the_head() -> None:
+    """The head table's cells from records: the change of TPF on ÷ off paired per seed, and
+    BRISK against the other weightings with the head on (log-ratios of 1.2 and 1.1: +20 % and
+    +10 %, the same each seed, so the interval is a point)."""
+    from brisk.runtime.experiment.drafter import DrafterExperimentConfig, head_table
+
+    cfg = DrafterExperimentConfig(target="t", dataset="d", arms=("brisk", "uniform"), seeds=(0, 1))
+    cfg = cfg.replace(head=cfg.head.replace(arms=("brisk", "uniform")))
+
+    def record(arm: str, seed: int, off: float, on: float) -> dict[str, object]:
+        head = {"tpf": on, "tpf_off": off, "mean_accept": on - 1, "speedup": 0.5}
+        head |= {"speedup_off": 0.4, "identical_output": True, "event_prompts": 8}
+        return {"arm": arm, "seed": seed, "head": head}
+
+    evals = [record("brisk", s, 1.0 + s / 10, 1.2 * (1.0 + s / 10)) for s in (0, 1)]
+    evals += [record("uniform", s, 1.0, 1.2 * (1.0 + s / 10) / 1.1) for s in (0, 1)]
+    rows = head_table(cfg, evals)
+    brisk = next(r for r in rows if r.startswith("| brisk |"))
+    assert "| +20.0 % [+20.0, +20.0] | above zero |" in brisk
+    assert "| 2/2 | 2 |" in brisk
+    assert "| brisk + head ÷ uniform + head | +10.0 % [+10.0, +10.0] | above zero |" in rows

@@ -559,4 +559,17 @@ def head_table(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) -> lis
         "Same output: head-on decoding output exactly head-off's tokens (required at T = 0, "
         "where both are the target's greedy decoding).",
     ]
+    on = {(ev["arm"], int(ev["seed"])): float(ev["head"]["tpf"]) for ev in evals}
+    others = [a for a in cfg.arms if a != "brisk" and any(arm == a for arm, _ in on)]
+    if any(arm == "brisk" for arm, _ in on) and others:
+        lines += [
+            "",
+            "The weightings with the head on, paired per seed:",
+            "",
+            "| comparison | change of TPF [95 % CI] | verdict |",
+            "|---|---:|---|",
+        ]
+        for other in others:
+            cell, verdict = _change_cell(on, "brisk", other)
+            lines.append(f"| brisk + head ÷ {other} + head | {cell} | {verdict} |")
     return lines
