@@ -135,7 +135,8 @@ code-ablation: $(STAMP)
 	$(BIN)/brisk experiment proposal --config configs/code_experiment.toml
 
 # The cross-backbone experiment on the code world (issue 33): the AR target's regenerated data,
-# then 4 drafter weightings × 3 seeds, under runs/code/drafter (after make code-world).
+# then 4 drafter weightings × 3 seeds, each with the corrector on its drafts (head on and off),
+# under runs/code/drafter (after make code-world; about 2 h on 2 cores; it resumes).
 code-drafter: $(STAMP)
 	$(BIN)/brisk train selfgen --checkpoint $(CODE)/ar/final --out $(CODE)/drafter/data \
 	  --problems 1000 --samples 2 --stride 2 --temperature 1 --max-new-tokens 256 --task stdlib \

@@ -309,6 +309,34 @@ FIGURES += [
     )
     for other in ("uniform", "decay", "dpace")
 ]
+
+
+def _head_change(summary: dict[str, object], num: str, den: str) -> float:
+    """A paired change of head-on TPF: ``(arm, "off")`` is the arm's head-off TPF."""
+    evals = summary["evals"]
+    assert isinstance(evals, list)
+    values = {(e["arm"], e["seed"]): e["head"]["tpf"] for e in evals}
+    values |= {((e["arm"], "off"), e["seed"]): e["head"]["tpf_off"] for e in evals}
+    change = paired_change(values, num, den)  # type: ignore[arg-type]
+    assert change is not None
+    return change.mean
+
+
+FIGURES += [
+    Figure(
+        name,
+        CODE_DRAFTER,
+        "make code-drafter",
+        lambda s, num=num, den=den: _head_change(s, num, den),
+        lambda x: f"{100 * x:+.1f} %".replace("-", "−"),
+        BENCHMARKS_PAGE,
+    )
+    for name, num, den in (
+        ("code world drafter: brisk head on against off", "brisk", ("brisk", "off")),
+        ("code world drafter: uniform head on against off", "uniform", ("uniform", "off")),
+        ("code world drafter: brisk against dpace, head on", "brisk", "dpace"),
+    )
+]
 CLAIMS = [(page, f) for f in FIGURES for page in f.pages]
 
 

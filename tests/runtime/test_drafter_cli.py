@@ -176,6 +176,7 @@ def test_the_head_table_pairs_each_arm_on_against_off_and_the_weightings_with_th
     def record(arm: str, seed: int, off: float, on: float) -> dict[str, object]:
         head = {"tpf": on, "tpf_off": off, "mean_accept": on - 1, "speedup": 0.5}
         head |= {"speedup_off": 0.4, "identical_output": True, "event_prompts": 8}
+        head |= {"reached": [10, 4, 0, 0, 0, 0, 0], "accepted": [4, 1, 0, 0, 0, 0, 0]}
         return {"arm": arm, "seed": seed, "head": head}
 
     evals = [record("brisk", s, 1.0 + s / 10, 1.2 * (1.0 + s / 10)) for s in (0, 1)]
@@ -185,3 +186,6 @@ def test_the_head_table_pairs_each_arm_on_against_off_and_the_weightings_with_th
     assert "| +20.0 % [+20.0, +20.0] | above zero |" in brisk
     assert "| 2/2 | 2 |" in brisk
     assert "| brisk + head ÷ uniform + head | +10.0 % [+10.0, +10.0] | above zero |" in rows
+    pooled = [r for r in rows if r.startswith("| brisk | 0.400 [")]  # a_1 = 8 / 20 over seeds
+    assert len(pooled) == 1
+    assert pooled[0].split(" | ")[2].startswith("0.250 [")  # a_2 = 2 / 8

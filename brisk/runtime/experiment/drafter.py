@@ -462,17 +462,7 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
         "| weighting | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
         "|---|" + "---|" * M,
     ]
-    for arm in cfg.arms:
-        rows = [ev for ev in evals if ev["arm"] == arm]
-        reached = np.sum([r["reached"] for r in rows], axis=0).astype(np.int64)
-        accepted = np.sum([r["accepted"] for r in rows], axis=0).astype(np.int64)
-        profile = AcceptanceProfile(reached, accepted)
-        low, high = profile.interval()
-        rates = profile.rates()
-        cells = [
-            f"{rates[i]:.3f} [{low[i]:.3f}, {high[i]:.3f}]" if reached[i] else "–" for i in range(M)
-        ]
-        lines.append(f"| {arm} | {' | '.join(cells)} |")
+    lines += _acceptance_rows(cfg.arms, evals, M)
     values = {(ev["arm"], int(ev["seed"])): float(ev["tpf"]) for ev in evals}
     lines += [
         "",
@@ -492,6 +482,26 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
     if headed:
         lines += ["", *head_table(cfg, headed)]
     return "\n".join(lines) + "\n"
+
+
+def _acceptance_rows(arms: tuple[str, ...], records: list[dict[str, Any]], M: int) -> list[str]:
+    """One table row per arm: a_i pooled over its records' counts (``arm``, ``reached``,
+    ``accepted``) with 95 % Jeffreys intervals; "–" where no block reached position i."""
+    lines = []
+    for arm in arms:
+        rows = [r for r in records if r["arm"] == arm]
+        if not rows:
+            continue
+        reached = np.sum([r["reached"] for r in rows], axis=0).astype(np.int64)
+        accepted = np.sum([r["accepted"] for r in rows], axis=0).astype(np.int64)
+        profile = AcceptanceProfile(reached, accepted)
+        low, high = profile.interval()
+        rates = profile.rates()
+        cells = [
+            f"{rates[i]:.3f} [{low[i]:.3f}, {high[i]:.3f}]" if reached[i] else "–" for i in range(M)
+        ]
+        lines.append(f"| {arm} | {' | '.join(cells)} |")
+    return lines
 
 
 def _change_cell(values: dict[tuple[str, int], float], num: str, den: str) -> tuple[str, str]:
@@ -554,10 +564,17 @@ def head_table(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) -> lis
             f"| {arm} | {means[0]} | {means[1]} | {cell} | {verdict} | {means[2]} | {means[3]} "
             f"| {means[4]} | {same}/{len(rows)} | {len(rows)} |"
         )
+    M = cfg.train.block_size - 1
     lines += [
         "",
         "Same output: head-on decoding output exactly head-off's tokens (required at T = 0, "
         "where both are the target's greedy decoding).",
+        "",
+        "Acceptance a_i per position with the head on, pooled over seeds [95 % Jeffreys interval]:",
+        "",
+        "| weighting | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
+        "|---|" + "---|" * M,
+        *_acceptance_rows(cfg.arms, [{"arm": ev["arm"], **ev["head"]} for ev in evals], M),
     ]
     on = {(ev["arm"], int(ev["seed"])): float(ev["head"]["tpf"]) for ev in evals}
     others = [a for a in cfg.arms if a != "brisk" and any(arm == a for arm, _ in on)]
