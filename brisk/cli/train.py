@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from brisk._hf import quiet_transformers
 from brisk._interrupt import INTERRUPTED, exits_on_interrupt
@@ -27,6 +29,8 @@ from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.pretrain_config import PretrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
+
+R = TypeVar("R")
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -159,6 +163,20 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.set_defaults(run=run_eval)
 
 
+def _on_ranks(train: Callable[[], R]) -> R | int:
+    """``train()`` on this rank (one process: rank 0). Rank 0 gets its result to print, and an
+    interrupt propagates there (it says what was saved); any other rank ends quietly, with 0, or
+    with INTERRUPTED when interrupted."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train()
+    except KeyboardInterrupt:
+        if rank == 0:
+            raise
+        return INTERRUPTED
+    return result if rank == 0 else 0
+
+
 @exits_on_interrupt
 def run_base(args: argparse.Namespace) -> int:
     overrides = config_overrides(args, BaseTrainConfig)
@@ -166,15 +184,11 @@ def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.base import train_base
 
     quiet_transformers()
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        result = train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
-    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
-        if rank == 0:
-            raise
-        return INTERRUPTED
-    if rank != 0:
-        return 0
+    result = _on_ranks(
+        lambda: train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
+    )
+    if isinstance(result, int):
+        return result
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.report is not None:
         _print_report(result.report)
@@ -247,18 +261,15 @@ def run_proposal(args: argparse.Namespace) -> int:
     from brisk.runtime.train.proposal import train_proposal
 
     quiet_transformers()
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        result = train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
-    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
-        if rank == 0:
-            raise
-        return INTERRUPTED
-    if rank == 0:
-        print(
-            f"trained {result.steps} steps on {result.tokens:,} tokens in "
-            f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
-        )
+    result = _on_ranks(
+        lambda: train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
+    )
+    if isinstance(result, int):
+        return result
+    print(
+        f"trained {result.steps} steps on {result.tokens:,} tokens in "
+        f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
+    )
     return 0
 
 
@@ -271,15 +282,11 @@ def run_drafter(args: argparse.Namespace) -> int:
     from brisk.runtime.train.drafter_loop import train_drafter
 
     quiet_transformers()
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        result = train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
-    except KeyboardInterrupt:  # Interrupted too: under torchrun rank 0 alone says what was saved
-        if rank == 0:
-            raise
-        return INTERRUPTED
-    if rank != 0:
-        return 0
+    result = _on_ranks(
+        lambda: train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
+    )
+    if isinstance(result, int):
+        return result
     print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
     if result.evaluation is not None:
         e = result.evaluation
