@@ -82,13 +82,13 @@ def collect_events(
     """
     from brisk.runtime.isd import decode
 
-    def decode_batch(lo: int, hi: int, writer: EventWriter, finished: Any) -> list[int]:
+    def decode_batch(batch: _Batch, writer: EventWriter, finished: Any) -> list[int]:
         result = decode(
             backbone,
-            prompts[lo:hi],
+            batch.prompts,
             options,
-            seeds=seeds_[lo:hi],
-            request_ids=ids[lo:hi],
+            seeds=batch.seeds,
+            request_ids=batch.ids,
             logger=writer,
             batch_size=batch_size,
             on_finish=finished,
@@ -96,20 +96,21 @@ def collect_events(
         )
         return [len(t) for t in result.tokens]
 
-    n = len(prompts)
-    ids = list(range(n)) if request_ids is None else list(request_ids)
-    seeds_ = list(range(n)) if seeds is None else list(seeds)
-    shape = _Shape(options.M, min(options.top_k, backbone.vocab_size), backbone.hidden_size)
-    decoder = {"decoder": asdict(options)}
-    sizes = {"vocab_size": backbone.vocab_size, "stride": options.stride}
+    sizes = _Sizes(
+        options.M,
+        min(options.top_k, backbone.vocab_size),
+        backbone.hidden_size,
+        backbone.vocab_size,
+        options.stride,
+        options.temperature,
+    )
     return _collect(
         Path(out),
         prompts,
-        seeds_,
-        ids,
-        shape,
-        decoder,
-        {**sizes, "temperature": options.temperature},
+        seeds,
+        request_ids,
+        sizes,
+        asdict(options),
         decode_batch,
         "isd",
         correct=correct,
@@ -155,35 +156,30 @@ def collect_draft_events(
             "from the whole softmax"
         )
 
-    def decode_batch(lo: int, hi: int, writer: EventWriter, finished: Any) -> list[int]:
+    def decode_batch(batch: _Batch, writer: EventWriter, finished: Any) -> list[int]:
         result = speculative_decode(
             target,
             drafter,
-            prompts[lo:hi],
+            batch.prompts,
             options,
-            seeds=seeds_[lo:hi],
-            request_ids=ids[lo:hi],
+            seeds=batch.seeds,
+            request_ids=batch.ids,
             logger=writer,
             on_finish=finished,
         )
         return [len(o.tokens) for o in result.outputs]
 
-    n = len(prompts)
-    ids = list(range(n)) if request_ids is None else list(request_ids)
-    seeds_ = list(range(n)) if seeds is None else list(seeds)
-    V = target_heads(target).vocab_size
-    M = drafter.spec.M
-    shape = _Shape(M, min(options.top_k, V), drafter.config.hidden_size)
-    decoder = {"decoder": {"algorithm": "speculative", **asdict(options)}}
-    sizes = {"vocab_size": V, "stride": M + 1, "temperature": options.temperature}
+    V, M = target_heads(target).vocab_size, drafter.spec.M
+    sizes = _Sizes(
+        M, min(options.top_k, V), drafter.config.hidden_size, V, M + 1, options.temperature
+    )
     return _collect(
         Path(out),
         prompts,
-        seeds_,
-        ids,
-        shape,
-        decoder,
+        seeds,
+        request_ids,
         sizes,
+        {"algorithm": "speculative", **asdict(options)},
         decode_batch,
         "speculative",
         correct=correct,
@@ -197,21 +193,34 @@ def collect_draft_events(
 
 
 @dataclass(frozen=True)
-class _Shape:
+class _Sizes:
+    """What a store's rows and ``_events.json`` hold the sizes of."""
+
     M: int
     K: int
     hidden_size: int
+    vocab_size: int
+    stride: int
+    temperature: float
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One decode batch: its prompts, seeds and request ids."""
+
+    prompts: Sequence[Sequence[int]]
+    seeds: list[int]
+    ids: list[int]
 
 
 def _collect(
     out: Path,
     prompts: Sequence[Sequence[int]],
-    seeds: list[int],
-    ids: list[int],
-    shape: _Shape,
+    seeds: Sequence[int] | None,
+    request_ids: Sequence[int] | None,
+    sizes: _Sizes,
     decoder: dict[str, Any],
-    sizes: dict[str, Any],
-    decode_batch: Callable[[int, int, EventWriter, Any], list[int]],
+    decode_batch: Callable[[_Batch, EventWriter, Any], list[int]],
     family: Decoder,
     *,
     correct: Any,
@@ -222,21 +231,23 @@ def _collect(
     on_resume: Any,
     resume: bool,
 ) -> EventStore:
-    """The collection loop both decoders share: ``decode_batch(lo, hi, writer, finished)``
-    decodes requests lo..hi − 1 into ``writer`` (calling ``finished(r, output)`` with r counted
-    from lo) and returns their token counts."""
+    """The collection loop both decoders share: ``decode_batch(batch, writer, finished)``
+    decodes a batch into ``writer`` (calling ``finished(r, output)`` with r counted within the
+    batch) and returns its token counts. Seeds and request ids default to 0..n − 1."""
     import torch
 
     refuse_complete(out)
     n = len(prompts)
+    ids = list(range(n)) if request_ids is None else list(request_ids)
+    seeds = list(range(n)) if seeds is None else list(seeds)
     inputs = json.dumps([[[int(t) for t in p] for p in prompts], seeds, ids]).encode()
     settings = {  # what makes two runs collect the same store (the path aside: its hash counts)
         "provenance": {  # paths aside: their hashes count
             k: v for k, v in (provenance or {}).items() if k not in ("checkpoint", "drafter")
         },
-        **decoder,
-        "K": shape.K,
-        "hidden_size": shape.hidden_size,
+        "decoder": decoder,
+        "K": sizes.K,
+        "hidden_size": sizes.hidden_size,
         "feature_dtype": feature_dtype,
         "batch_size": batch_size,
         "requests": n,
@@ -261,15 +272,16 @@ def _collect(
             # A batch: decoded into staging/, thrown away if a signal cuts it short.
             hi = min(lo + batch_size, n)
             writer = EventWriter(
-                partial.staging, shape.M, shape.K, shape.hidden_size, feature_dtype, family
+                partial.staging, sizes.M, sizes.K, sizes.hidden_size, feature_dtype, family
             )
+            batch = _Batch(prompts[lo:hi], seeds[lo:hi], ids[lo:hi])
             try:
                 with (
                     writer,
                     stop.abortable(),
                     torch.inference_mode(),
                 ):  # closed before `except` runs
-                    tokens = decode_batch(lo, hi, writer, finished)
+                    tokens = decode_batch(batch, writer, finished)
             except KeyboardInterrupt:
                 raise partial.interrupted(n) from None
             partial.commit(writer.events, [grades[r] for r in range(lo, hi)], tokens)
@@ -277,10 +289,7 @@ def _collect(
         "format": FORMAT,
         "decoder": {"algorithm": family, "head": "off"},  # what the head is trained to draft for
         **(provenance or {}),
-        "hidden_size": shape.hidden_size,
-        "M": shape.M,
-        "K": shape.K,
-        **sizes,
+        **asdict(sizes),
         "feature_dtype": feature_dtype,
         "events": partial.events,
         "requests": n,
