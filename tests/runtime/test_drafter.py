@@ -328,3 +328,64 @@ def test_an_accepted_eos_ends_the_request_at_that_round() -> None:
     before_last = 1 + sum(L + 1 for L in out.accept_lengths[:-1])
     assert before_last < len(out.tokens) <= before_last + out.accept_lengths[-1] + 1
     assert out.target_forwards == 1 + len(out.accept_lengths)
+
+
+def damage(directory: Path, how: str) -> None:
+    """Damage a saved drafter as a user's copy might be: weights cut short or replaced, a
+    config edited by hand."""
+    weights, config_file = directory / "model.safetensors", directory / "config.json"
+    config = json.loads(config_file.read_text())
+    if how == "truncated-weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif how == "garbage-weights":
+        weights.write_bytes(b"\x00garbage" * 64)
+    elif how == "invalid-json":
+        config_file.write_text('{\n  "block_size": 4,\n  oops\n}')
+    elif how == "json-list":
+        config_file.write_text("[1, 2]")
+    else:
+        edits = {
+            "no-hidden-size": lambda: config.pop("hidden_size"),
+            "no-dflash-config": lambda: config.pop("dflash_config"),
+            "no-mask-id": lambda: config["dflash_config"].pop("mask_token_id"),
+            "layers-not-int": lambda: config.update(num_hidden_layers="two"),
+        }
+        edits[how]()
+        config_file.write_text(json.dumps(config))
+
+
+DAMAGES = {
+    "truncated-weights": "model.safetensors: not a readable safetensors file",
+    "garbage-weights": "model.safetensors: not a readable safetensors file",
+    "invalid-json": "config.json: invalid JSON at line 3, column 3",
+    "json-list": "config.json: holds no JSON object",
+    "no-hidden-size": 'config.json: no "hidden_size" field',
+    "no-dflash-config": 'config.json: no "dflash_config" field',
+    "no-mask-id": "config.json: dflash_config.mask_token_id must be an integer, got None",
+    "layers-not-int": "config.json: \"num_hidden_layers\" must be an integer ≥ 1, got 'two'",
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(tmp_path: Path, how: str) -> None:
+    """What a user meets on a checkpoint copied in part or edited by hand: one ``ValueError``
+    line naming the file (and the JSON line and column, or the field), never safetensors' or
+    json's own exception."""
+    save_drafter(tiny_drafter(tiny_target(6, scale=1.0), 4), tmp_path / "d")
+    damage(tmp_path / "d", how)
+    with pytest.raises(ValueError, match="drafter: ") as caught:
+        load_drafter(tmp_path / "d")
+    text = str(caught.value)
+    assert type(caught.value) is ValueError, type(caught.value)  # not JSONDecodeError
+    assert "\n" not in text
+    assert str(tmp_path / "d") in text
+    assert DAMAGES[how] in text, text
+
+
+def test_a_drafter_for_a_target_of_another_depth_is_refused() -> None:
+    """Target layer ids inside the target, but the drafter was built for a deeper one."""
+    target = tiny_target(6, scale=1.0)
+    config = drafter_config(target.config, mask_token_id=5, target_layer_ids=[1, 2])
+    config.num_target_layers = 8
+    with pytest.raises(ValueError, match="built for a target of 8 layers, the target has 4"):
+        speculative_decode(target, DFlashDrafter(config), [[0, 1]], SDOptions(max_new_tokens=8))

@@ -45,6 +45,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from brisk._atomic import replace_dir
+from brisk.runtime.checkpoint import tensor_shapes
 
 __all__ = [
     "ARCHITECTURE",
@@ -325,40 +326,87 @@ def save_drafter(
     return replace_dir(tmp, path)
 
 
-def load_drafter(path: str | Path, *, device: torch.device | str = "cpu") -> DFlashDrafter:
-    """A DFlash drafter checkpoint (brisk's or DFlash's): every weight the format names must be
-    there with its shape, and no other (a ``model.`` prefix is accepted); else one line naming
-    the file and the key."""
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"drafter: {path} has no config.json")
-    raw: dict[str, Any] = json.loads(config_file.read_text())
+# What a drafter's config.json must give: the sizes its weights take (Qwen3Config's defaults
+# are a 4,096-wide model's, and would be built before the weights could disagree) and the
+# DFlash fields.
+REQUIRED_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "block_size",
+    "num_target_layers",
+)
+
+
+def _read_config(config_file: Path) -> dict[str, Any]:
+    """The drafter's config.json as a mapping, with the fields :data:`REQUIRED_SIZES` and
+    ``dflash_config`` present and well typed; one line naming the file otherwise."""
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"drafter: {config_file}: invalid JSON at line {err.lineno}, column {err.colno} "
+            f"({err.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"drafter: {config_file}: unreadable ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"drafter: {config_file}: holds no JSON object")
     if ARCHITECTURE not in (raw.get("architectures") or []):
         raise ValueError(
             f"drafter: {config_file} is not a DFlash drafter (architectures "
             f"{raw.get('architectures')!r}, need {ARCHITECTURE!r})"
         )
+    where = f"drafter: {config_file}"
+    for name in (*REQUIRED_SIZES, "dflash_config"):
+        if name not in raw:
+            raise ValueError(f'{where}: no "{name}" field (a DFlash drafter needs it)')
+    for name in REQUIRED_SIZES:
+        value = raw[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f'{where}: "{name}" must be an integer ≥ 1, got {value!r}')
+    return raw
+
+
+def load_drafter(path: str | Path, *, device: torch.device | str = "cpu") -> DFlashDrafter:
+    """A DFlash drafter checkpoint (brisk's or DFlash's): a config.json naming the sizes and
+    the DFlash fields, and every weight the format names there with its shape, and no other (a
+    ``model.`` prefix is accepted). Anything else (invalid JSON, a missing or mistyped field, a
+    truncated or foreign weights file, a missing, extra or misshapen tensor) is one
+    ``ValueError`` line naming the file and the line and column, field or key; the weights'
+    names and shapes are checked from the safetensors header before any tensor is read."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"drafter: {path} has no config.json")
+    raw = _read_config(config_file)
     raw.pop("auto_map", None)
-    config = Qwen3Config(**{k: v for k, v in raw.items() if k != "model_type"})
     try:
+        config = Qwen3Config(**{k: v for k, v in raw.items() if k != "model_type"})
         drafter = DFlashDrafter(config)
-    except ValueError as err:
-        raise ValueError(f"drafter: {config_file}: {err}") from None
+    except (TypeError, ValueError) as err:  # transformers' field checks raise TypeError
+        detail = " ".join(str(err).split()).removeprefix("config: ")
+        raise ValueError(f"drafter: {config_file}: {detail}") from None
     weights = path / WEIGHTS
     if not weights.is_file():
         raise ValueError(f"drafter: {path} has no {WEIGHTS}")
-    state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
-    expected = drafter.state_dict()
-    for key in sorted(set(expected) | set(state)):
-        if key not in state:
+    try:
+        found = {k.removeprefix("model."): v for k, v in tensor_shapes(weights).items()}
+    except ValueError as err:
+        raise ValueError(f"drafter: {err}") from None
+    expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    for key in sorted(set(expected) | set(found)):
+        if key not in found:
             raise ValueError(f"drafter: {weights} lacks {key}")
         if key not in expected:
             raise ValueError(f"drafter: {weights} has {key}, which a DFlash drafter has not")
-        if tuple(state[key].shape) != tuple(expected[key].shape):
+        if found[key] != expected[key]:
             raise ValueError(
-                f"drafter: {weights}: {key} has shape {tuple(state[key].shape)}, the config "
-                f"gives {tuple(expected[key].shape)}"
+                f"drafter: {weights}: {key} has shape {found[key]}, the config gives "
+                f"{expected[key]}"
             )
+    state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
     drafter.load_state_dict(state)
     return drafter.to(device)

@@ -37,11 +37,11 @@ relative to the target's verify forward (ρ of the cost model).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,6 +50,7 @@ from brisk.mechanism.schema import Verification
 from brisk.runtime.backbone import ModelHeads, cache_keyword
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.drafter.model import DFlashDrafter
+from brisk.runtime.drafter.result import DRAFT_LAWS, DraftLaw, SDOptions, SDOutput, SDResult
 from brisk.runtime.isd.batched import (
     Draft,
     StepContext,
@@ -64,6 +65,7 @@ from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
 __all__ = [
     "DRAFT_LAWS",
+    "DraftLaw",
     "SDOptions",
     "SDOutput",
     "SDResult",
@@ -74,77 +76,6 @@ __all__ = [
     "target_heads",
     "verification_of",
 ]
-
-DraftLaw = Literal["greedy", "sample", "top-k"]
-DRAFT_LAWS: tuple[DraftLaw, ...] = ("greedy", "sample", "top-k")
-
-
-@dataclass(frozen=True)
-class SDOptions:
-    """Decoding settings: the target's temperature (0: greedy), the drafter's law, the budget."""
-
-    temperature: float = 0.0
-    draft: DraftLaw = "greedy"
-    top_k: int = 16
-    max_new_tokens: int = 256
-    eos_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and self.temperature != float("inf")):
-            raise ValueError(f"temperature: must be finite and ≥ 0, got {self.temperature!r}")
-        if self.draft not in DRAFT_LAWS:
-            raise ValueError(f"draft: one of {', '.join(DRAFT_LAWS)}, got {self.draft!r}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k: must be ≥ 1, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be ≥ 1, got {self.max_new_tokens}")
-
-
-@dataclass
-class SDOutput:
-    """One request: its tokens (cut at EOS or the budget) and what they cost."""
-
-    tokens: list[int] = field(default_factory=list)
-    accept_lengths: list[int] = field(default_factory=list)  # L of every round
-    target_forwards: int = 0  # the prefill and one verify forward per round
-    finished: str = ""  # "eos" or "length"
-
-    @property
-    def forwards(self) -> int:
-        """Target forwards (the block log's request table counts these)."""
-        return self.target_forwards
-
-    @property
-    def tpf(self) -> float:
-        """Tokens per target forward over the whole run (the prefill's included)."""
-        return len(self.tokens) / self.target_forwards if self.target_forwards else float("nan")
-
-
-@dataclass
-class SDResult:
-    """Every request's output, and the measured cost of a draft forward relative to a verify."""
-
-    outputs: list[SDOutput]
-    M: int
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-
-    @property
-    def draft_cost(self) -> float:
-        """ρ: the drafter's forward time ÷ the target's verify forward time (one each a round)."""
-        return self.draft_seconds / self.verify_seconds if self.verify_seconds else float("nan")
-
-    @property
-    def tpf(self) -> float:
-        tokens = sum(len(o.tokens) for o in self.outputs)
-        return tokens / max(1, sum(o.target_forwards for o in self.outputs))
-
-    @property
-    def mean_accept(self) -> float:
-        """E[L] over every round of every request."""
-        lengths = [L for o in self.outputs for L in o.accept_lengths]
-        return sum(lengths) / len(lengths) if lengths else float("nan")
-
 
 def verification_of(options: SDOptions, head: Corrector | None = None) -> Verification:
     """How the loop verifies drafts of ``options`` (the block log's verification): against the
@@ -215,8 +146,9 @@ def position_limit(target: Any, M: int) -> int | None:
 
 
 def check_pair(target: Any, drafter: DFlashDrafter) -> None:
-    """That ``drafter`` was built for ``target``: width, vocabulary, target layers and mask id;
-    one line naming the first that does not match."""
+    """That ``drafter`` was built for ``target``: width, vocabulary, target layers (the ids it
+    reads and the depth it was built for) and mask id; one line naming the first that does not
+    match."""
     tc, spec = target.config, drafter.spec
     text = getattr(tc, "text_config", None) or tc  # a multimodal config keeps its LM here
     H, V, L = text.hidden_size, _vocab(target), text.num_hidden_layers
@@ -229,6 +161,10 @@ def check_pair(target: Any, drafter: DFlashDrafter) -> None:
             f"drafter: target_layer_ids {list(spec.target_layer_ids)} name layers the target "
             f"({L} layers) does not have below its last (whose output a server does not "
             "capture: ids must be at most L − 2)"
+        )
+    if spec.num_target_layers != L:
+        raise ValueError(
+            f"drafter: built for a target of {spec.num_target_layers} layers, the target has {L}"
         )
     if not 0 <= spec.mask_token_id < V:
         raise ValueError(f"drafter: mask_token_id {spec.mask_token_id} is outside the vocabulary")
@@ -394,6 +330,7 @@ def speculative_decode(
     logger: BlockLogger | None = None,
     head: Corrector | None = None,
     on_finish: Callable[[int, SDOutput], None] | None = None,
+    budgets: Sequence[int] | None = None,
 ) -> SDResult:
     """Decode ``prompts`` (token ids) with ``drafter`` proposing and ``target`` (an HF causal
     LM) verifying (module docstring). ``seeds[r]`` and ``request_ids[r]`` (default r) key
@@ -403,7 +340,9 @@ def speculative_decode(
     ``brisk mechanism report`` runs on the log; a logger that collects gets the corrector's
     training events. ``head`` drafts over the drafter's Top-K (module docstring; the head's own
     device and dtype, the caller's): its K replaces ``options.top_k``. ``on_finish(r, output)``
-    hears request r (its index in ``prompts``) as it finishes."""
+    hears request r (its index in ``prompts``) as it finishes. ``budgets[r]`` (default
+    ``options.max_new_tokens``, at most that) is request r's token budget: ``brisk decode``
+    lowers it for a prompt too long for the target's positions."""
     options = options or SDOptions()
     check_pair(target, drafter)
     if head is not None:
@@ -430,16 +369,20 @@ def speculative_decode(
         raise ValueError("prompts: need at least one prompt, each with at least one token")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     request_ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
-    for name, values in (("seeds", seeds), ("request_ids", request_ids)):
+    budget = options.max_new_tokens
+    budgets = [budget] * len(prompts) if budgets is None else list(budgets)
+    for name, values in (("seeds", seeds), ("request_ids", request_ids), ("budgets", budgets)):
         if len(values) != len(prompts):
             raise ValueError(f"{name}: need one per prompt ({len(prompts)}), got {len(values)}")
+    if not all(1 <= b <= budget for b in budgets):
+        raise ValueError(f"budgets: each must be in 1..max_new_tokens = {budget}, got {budgets}")
     M = drafter.spec.M
     limit = position_limit(target, M)
     if limit is not None:
-        r = max(range(len(prompts)), key=lambda i: len(prompts[i]))
-        if len(prompts[r]) + options.max_new_tokens > limit:
+        r = max(range(len(prompts)), key=lambda i: len(prompts[i]) + budgets[i])
+        if len(prompts[r]) + budgets[r] > limit:
             raise ValueError(
-                f"max_new_tokens: prompt {r} ({len(prompts[r])} tokens) + {options.max_new_tokens}"
+                f"max_new_tokens: prompt {r} ({len(prompts[r])} tokens) + {budgets[r]}"
                 f" new tokens + a block of {M + 1} exceeds the target's {limit + M + 1} positions"
             )
     timing = [0.0, 0.0]
@@ -453,8 +396,9 @@ def speculative_decode(
     )
     with torch.inference_mode():
         outputs = []
-        for i, (p, s, r) in enumerate(zip(prompts, seeds, request_ids, strict=True)):
-            outputs.append(_decode_one(target, drafter, p, options, s, r, timing, logger, ctx))
+        for i, (p, s, r, b) in enumerate(zip(prompts, seeds, request_ids, budgets, strict=True)):
+            mine = options if b == budget else dataclasses.replace(options, max_new_tokens=b)
+            outputs.append(_decode_one(target, drafter, p, mine, s, r, timing, logger, ctx))
             if logger is not None:
                 logger.log_request(r, len(p), outputs[-1])
             if on_finish is not None:
