@@ -1,4 +1,6 @@
-"""``brisk decode``: ISD decoding of a prompt file, with statistics tied back to the theory.
+"""``brisk decode``: ISD decoding of a prompt file, with statistics tied back to the theory;
+with ``--drafter DIR``, speculative decoding: a DFlash drafter proposes and ``--model``, an AR
+target, verifies (:mod:`brisk.runtime.drafter`).
 
 Prompts come as JSON Lines, one object per request: ``{"prompt": str, "answer": ...,
 "grader": str}`` (answer and grader optional; with an answer the output is graded by the row's
@@ -11,7 +13,15 @@ The work is :mod:`brisk.runtime.decoding`'s (reading the prompts, loading, decod
 the partial file, the summary figures); this module parses the flags, one per field of
 :class:`~brisk.runtime.decode_options.ISDOptions` for the decode's options, and prints. Every
 argument is checked before the model loads; bad input ends as one line naming the argument (and
-file and line) with exit code 2. ``--out`` is written atomically in prompt order when decoding
+file and line) with exit code 2. Every row holds the prompt's and the output's token ids
+(``prompt_ids``, ``output_ids``) and its ``decoder``.
+
+With ``--drafter`` the block is the drafter's (``--stride`` is refused), so is the MASK id
+(``--mask-token-id`` is refused: the target has no MASK token and reads none), the loop runs in
+float32 (``--dtype`` other than float32 is refused), one request at a time (``--batch-size`` has
+no say), with greedy drafts at T = 0 and Top-K draws at T > 0 (``--top-k``); ``--corrector``
+drafts over the drafter's Top-K; ``--shadow`` and ``--score-blocks`` (ISD's diagnostics) are
+refused. ``--out`` is written atomically in prompt order when decoding
 ends; meanwhile each finished completion is appended to ``.<name>.partial`` beside it, so a run
 killed outright keeps them. Ctrl-C stops decoding, closes the block log (its parts are written
 atomically, so every part on disk stays valid), writes the completions finished so far to
@@ -40,11 +50,25 @@ from brisk.runtime.decode_options import ISDOptions
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = layers.add_parser("decode", help="ISD decoding with exact verification")
-    parser.add_argument("--model", type=Path, help="checkpoint directory (save_pretrained)")
+    parser = layers.add_parser(
+        "decode", help="ISD decoding with exact verification (--drafter: speculative decoding)"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="checkpoint directory (save_pretrained); the AR target with --drafter",
+    )
     parser.add_argument("--prompts", type=Path, help="JSON Lines {prompt, answer?} or text lines")
     parser.add_argument("--corrector", type=Path, default=None, help="corrector directory")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--drafter",
+        type=Path,
+        default=None,
+        help="a DFlash drafter directory: speculative decoding, --model the AR target that "
+        "verifies (its block is the stride, its config the MASK id; float32, one request at a "
+        "time)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="ISD requests per batch")
     parser.add_argument("--seed", type=int, default=0, help="request r uses seed + r")
     parser.add_argument("--samples", type=int, default=1, help="decode each prompt this often")
     parser.add_argument("--log-blocks", type=Path, default=None, help="block-log directory")
@@ -99,6 +123,23 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _positive(value: int, flag: str) -> None:
     if value < 1:
         raise ValueError(f"{flag}: must be an integer ≥ 1, got {value}")
+
+
+def _check_drafter_flags(args: argparse.Namespace) -> None:
+    """The flags that mean nothing with ``--drafter``, refused in one line each."""
+    if not args.drafter.is_dir():
+        raise ValueError(f"--drafter: {args.drafter} is not a drafter directory")
+    refused = (
+        ("--stride", args.isd_stride is not None, "the block size is the drafter's"),
+        ("--mask-token-id", args.mask_token_id is not None, "the MASK id is the drafter's"),
+        ("--shadow", args.isd_shadow, "ISD's diagnostic; --corrector drafts over the drafter's"),
+        ("--score-blocks", args.isd_score_blocks, "ISD's diagnostic"),
+    )
+    for flag, given, why in refused:
+        if given:
+            raise ValueError(f"{flag}: not with --drafter ({why})")
+    if args.dtype not in (None, "", "auto", "float32", "fp32"):
+        raise ValueError(f"--dtype: {args.dtype} not with --drafter (its loop runs in float32)")
 
 
 def run_problems(args: argparse.Namespace) -> int:
@@ -160,6 +201,8 @@ def _options(args: argparse.Namespace) -> ISDOptions:
     options = with_overrides(ISDOptions(), config_overrides(args, ISDOptions, "isd_"))
     if args.corrector is not None and not args.corrector.is_dir():
         raise ValueError(f"--corrector: {args.corrector} is not a directory")
+    if args.drafter is not None:
+        _check_drafter_flags(args)
     if options.shadow and args.corrector is None:
         raise ValueError("--shadow: needs --corrector (the head to run beside the base)")
     if args.out is not None:
@@ -197,6 +240,7 @@ def run_decode(args: argparse.Namespace) -> int:
                     mask_token_id=args.mask_token_id,
                     trust_remote_code=args.trust_remote_code,
                     labels=labels,
+                    drafter=args.drafter,
                 )
         except KeyboardInterrupt:
             print(
@@ -268,18 +312,31 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], job: Any) -> None:
     console, options, figures = Console(), job.options, summarize(result, rows)
     profile = result.profile()
     rounds = profile.n_blocks
+    speculative = job.drafter is not None
+    decoder = (
+        f"drafter {escape(str(job.drafter_path))} (block {options.stride})"
+        if speculative
+        else f"stride N = {options.stride}"
+    )
     console.print(
-        f"{len(rows)} requests, stride N = {options.stride}, temperature {options.temperature:g}: "
-        f"{result.generated} output tokens in {result.forwards} forwards "
+        f"{len(rows)} requests, {decoder}, temperature {options.temperature:g}: "
+        f"{result.generated} output tokens in {result.forwards} "
+        f"{'target ' if speculative else ''}forwards "
         f"(the prefills, which commit each first token, and {rounds} verify rounds)"
     )
+    if speculative:
+        console.print(
+            "draft cost ρ (the drafter's forward time ÷ the target's verify forward's): "
+            f"{result.draft_cost:.3f}"
+        )
+    drafts = "the drafter drafts" if speculative else "the base drafts"
     if job.corrector is None:
-        console.print("corrector: none (the base drafts)")
+        console.print(f"corrector: none ({drafts})")
     else:
         mode = (
-            "shadow: run beside the base for the block log, the base drafts"
+            f"shadow: run beside the base for the block log, {drafts}"
             if options.shadow
-            else "on: the head drafts"
+            else "on: the head drafts" + (" over the drafter's Top-K" if speculative else "")
         )
         console.print(f"corrector: {escape(str(job.corrector_path))} ({mode})")
     console.print(
@@ -288,7 +345,8 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], job: Any) -> None:
     )
     for name, value, counts, what in result.run_tpf().lines():
         console.print(f"{name}: [bold]{value}[/] ({counts}; {what})")
-        if name == WHOLE_RUN and result.forwards and rounds:
+        # the finite-horizon prediction runs ISD's state machine (cold starts), not a drafter's
+        if name == WHOLE_RUN and result.forwards and rounds and not speculative:
             console.print(
                 "  predicted from the in-output acceptance profile and the output lengths: "
                 f"{result.predicted_run_tpf()}"

@@ -7,11 +7,17 @@ str, "id": ...}`` (all but the prompt optional), or plain text with one prompt p
 - :func:`prepare_decode` loads the checkpoint (:func:`brisk.runtime.loader.load_model`, the one
   loader) and the corrector, encodes the prompts (:mod:`brisk.runtime.prompts`), fits the
   options to the model's positions (:func:`brisk.runtime.loader.fit_budget`) and opens the
-  block log: every check done before anything is decoded;
-- :func:`decode_requests` decodes, and as each request finishes makes its row (completion text,
-  forwards, tokens, TPF, accepted-length histogram and, with an answer, the grade by the row's
-  grader), appends it to ``.<name>.partial`` beside ``out`` (a run killed outright keeps them)
-  and, at the end, writes ``out`` atomically in prompt order. ``KeyboardInterrupt`` inside the
+  block log: every check done before anything is decoded. With ``drafter`` (a DFlash drafter
+  directory, :mod:`brisk.runtime.drafter`) the checkpoint is the AR target that verifies the
+  drafter's blocks: the stride is the drafter's block, the MASK id its config's (the target
+  needs none), the loop runs in float32, and the corrector, if any, drafts over the drafter's
+  Top-K;
+- :func:`decode_requests` decodes (ISD's batched loop, or speculative decoding one request at a
+  time), and as each request finishes makes its row (the decoder, the prompt's and the
+  output's token ids, completion text, forwards, tokens, TPF, accepted-length histogram and,
+  with an answer, the grade by the row's grader), appends it to ``.<name>.partial`` beside
+  ``out`` (a run killed outright keeps them) and, at the end, writes ``out`` atomically in
+  prompt order. ``KeyboardInterrupt`` inside the
   decode stops it (Ctrl-C, or :meth:`brisk._interrupt.StopSignals.abortable`): the block log is
   closed and what finished is written;
 - :func:`summarize` gives the figures ``brisk decode`` prints beside the run's TPF lines:
@@ -38,9 +44,19 @@ from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector
+from brisk.runtime.drafter import (
+    DFlashDrafter,
+    SDOptions,
+    SDOutput,
+    SDResult,
+    check_head,
+    check_pair,
+    load_drafter,
+    speculative_decode,
+)
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.isd.blocklog import BlockLogger
-from brisk.runtime.loader import fit_budget, load_model
+from brisk.runtime.loader import LoadedModel, fit_budget, load_model, placement
 from brisk.runtime.prompts import completion_text, encode_prompt
 from brisk.runtime.tasks.graders import grade_all, resolve_grader
 from brisk.runtime.tasks.sources import read_json_lines, read_lines
@@ -116,8 +132,8 @@ def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 @dataclass(frozen=True)
 class DecodeJob:
-    """Requests ready to decode: the model, the corrector (or None), the options fitted to the
-    model, the encoded prompts and the block log (or None)."""
+    """Requests ready to decode: the model, the corrector (or None), the drafter (or None: ISD),
+    the options fitted to the model, the encoded prompts and the block log (or None)."""
 
     requests: list[dict[str, Any]]
     prompts: list[list[int]]
@@ -128,6 +144,13 @@ class DecodeJob:
     corrector_path: Path | None
     logger: BlockLogger | None
     budgets: list[int]  # each prompt's token budget (options.max_new_tokens: the largest)
+    drafter: DFlashDrafter | None = None  # proposes for the AR model ``backbone`` wraps
+    drafter_path: Path | None = None
+
+    @property
+    def decoder(self) -> str:
+        """The decoder family, as block logs name it: ``isd`` or ``speculative``."""
+        return "isd" if self.drafter is None else "speculative"
 
 
 def prepare_decode(
@@ -143,20 +166,30 @@ def prepare_decode(
     mask_token_id: int | None = None,
     trust_remote_code: bool = False,
     labels: Sequence[str] | None = None,
+    drafter: Path | None = None,
 ) -> DecodeJob:
-    """Load ``model`` and ``corrector``, encode the requests' prompts and check the options
-    against both: the EOS becomes the tokenizer's, and a budget not given (``budget_given``) is
-    lowered, prompt by prompt, to what fits the model's positions (said on stderr); a prompt
-    too long is named by
-    its label in ``labels`` (where each request came from). The block log opens last, so a
-    failed check leaves no directory behind."""
-    loaded = load_model(
-        model,
-        device=device,
-        dtype=dtype,
-        mask_token_id=mask_token_id,
-        trust_remote_code=trust_remote_code,
-    )
+    """Load ``model`` and ``corrector`` (and ``drafter``: module docstring), encode the
+    requests' prompts and check the options against them: the EOS becomes the tokenizer's, and
+    a budget not given (``budget_given``) is lowered, prompt by prompt, to what fits the model's
+    positions (said on stderr); a prompt too long is named by its label in ``labels`` (where
+    each request came from). The block log opens last, so a failed check leaves no directory
+    behind."""
+    draft = None
+    if drafter is None:
+        loaded = load_model(
+            model,
+            device=device,
+            dtype=dtype,
+            mask_token_id=mask_token_id,
+            trust_remote_code=trust_remote_code,
+        )
+    else:
+        if options.shadow or options.score_blocks or mask_token_id is not None:
+            raise ValueError(
+                "drafter: shadow, score_blocks and mask_token_id are ISD's, not a drafter's"
+            )
+        loaded, draft = _load_pair(model, drafter, device, dtype, trust_remote_code)
+        options = dataclasses.replace(options, stride=draft.spec.block_size)
     head = None
     if corrector is not None:
         try:
@@ -165,7 +198,12 @@ def prepare_decode(
             )
         except ValueError as err:
             raise _named("--corrector", err) from None
-        if head.config.M != options.M:
+        if draft is not None:
+            try:
+                check_head(loaded.model, draft, head, _sd_options(options))
+            except ValueError as err:
+                raise _named("--corrector", err) from None
+        elif head.config.M != options.M:
             raise ValueError(
                 f"--stride: the corrector at {corrector} was trained for stride N = "
                 f"{head.config.M + 1} (M = {head.config.M}), got --stride {options.stride}"
@@ -173,14 +211,20 @@ def prepare_decode(
     options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
     prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
     fitted = fit_budget(
-        options, loaded.backbone.max_positions, prompts, budget_given=budget_given, labels=labels
+        options,
+        loaded.backbone.max_positions,
+        prompts,
+        budget_given=budget_given,
+        labels=labels,
+        stride_flag="--stride" if draft is None else "--drafter",  # its block: 2M spare
     )
     options = fitted.options
     logger = None
     if log_blocks is not None:
         K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)
+        decoder = "isd" if draft is None else "speculative"
         try:
-            logger = BlockLogger(log_blocks, options.M, K)
+            logger = BlockLogger(log_blocks, options.M, K, decoder=decoder)
         except ValueError as err:
             raise _named("--log-blocks", err) from None
     return DecodeJob(
@@ -193,7 +237,55 @@ def prepare_decode(
         corrector,
         logger,
         fitted.per_prompt,
+        draft,
+        drafter,
     )
+
+
+def _sd_options(options: ISDOptions) -> SDOptions:
+    """The speculative loop's options: greedy drafts at T = 0, Top-K draws at T > 0 (what a
+    block log holds, and what a head drafts by)."""
+    draft = "greedy" if options.temperature == 0 else "top-k"
+    return SDOptions(
+        options.temperature, draft, options.top_k, options.max_new_tokens, options.eos_token_id
+    )
+
+
+def _load_pair(
+    model: Path, drafter: Path, device: str | None, dtype: str | None, trust_remote_code: bool
+) -> tuple[LoadedModel, DFlashDrafter]:
+    """The AR target (the drafter's MASK id is the backbone's: the target has none of its
+    own, and never reads it) and the drafter, checked against each other, both in float32:
+    the drafter first, so a broken drafter is named before the target loads."""
+    if dtype not in (None, "", "auto", "float32", "fp32"):
+        raise ValueError(f"--dtype: a drafter's loop runs in float32, got {dtype}")
+    try:
+        draft = load_drafter(drafter, device=placement(device, "float32").device).eval()
+    except ValueError as err:
+        raise _named("--drafter", err) from None
+    config = drafter / "config.json"
+    try:
+        loaded = load_model(
+            model,
+            device=device,
+            dtype="float32",
+            mask_token_id=draft.spec.mask_token_id,
+            trust_remote_code=trust_remote_code,
+        )
+    except ValueError as err:
+        if not str(err).startswith("--mask-token-id"):
+            raise
+        raise ValueError(
+            f"--drafter: {config}: dflash_config.mask_token_id {draft.spec.mask_token_id} is "
+            f"outside the vocabulary of --model {model}"
+        ) from None
+    try:
+        check_pair(loaded.model, draft)
+    except ValueError as err:
+        detail = str(err).removeprefix("drafter: ")
+        raise ValueError(f"--drafter: {config}: {detail} (--model {model})") from None
+    draft.requires_grad_(False)
+    return loaded, draft
 
 
 def _named(flag: str, err: ValueError) -> ValueError:
@@ -207,7 +299,7 @@ class Decoded:
     """The decode's result (None when it was interrupted) and the finished requests' rows, in
     prompt order."""
 
-    result: DecodeResult | None
+    result: DecodeResult | SDResult | None
     rows: list[dict[str, Any]]
 
 
@@ -229,7 +321,7 @@ def decode_requests(
     done: dict[int, dict[str, Any]] = {}
     partial = _Partial(out) if out is not None else None
 
-    def on_finish(r: int, output: RequestOutput) -> None:
+    def on_finish(r: int, output: RequestOutput | SDOutput) -> None:
         row = _row(job, r, output, grader)
         done[r] = row
         if partial is not None:
@@ -237,20 +329,34 @@ def decode_requests(
         if on_row is not None:
             on_row(row)
 
-    result = None
+    result: DecodeResult | SDResult | None = None
+    seeds = [seed + r for r in range(len(job.prompts))]
     try:
         with stop.abortable() if stop is not None else nullcontext():
-            result = decode(
-                job.backbone,
-                job.prompts,
-                job.options,
-                corrector=job.corrector,
-                seeds=[seed + r for r in range(len(job.prompts))],
-                logger=job.logger,
-                batch_size=batch_size,
-                on_finish=on_finish,
-                budgets=job.budgets,
-            )
+            if job.drafter is None:
+                result = decode(
+                    job.backbone,
+                    job.prompts,
+                    job.options,
+                    corrector=job.corrector,
+                    seeds=seeds,
+                    logger=job.logger,
+                    batch_size=batch_size,
+                    on_finish=on_finish,
+                    budgets=job.budgets,
+                )
+            else:  # one request at a time: batch_size has no say
+                result = speculative_decode(
+                    job.backbone.model,
+                    job.drafter,
+                    job.prompts,
+                    _sd_options(job.options),
+                    seeds=seeds,
+                    logger=job.logger,
+                    head=job.corrector,
+                    on_finish=on_finish,
+                    budgets=job.budgets,
+                )
     except KeyboardInterrupt:
         pass  # save what finished
     finally:
@@ -266,12 +372,15 @@ def decode_requests(
     return Decoded(result, rows)
 
 
-def _row(job: DecodeJob, r: int, output: RequestOutput, grader: str) -> dict[str, Any]:
+def _row(job: DecodeJob, r: int, output: RequestOutput | SDOutput, grader: str) -> dict[str, Any]:
     request = job.requests[r]
     row = {
         "id": request.get("id", r),
         "sample": request.get("sample", 0),
+        "decoder": job.decoder,
         "prompt": request["prompt"],
+        "prompt_ids": list(job.prompts[r]),  # BOS included, as the model saw it
+        "output_ids": list(output.tokens),  # the EOS that ended it included
         "completion": completion_text(job.tokenizer, output.tokens),
         "forwards": output.forwards,
         "tokens": len(output.tokens),
@@ -327,7 +436,7 @@ class DecodeSummary:
         return self.correct / self.graded if self.graded else math.nan
 
 
-def summarize(result: DecodeResult, rows: Sequence[dict[str, Any]]) -> DecodeSummary:
+def summarize(result: DecodeResult | SDResult, rows: Sequence[dict[str, Any]]) -> DecodeSummary:
     """:class:`DecodeSummary` of a decode's result and its rows."""
     graded = [r for r in rows if "correct" in r]
     errors = [r["grader_error"] for r in graded if "grader_error" in r]

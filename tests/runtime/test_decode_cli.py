@@ -58,6 +58,14 @@ def test_decode_logs_blocks_that_the_report_reads(
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6
     assert all(isinstance(r["correct"], bool) for r in rows)
+    tokenizer = char_tokenizer()  # the rows' token ids: the prompt behind its BOS, the output
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    for r in rows:
+        assert r["decoder"] == "isd"
+        assert r["prompt_ids"] == [bos, *tokenizer.encode(r["prompt"], add_special_tokens=False)]
+        assert len(r["output_ids"]) == r["tokens"] > 0
+        assert tokenizer.decode([t for t in r["output_ids"] if t != eos]) == r["completion"]
+        assert (r["output_ids"][-1] == eos) == (r["finished"] == "eos")
     blocks = validate(log)
     assert blocks == sum(sum(r["accept_hist"]) for r in rows)
     report_argv = ["mechanism", "report", str(log), "--out", str(report), "--bootstrap", "20"]
