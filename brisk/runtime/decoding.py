@@ -272,12 +272,13 @@ def _load_pair(
             mask_token_id=draft.spec.mask_token_id,
             trust_remote_code=trust_remote_code,
         )
-    except ValueError as err:
-        if not str(err).startswith("--mask-token-id"):
+    except ValueError as err:  # the loader's MASK checks, of the drafter's id
+        flag, sep, detail = str(err).partition(": ")
+        if flag != "--mask-token-id" or not sep:
             raise
         raise ValueError(
-            f"--drafter: {config}: dflash_config.mask_token_id {draft.spec.mask_token_id} is "
-            f"outside the vocabulary of --model {model}"
+            f"--drafter: {config}: dflash_config.mask_token_id {draft.spec.mask_token_id} "
+            f"does not fit --model {model}: {detail}"
         ) from None
     try:
         check_pair(loaded.model, draft)
