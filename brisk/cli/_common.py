@@ -108,6 +108,17 @@ def add_placement_arguments(parser: Any) -> None:
     )
 
 
+def add_mask_argument(parser: Any) -> None:
+    """``--mask-token-id`` of a command whose other options are no config carrying it (decode,
+    eval, headroom, serve, the experiments): the flag of
+    :class:`~brisk.runtime.train.fields.MaskId`'s field, declared there once, read back as
+    ``args.mask_token_id`` (None: the checkpoint's own, by
+    :func:`brisk.runtime.loader.checkpoint_mask_id`'s order)."""
+    from brisk.runtime.train.fields import MaskId
+
+    add_config_arguments(parser, MaskId, dest_prefix="")
+
+
 def add_problem_decode_arguments(
     parser: argparse.ArgumentParser, cls: type, *, checkpoint: str, out: str
 ) -> None:
@@ -220,6 +231,8 @@ def add_config_arguments(
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         text = docs.get(f.name, "")
         help_ = f"{text} (default: {default!r})" if text else f"default: {default!r}"
+        if "default:" in text:  # the field says its default itself (one that depends)
+            help_ = text
         kwargs: dict[str, Any] = {"dest": dest_prefix + f.name, "default": None, "help": help_}
         if tp is bool and negatable:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -256,9 +269,8 @@ def _scalar(tp: Any) -> Callable[[str], Any]:
                     return arm(text)
                 except ValueError:
                     pass
-            raise argparse.ArgumentTypeError(
-                f"expected {' or '.join(map(str, literals))} or a number, got {text!r}"
-            )
+            named = "".join(f"{literal} or " for literal in literals)
+            raise argparse.ArgumentTypeError(f"expected {named}a number, got {text!r}")
 
         return parse
     if tp in (int, float, str):

@@ -10,11 +10,13 @@ from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
+    add_mask_argument,
     add_placement_arguments,
     add_problem_decode_arguments,
     config_from_args,
     config_overrides,
     run_problem_decode,
+    with_overrides,
 )
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
@@ -129,13 +131,12 @@ def register_experiment(commands: argparse._SubParsersAction[argparse.ArgumentPa
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
     add_placement_arguments(x)
+    add_mask_argument(x)
     x.set_defaults(run=run_experiment)
 
 
 @exits_on_interrupt
 def run_experiment(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from brisk.runtime.experiment.corrector import (
         CorrectorExperimentConfig,
         run_corrector_experiment,
@@ -151,11 +152,9 @@ def run_experiment(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "device": args.device,
         "dtype": args.dtype,
+        "mask_token_id": args.mask_token_id,
     }
-    try:
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
-    except ValueError as err:
-        raise ValueError(f"--{err}") from None
+    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
     placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
     quiet_transformers()
     run_corrector_experiment(cfg, show_progress=not args.no_progress)

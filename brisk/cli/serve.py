@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from brisk.cli._common import add_config_arguments, config_overrides
+from brisk.cli._common import add_config_arguments, add_mask_argument, config_overrides
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 __all__ = ["register"]
@@ -46,10 +46,18 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="float32, bfloat16 or float16 (default: as brisk decode, bfloat16 on a GPU, "
         "float32 on the CPU)",
     )
+    add_mask_argument(s)
     s.add_argument(
         "--dry-run",
         action="store_true",
         help="print the command and the variables it sets; start nothing",
+    )
+    s.add_argument(
+        "--drafter",
+        type=Path,
+        default=None,
+        help="a DFlash drafter checkpoint for the model: its blocks verified by the model "
+        "(SGLang algorithm BRISK_DRAFTER; greedy answers are the model's greedy decoding)",
     )
     s.add_argument(
         "sglang_args", nargs=argparse.REMAINDER, help="-- then arguments for sglang.launch_server"
@@ -90,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
     isd = _isd_options(args)
     device, dtype = _placement(args)
+    extra = _with_mask(args, extra)
     try:
         launch = server_launch(
             args.model,
@@ -99,9 +108,11 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             extra_args=extra,
             isd=isd,
+            drafter=None if args.drafter is None else {"drafter": str(args.drafter)},
         )
-    except ValueError as err:  # the checkpoint's architecture, or flags passed through
-        raise ValueError(f"--{err}" if str(err).startswith("model:") else str(err)) from None
+    except ValueError as err:  # the checkpoint's architecture or drafter, or flags passed through
+        named = str(err).startswith(("model:", "drafter:"))
+        raise ValueError(f"--{err}" if named else str(err)) from None
     print(launch.shell(), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
@@ -121,6 +132,23 @@ def _placement(args: argparse.Namespace) -> tuple[Literal["cpu", "cuda"], str]:
 
     where = placement(args.device, args.dtype)
     return ("cuda" if where.device.type == "cuda" else "cpu"), where.dtype_name
+
+
+def _with_mask(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """SGLang's arguments with ``--mask-token-id`` checked as every command checks it
+    (:func:`brisk.runtime.loader.checkpoint_mask_id`: inside the vocabulary, no special token
+    the model uses) and passed as the config's ``mask_token_id``, merged into the
+    ``--json-model-override-args`` passed through (if any)."""
+    if args.mask_token_id is None:
+        return extra
+    import json
+
+    from brisk.runtime.loader import checkpoint_mask_id
+    from brisk.runtime.serving.launch import OVERRIDE_FLAG, _model_overrides_passed
+
+    mask_id = checkpoint_mask_id(args.model, args.mask_token_id)
+    rest, asked = _model_overrides_passed(extra)
+    return [*rest, OVERRIDE_FLAG, json.dumps({**asked, "mask_token_id": mask_id})]
 
 
 def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:

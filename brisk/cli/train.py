@@ -17,12 +17,14 @@ from brisk._hf import quiet_transformers
 from brisk._interrupt import INTERRUPTED, exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
+    add_mask_argument,
     add_placement_arguments,
     add_problem_decode_arguments,
     comma_separated,
     config_from_args,
     config_overrides,
     run_problem_decode,
+    with_overrides,
 )
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.drafter_config import DrafterTrainConfig
@@ -137,6 +139,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     h.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     h.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     add_placement_arguments(h)
+    add_mask_argument(h)
     h.set_defaults(run=run_headroom)
 
     e = commands.add_parser("eval", help="answer accuracy and MASK-stream accuracy of a checkpoint")
@@ -157,6 +160,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     e.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     add_placement_arguments(e)
+    add_mask_argument(e)
     from brisk.cli._common import add_task_arguments
 
     add_task_arguments(e, "the checkpoint's own world, its test split")
@@ -321,7 +325,13 @@ def run_eval(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise ValueError(f"--checkpoint: {err}") from None
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.checkpoint, device=args.device, dtype=args.dtype, where="--checkpoint")
+    loaded = load_model(
+        args.checkpoint,
+        device=args.device,
+        dtype=args.dtype,
+        mask_token_id=args.mask_token_id,
+        where="--checkpoint",
+    )
     with task_flag_errors():
         task = spec.resolve(
             n=args.problems,
@@ -364,7 +374,9 @@ def run_headroom(args: argparse.Namespace) -> int:
     quiet_transformers()
     results = {}
     for flag, path in checkpoints.items():
-        loaded = load_model(path, device=args.device, dtype=args.dtype, where=flag)
+        loaded = load_model(
+            path, device=args.device, dtype=args.dtype, mask_token_id=args.mask_token_id, where=flag
+        )
         room = measure_headroom(
             loaded.backbone, loaded.tokenizer, samples, args.stride, args.temperature, args.top_k
         )
@@ -438,6 +450,7 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     x.add_argument("--no-progress", action="store_true", help="quiet")
     add_placement_arguments(x)
+    add_mask_argument(x)
     x.set_defaults(run=run_experiment_proposal)
     d = commands.add_parser(
         "drafter", help="drafter weightings on one AR target: arms × seeds, TPF, tok/s vs AR"
@@ -446,6 +459,7 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
     d.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
     d.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
     d.add_argument("--no-progress", action="store_true", help="quiet")
+    add_mask_argument(d)
     d.set_defaults(run=run_experiment_drafter)
     from brisk.cli.corrector import register_experiment
 
@@ -454,8 +468,6 @@ def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentPars
 
 @exits_on_interrupt
 def run_experiment_proposal(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from brisk.runtime.experiment.proposal import run_experiment
     from brisk.runtime.experiment.proposal_config import ExperimentConfig
     from brisk.runtime.loader import placement
@@ -469,11 +481,9 @@ def run_experiment_proposal(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "device": args.device,
         "dtype": args.dtype,
+        "mask_token_id": args.mask_token_id,
     }
-    try:
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})
-    except ValueError as err:
-        raise ValueError(f"--{err}") from None
+    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
     placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
     quiet_transformers()
     summary = run_experiment(cfg, show_progress=not args.no_progress)
@@ -489,11 +499,8 @@ def run_experiment_drafter(args: argparse.Namespace) -> int:
         cfg = DrafterExperimentConfig.load(args.config)
     except ValueError as err:
         raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers}
-    try:
-        cfg = cfg.replace(**{k: v for k, v in changes.items() if v is not None})
-    except ValueError as err:
-        raise ValueError(f"--{err}") from None
+    changes = {"out_dir": args.out, "workers": args.workers, "mask_token_id": args.mask_token_id}
+    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
     quiet_transformers()
     run_drafter_experiment(cfg, show_progress=not args.no_progress)
     print(f"summary in {cfg.out_dir}/summary.md")

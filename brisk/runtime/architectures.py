@@ -51,7 +51,6 @@ __all__ = [
     "model_config",
     "register_config_twins",
     "served_as",
-    "training_token_ids",
 ]
 
 AS_TRANSFORMERS: dict[str, str] = {"SDARForCausalLM": "qwen3"}
@@ -198,23 +197,3 @@ def add_mask_token(model: PreTrainedModel, tokenizer: Any, token: str = "<|MASK|
         model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     model.config.mask_token_id = mask_id
     return int(mask_id)
-
-
-def training_token_ids(tokenizer: Any, config: Any, where: str) -> tuple[int, int]:
-    """The MASK and padding ids training lays batches out with: the config's ``mask_token_id``
-    (I-DLM checkpoints) or the tokenizer's mask token; the tokenizer's pad token, else its EOS
-    (padding is never attended or scored). ``where`` names the checkpoint in the error."""
-    mask_id = getattr(config, "mask_token_id", None)
-    if mask_id is None:
-        mask_id = tokenizer.mask_token_id
-    if mask_id is None:
-        raise ValueError(
-            f"{where}: the model has no MASK token (no config.mask_token_id, no tokenizer mask "
-            "token); add one with brisk.runtime.architectures.add_mask_token"
-        )
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError(f"{where}: the tokenizer has neither a pad nor an EOS token")
-    return int(mask_id), int(pad_id)

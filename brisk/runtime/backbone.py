@@ -22,7 +22,15 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedModel
 
-__all__ = ["MASK_TOKEN", "Backbone", "BlockOutput", "HFBackbone", "ModelHeads", "cache_keyword"]
+__all__ = [
+    "MASK_TOKEN",
+    "Backbone",
+    "BlockOutput",
+    "HFBackbone",
+    "ModelHeads",
+    "cache_keyword",
+    "resolve_mask_id",
+]
 
 MASK_TOKEN = "<|MASK|>"
 
@@ -140,11 +148,11 @@ class HFBackbone:
         """Load a local checkpoint directory (in eval mode), its weights read in ``dtype`` and
         moved to ``device``, with the attention implementation ``attention`` (None: the one
         transformers picks, sdpa where it has it). Commands load through
-        :func:`brisk.runtime.loader.load_model`, which resolves device and dtype. The MASK id
-        comes from the argument, else the config's ``mask_token_id`` (I-DLM checkpoints:
-        151669), else the tokenizer's ``<|MASK|>``. A path that is not a directory is an
-        error, never a hub lookup; so is a weights file that is truncated, not safetensors or
-        of the wrong shapes, named in one line
+        :func:`brisk.runtime.loader.load_model`, which resolves device and dtype. The MASK id is
+        :func:`resolve_mask_id`'s (the argument, else the tokenizer's mask token, else the
+        config's ``mask_token_id``, else the tokenizer's ``<|MASK|>``). A path that is not a
+        directory is an error, never a hub lookup; so is a weights file that is truncated, not
+        safetensors or of the wrong shapes, named in one line
         (:func:`brisk.runtime.architectures.load_causal_lm`)."""
         from safetensors import SafetensorError
 
@@ -158,16 +166,17 @@ class HFBackbone:
             first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
             raise ValueError(f"path: cannot load the model in {path}: {first.strip()}") from None
         model.eval()
-        if mask_token_id is None:
-            mask_token_id = getattr(model.config, "mask_token_id", None)
-        if mask_token_id is None:
-            mask_token_id = _tokenizer_mask_id(path, trust_remote_code)
-        if mask_token_id is None:
-            raise ValueError(
-                f"mask_token_id: {path} defines none (no config.mask_token_id and no {MASK_TOKEN} "
-                "token in its tokenizer); pass mask_token_id explicitly"
-            )
-        return cls(model, int(mask_token_id))
+        rows = int(model.get_output_embeddings().weight.shape[0])
+        tokenizer = _saved_tokenizer(path, trust_remote_code)
+        mask_id = resolve_mask_id(
+            tokenizer,
+            model.config,
+            mask_token_id,
+            rows=rows,
+            source=str(path),
+            flag="mask_token_id",
+        )
+        return cls(model, mask_id)
 
     @property
     def mask_token_id(self) -> int:
@@ -253,15 +262,95 @@ def _rows_index(at: Tensor, hidden: Tensor) -> Tensor:
     return at.to(hidden.device, torch.long)[..., None].expand(-1, -1, hidden.shape[-1])
 
 
-def _tokenizer_mask_id(path: str | Path, trust_remote_code: bool) -> int | None:
+def _saved_tokenizer(path: str | Path, trust_remote_code: bool) -> Any:
+    """The tokenizer saved beside the weights, or None where there is none."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
-        return None  # no tokenizer saved beside the weights
-    token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
         return None
-    return token_id
+
+
+def resolve_mask_id(
+    tokenizer: Any,
+    config: Any,
+    given: int | None = None,
+    *,
+    rows: int | None = None,
+    fallback: int | None = None,
+    source: str = "the checkpoint",
+    flag: str = "--mask-token-id",
+) -> int:
+    """The MASK id a model decodes and trains with, by one order for every command:
+
+    1. ``given``: the ``--mask-token-id`` flag, or a training config's ``mask_token_id``;
+    2. the tokenizer's mask token (a checkpoint trained with one, ``--add-mask-token``'s);
+    3. the checkpoint config's ``mask_token_id`` (I-DLM checkpoints: 151669);
+    4. the tokenizer's ``<|MASK|>`` token, where it is not declared the mask token;
+    5. ``fallback`` (the drafter's: the first embedding row no token uses, DFlash's choice).
+
+    The id is checked: it lies inside the ``rows`` embedding rows (default: the config's
+    ``vocab_size``), and it is none of the special tokens the model uses (the tokenizer's and
+    the config's bos, eos and pad, and the special tokens its chat template writes), which a
+    MASK would be confused with. ``tokenizer`` may be None (none saved). Every error is one
+    ``ValueError`` naming ``flag``.
+
+    >>> from types import SimpleNamespace as C
+    >>> resolve_mask_id(None, C(vocab_size=8, mask_token_id=7))
+    7
+    >>> resolve_mask_id(None, C(vocab_size=8, eos_token_id=2), 2)
+    Traceback (most recent call last):
+    ValueError: --mask-token-id: 2 is the model's eos token (config eos_token_id), not a free id
+    """
+    rows = int(rows if rows is not None else config.vocab_size)
+    chosen = given
+    if chosen is None and tokenizer is not None:
+        chosen = tokenizer.mask_token_id
+    if chosen is None:
+        chosen = getattr(config, "mask_token_id", None)
+    if chosen is None and tokenizer is not None:
+        named = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if isinstance(named, int) and named != tokenizer.unk_token_id:
+            chosen = named
+    if chosen is None:
+        chosen = fallback
+    if chosen is None:
+        raise ValueError(
+            f"{flag}: {source} defines no MASK token (no mask token in its tokenizer, no "
+            "mask_token_id in its config); pass --mask-token-id ID (a token the model never "
+            "uses), or give the checkpoint a MASK row when training from it (--add-mask-token)"
+        )
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or not 0 <= chosen < rows:
+        raise ValueError(
+            f"{flag}: {chosen!r} is outside the vocabulary 0..{rows - 1} (the model's "
+            f"{rows} embedding rows)"
+        )
+    used = _used_specials(tokenizer, config)
+    if chosen in used:
+        raise ValueError(f"{flag}: {chosen} is the model's {used[chosen]}, not a free id")
+    return int(chosen)
+
+
+def _used_specials(tokenizer: Any, config: Any) -> dict[int, str]:
+    """The special ids a model uses, each with what it is (``eos token <|im_end|>``): the
+    tokenizer's and the config's bos, eos and pad, and the special tokens the chat template
+    writes."""
+    used: dict[int, str] = {}
+    for name in ("bos", "eos", "pad"):
+        if tokenizer is not None:
+            token_id = getattr(tokenizer, f"{name}_token_id", None)
+            if isinstance(token_id, int):
+                used.setdefault(token_id, f"{name} token {getattr(tokenizer, f'{name}_token')}")
+        value = getattr(config, f"{name}_token_id", None)
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int):
+                used.setdefault(token_id, f"{name} token (config {name}_token_id)")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        for token in tokenizer.all_special_tokens:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if token in template and token != tokenizer.mask_token and isinstance(token_id, int):
+                used.setdefault(token_id, f"chat-template token {token}")
+    return used
 
 
 class ModelHeads:

@@ -273,8 +273,10 @@ def _convert(value: object, tp: Any) -> object:
         return float(value)
     if tp in (bool, int, str) and type(value) is tp:
         return value
-    if tp is type(None) and value is None:  # JSON null (TOML has none: a key left out)
-        return None
+    if tp is type(None):  # JSON null (TOML has none: a key left out)
+        if value is None:
+            return None
+        raise _Mismatch
     if tp in (bool, int, float, str):
         raise _Mismatch
     raise TypeError(f"config fields of type {tp!r} are not supported")  # a programming error

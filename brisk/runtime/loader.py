@@ -11,9 +11,14 @@ the GPU in bfloat16 where CUDA exists and the CPU in float32 otherwise, said onc
 on stderr; ``brisk serve`` passes the same default to SGLang. A device that is not there, and a
 dtype the device cannot run, are a ``ValueError`` naming the flag.
 
-**The MASK id** comes from the argument, else the tokenizer's mask token, else the config's
-``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's ``<|MASK|>``
-(:meth:`HFBackbone.from_pretrained`).
+**The MASK id** (:func:`checkpoint_mask_id`, every command through it): ``--mask-token-id`` or a
+config's ``mask_token_id``, else the tokenizer's mask token, else the checkpoint config's
+``mask_token_id`` (I-DLM checkpoints: 151669), else the tokenizer's ``<|MASK|>``; checked to lie
+inside the embedding rows and to be no special token the model uses (bos, eos, pad, its chat
+template's), one line naming ``--mask-token-id`` otherwise
+(:func:`brisk.runtime.backbone.resolve_mask_id` has the order and the checks). A checkpoint
+without a MASK token takes ``--mask-token-id`` (an id it never uses), or, trained from with
+``--add-mask-token``, gets a row of its own.
 
 **The fit check** (:func:`fit_budget`): the stride and the token budget against the model's
 positions, before anything decodes; a budget not given is fitted to each prompt.
@@ -21,6 +26,7 @@ positions, before anything decodes; a budget not given is fitted to each prompt.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Sequence
@@ -41,6 +47,7 @@ __all__ = [
     "Budgets",
     "LoadedModel",
     "Placement",
+    "checkpoint_mask_id",
     "default_placement",
     "fit_budget",
     "load_model",
@@ -221,8 +228,13 @@ def load_model(
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     quiet_transformers()
     tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code, where=where)
-    # None: the backbone takes config.mask_token_id, else the tokenizer's <|MASK|> token
-    mask_id = mask_token_id if mask_token_id is not None else tokenizer.mask_token_id
+    mask_id = checkpoint_mask_id(
+        directory,
+        mask_token_id,
+        tokenizer=tokenizer,
+        trust_remote_code=trust_remote_code,
+        where=where,
+    )
     try:
         backbone = HFBackbone.from_pretrained(
             directory,
@@ -233,17 +245,43 @@ def load_model(
             attention=attention,
         )
     except ValueError as err:
-        if not str(err).startswith("mask_token_id:"):
-            raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
-        if mask_token_id is not None:  # outside the vocabulary
-            raise ValueError(f"--mask-token-id: {str(err).partition(': ')[2]}") from None
-        raise ValueError(
-            f"--mask-token-id: {directory} defines no MASK token (none in its tokenizer, "
-            "no mask_token_id in its config); pass --mask-token-id"
-        ) from None
+        raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
     except OSError as err:
         raise ValueError(f"{where}: {_one_line(err)}") from None
     return LoadedModel(directory, tokenizer, backbone, on)
+
+
+def checkpoint_mask_id(
+    path: str | Path,
+    given: int | None = None,
+    *,
+    tokenizer: Any = None,
+    unused_row: bool = False,
+    trust_remote_code: bool = False,
+    where: str = "--model",
+) -> int:
+    """The MASK id of the checkpoint at ``path`` (module docstring), read from its tokenizer
+    (``tokenizer``, else the one saved there, if any) and its config, before any weight is
+    loaded: a
+    bad id stops a command before it writes anything. ``given`` is ``--mask-token-id`` or a
+    config's ``mask_token_id``; ``unused_row``: where nothing defines one, the first embedding
+    row no token uses (DFlash's choice for a drafter's MASK). Errors are one ``ValueError``
+    naming ``--mask-token-id``, or ``where`` for a config that cannot be read."""
+    from brisk.runtime.architectures import model_config
+    from brisk.runtime.backbone import resolve_mask_id
+
+    if tokenizer is None:
+        with contextlib.suppress(ValueError):  # none saved: the config alone decides
+            tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code, where=where)
+    try:
+        config = model_config(path, trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
+    rows = int(config.vocab_size)
+    fallback = None
+    if unused_row and tokenizer is not None and len(tokenizer) < rows:
+        fallback = len(tokenizer)
+    return resolve_mask_id(tokenizer, config, given, rows=rows, fallback=fallback, source=str(path))
 
 
 def load_tokenizer(

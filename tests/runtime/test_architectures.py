@@ -121,7 +121,9 @@ def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Pa
     )
     config = tmp_path / "convert.toml"
     config.write_text(
+        # a random model, not a pretrained one: it learns at the from-scratch rate
         f"steps = 60\nbatch_size = 16\nstrides = [2, 4]\nwarmup_steps = 5\nlog_every = 5\n"
+        "lr = 3e-3\nmin_lr = 3e-4\n"
         f"eval_problems = 0\nfinal_eval_problems = 0\nsave_every = 0\n"
         f'[data]\npath = "{data}"\nfields = ["prompt=q", "response=a"]\n'
     )

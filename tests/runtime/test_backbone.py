@@ -119,7 +119,7 @@ def test_from_pretrained_falls_back_to_the_tokenizer(tmp_path: Path) -> None:
 def test_from_pretrained_without_a_mask_id_is_a_clear_error(tmp_path: Path) -> None:
     build_model(TinyModelConfig.micro(), TOK).save_pretrained(tmp_path)
     _drop_config_mask_id(tmp_path)
-    with pytest.raises(ValueError, match=r"mask_token_id: .* defines none"):
+    with pytest.raises(ValueError, match=r"^mask_token_id: .* defines no MASK token"):
         HFBackbone.from_pretrained(tmp_path)
 
 

@@ -40,11 +40,14 @@ GROUPS = (
 
 # The inherited fields a config gives a default of its own (never a type): all it may redeclare.
 OWN_DEFAULTS = {
+    BaseTrainConfig: {"lr", "min_lr"},
     PretrainConfig: {"steps", "max_minutes"},
     ProposalTrainConfig: {"lr", "min_lr"},
     CorrectorTrainConfig: {"lr"},
     CollectOptions: {"samples", "top_k"},
 }
+# defaults that depend on other fields: declared `T | None`, resolved in one property
+RESOLVED = {BaseTrainConfig: {"lr", "min_lr"}}
 
 
 def own(cls: type) -> set[str]:
@@ -63,7 +66,11 @@ def test_a_shared_field_is_declared_once() -> None:
         redeclared = own(config) & set(shared)
         assert redeclared == OWN_DEFAULTS.get(config, set()), config
         for name in redeclared:
-            assert vars(config)["__annotations__"][name] == own_type(shared[name], name)
+            declared = vars(config)["__annotations__"][name]
+            if name in RESOLVED.get(config, ()):  # None: resolved by a property (peak_lr)
+                assert declared == f"{own_type(shared[name], name)} | None"
+            else:
+                assert declared == own_type(shared[name], name)
 
 
 def own_type(group: type, name: str) -> str:
@@ -83,11 +90,8 @@ def test_the_groups_hold_what_the_configs_repeated() -> None:
         DrafterTrainConfig.__dataclass_fields__
     )
     # the defaults each config had before the groups
-    assert (BaseTrainConfig().lr, BaseTrainConfig().min_lr, BaseTrainConfig().log_every) == (
-        3e-3,
-        3e-4,
-        25,
-    )
+    base = BaseTrainConfig()
+    assert (base.peak_lr, base.final_lr, base.log_every) == (3e-3, 3e-4, 25)
     assert (ProposalTrainConfig().lr, ProposalTrainConfig().min_lr) == (1e-3, 1e-4)
     assert (ProposalTrainConfig().log_every, ProposalTrainConfig().save_every) == (1, 0)
     assert (PretrainConfig().steps, PretrainConfig().max_minutes) == (1800, 16.0)
@@ -132,3 +136,43 @@ def test_the_flags_keep_their_names() -> None:
         assert flags["--fsdp"].help.startswith("FSDP2 shards instead of DDP replicas")
     args = parser.parse_args(["train", "proposal", "--lr", "0.002", "--fsdp"])
     assert (args.cfg_lr, args.cfg_fsdp) == (0.002, True)
+
+
+def test_the_learning_rate_of_base_training_depends_on_init() -> None:
+    """From scratch 3e-3 (→ 3e-4); from init a fine-tuning rate, 1e-4 (→ 1e-5), resolved in
+    one place, so a config built first and given init later gets it too; a rate given is
+    kept; the settings read back are the settings."""
+    from brisk.runtime.train.config import INIT_LR, SCRATCH_LR
+
+    assert (BaseTrainConfig().peak_lr, BaseTrainConfig().final_lr) == SCRATCH_LR == (3e-3, 3e-4)
+    tuned = BaseTrainConfig().replace(init="runs/ar/final")
+    assert (tuned.peak_lr, tuned.final_lr) == INIT_LR == (1e-4, 1e-5)
+    assert tuned.replace(lr=3e-3).peak_lr == 3e-3
+    assert BaseTrainConfig(lr=1e-4).final_lr == 1e-4  # the default end, at most the peak
+    assert BaseTrainConfig.from_dict(tuned.to_dict()) == tuned
+    with pytest.raises(ValueError, match=r"^add_mask_token: adds a MASK row of its own"):
+        BaseTrainConfig(init="x", add_mask_token=True, mask_token_id=5)
+    with pytest.raises(ValueError, match=r"^mask_token_id: must be ≥ 0"):
+        DrafterTrainConfig(mask_token_id=-1)
+
+
+def test_the_mask_flag_is_declared_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mask-token-id of every command comes from MaskId's field; --init's learning rate is
+    said in --lr's help."""
+    parser = build_parser()
+    for argv in (
+        ["train", "base"],
+        ["train", "proposal"],
+        ["train", "drafter"],
+        ["train", "selfgen", "--checkpoint", "c", "--out", "o"],
+        ["train", "eval", "--checkpoint", "c"],
+        ["experiment", "drafter", "--config", "c"],
+        ["serve", "--model", "m"],
+    ):
+        args = parser.parse_args([*argv, "--mask-token-id", "7"])
+        assert 7 in (getattr(args, "mask_token_id", None), getattr(args, "cfg_mask_token_id", None))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "base", "--help"])
+    base = " ".join(capsys.readouterr().out.split())
+    assert "1e-4 from init" in base
+    assert "--add-mask-token" in base

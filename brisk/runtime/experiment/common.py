@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import active_children, get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from brisk._hf import quiet_transformers
 from brisk._interrupt import (
@@ -33,6 +33,9 @@ from brisk._interrupt import (
 )
 from brisk.runtime.configs import Config
 from brisk.runtime.tasks.spec import TaskSpec
+from brisk.runtime.train.fields import MaskId
+
+C = TypeVar("C")
 
 __all__ = [
     "EvalSection",
@@ -45,6 +48,7 @@ __all__ = [
     "job_dir",
     "job_line",
     "run_jobs",
+    "with_mask",
 ]
 
 
@@ -63,20 +67,23 @@ class EvalSection(Config):
 @dataclass(frozen=True)
 class HeldOut:
     """What :func:`evaluate_held_out` decodes: ``section``'s problems of the world of the
-    checkpoint ``world`` at ``stride``, on ``device`` in ``dtype``."""
+    checkpoint ``world`` at ``stride``, on ``device`` in ``dtype``, with the MASK id
+    ``mask_token_id`` (None: the checkpoint's own)."""
 
     world: str
     section: EvalSection
     stride: int
     device: str
     dtype: str
+    mask_token_id: int | None = None
 
 
 @dataclass(frozen=True)
-class ExperimentPlan(Config):
+class ExperimentPlan(MaskId):
     """What every experiment's config holds: where it writes, the base model's training config,
-    the stride, the seeds, the jobs run at once and where they run. A subclass declares its
-    ``arms`` (their names: ``known_arms``) and its own defaults."""
+    the stride, the seeds, the jobs run at once and where they run, and the base's MASK id
+    (``mask_token_id``, for one without a MASK token: every stage gets it, :func:`with_mask`).
+    A subclass declares its ``arms`` (their names: ``known_arms``) and its own defaults."""
 
     out_dir: str = "runs/experiment"
     base_config: str = "configs/paper_base.toml"  # trains the base when it does not exist
@@ -218,6 +225,14 @@ def job_dir(
     return run, None
 
 
+def with_mask(plan: MaskId, stage: C) -> C:
+    """A stage's config (a decode's options, a training config) with the experiment's MASK id
+    where the experiment gives one (``mask_token_id``); else the stage's own setting."""
+    if plan.mask_token_id is None:
+        return stage
+    return stage.replace(mask_token_id=plan.mask_token_id)  # type: ignore[attr-defined, no-any-return]
+
+
 def evaluate_held_out(
     held_out: HeldOut,
     checkpoint: Path,
@@ -253,6 +268,7 @@ def evaluate_held_out(
             corrector=corrector,
             device=held_out.device,
             dtype=held_out.dtype,
+            mask_token_id=held_out.mask_token_id,
         )
 
 

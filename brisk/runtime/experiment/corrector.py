@@ -45,6 +45,7 @@ from brisk.runtime.experiment.common import (
     job_dir,
     job_line,
     run_jobs,
+    with_mask,
 )
 from brisk.runtime.experiment.corrector_config import (
     ARMS,
@@ -116,6 +117,7 @@ def _train_and_evaluate(
         grader=grader,
         device=cfg.device,
         dtype=cfg.dtype,
+        mask_token_id=cfg.mask_token_id,
     )
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
     with stop.abortable():  # rerun whole: only eval.json marks the job done
@@ -178,7 +180,7 @@ def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals)
             store = collect_once(
                 cfg.backbone,
                 events,
-                cfg.collect.replace(stride=cfg.stride),
+                with_mask(cfg, cfg.collect.replace(stride=cfg.stride)),
                 show_progress=show_progress,
                 device=cfg.device,
                 dtype=cfg.dtype,

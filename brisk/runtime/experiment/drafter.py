@@ -41,9 +41,9 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk.runtime.configs import Config
-from brisk.runtime.experiment.common import experiment_step, job_dir, run_jobs
+from brisk.runtime.experiment.common import experiment_step, job_dir, run_jobs, with_mask
 from brisk.runtime.train.drafter_config import WEIGHTINGS, DrafterTrainConfig
-from brisk.runtime.train.fields import counts, one_of, positive
+from brisk.runtime.train.fields import MaskId, counts, one_of, positive
 from brisk.theory import AcceptanceProfile
 
 __all__ = ["DrafterEval", "DrafterExperimentConfig", "DrafterHead", "run_drafter_experiment"]
@@ -90,9 +90,10 @@ class DrafterHead(Config):
 
 
 @dataclass(frozen=True)
-class DrafterExperimentConfig(Config):
+class DrafterExperimentConfig(MaskId):
     """Where it writes, the target and its regenerated data, the arms (weightings), the seeds,
-    the jobs run at once, the training every job shares and the evaluation."""
+    the jobs run at once, the training every job shares and the evaluation; the target's MASK
+    id where it has none (``mask_token_id``, or ``[train]``'s)."""
 
     out_dir: str = "runs/drafter_experiment"
     target: str = ""
@@ -169,9 +170,10 @@ class _Pair:
     def load(cls, cfg: DrafterExperimentConfig, run: Path, arm: str, seed: int) -> _Pair:
         from brisk.runtime.drafter import SDOptions, load_drafter
         from brisk.runtime.loader import placement
-        from brisk.runtime.train.drafter_loop import load_target, task_prompts, train_drafter
+        from brisk.runtime.train.drafter_eval import task_prompts
+        from brisk.runtime.train.drafter_loop import load_target, train_drafter
 
-        train = cfg.train.replace(
+        train = with_mask(cfg, cfg.train).replace(
             target=cfg.target,
             dataset=cfg.dataset,
             out_dir=str(run / "train"),
@@ -188,11 +190,11 @@ class _Pair:
             final, train_wall = trained.checkpoint, trained.wall_s
         device = placement(cfg.train.device, "float32", announce=False).device
         drafter = load_drafter(final, device=device).eval()
-        target, tokenizer, _ = load_target(cfg.target, device=device)
+        target, tokenizer, _ = load_target(
+            cfg.target, device=device, mask_token_id=train.mask_token_id
+        )
         e = cfg.eval
         prompts = task_prompts(cfg.dataset, e.problems, tokenizer)
-        if prompts is None:
-            raise ValueError(f"dataset: {cfg.dataset} has no held-out prompts (a user's file)")
         limit = target.config.max_position_embeddings - train.block_size
         budget = max(1, min(e.max_new_tokens, limit - max(len(p) for p in prompts)))
         options = SDOptions(
@@ -276,7 +278,7 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
     from brisk.runtime.train.corrector import train_corrector
     from brisk.runtime.train.corrector_config import CorrectorTrainConfig
     from brisk.runtime.train.corrector_events import collect_draft_events
-    from brisk.runtime.train.drafter_loop import task_prompts
+    from brisk.runtime.train.drafter_eval import task_prompts
     from brisk.runtime.train.event_store import EventStore
     from brisk.runtime.train.selfgen import checkpoint_hash, tokenizer_hash
 
@@ -285,7 +287,7 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
     if (events / "_events.json").is_file():
         store = EventStore.open(events)
     else:
-        prompts = task_prompts(cfg.dataset, h.problems, pair.tokenizer, split="train") or []
+        prompts = task_prompts(cfg.dataset, h.problems, pair.tokenizer, split="train")
         limit = position_limit(pair.target, pair.drafter.spec.M)
         budget = pair.options.max_new_tokens
         fits = [p for p in prompts if limit is None or len(p) + budget <= limit]

@@ -111,6 +111,7 @@ def evaluate_checkpoint(
     grader: str = "gsm8k",
     device: str | None = None,
     dtype: str | None = None,
+    mask_token_id: int | None = None,
 ) -> CheckpointEval:
     """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
 
@@ -120,7 +121,8 @@ def evaluate_checkpoint(
     ``brisk mechanism report``). ``shadow`` decodes head-off with the corrector run beside the
     base and both blocks scored by the verifier (the mechanism diagnostics' same-state logs; an
     extra forward per round, so its TPF and speed are the head-off decoder's, not the head's).
-    The model runs on ``device`` in ``dtype`` (:func:`brisk.runtime.loader.load_model`).
+    The model runs on ``device`` in ``dtype`` with the MASK id ``mask_token_id`` (None: its
+    own; :func:`brisk.runtime.loader.load_model`).
     """
     import numpy as np
     import torch
@@ -135,7 +137,9 @@ def evaluate_checkpoint(
         raise ValueError(f"answers: expected {len(prompts)} (one per prompt), got {len(answers)}")
     if not prompts:
         raise ValueError("prompts: need at least one prompt")
-    loaded = load_model(checkpoint, device=device, dtype=dtype, where="checkpoint")
+    loaded = load_model(
+        checkpoint, device=device, dtype=dtype, mask_token_id=mask_token_id, where="checkpoint"
+    )
     tokenizer, backbone = loaded.tokenizer, loaded.backbone
     if corrector is not None:
         corrector.to(backbone.device)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.runtime.experiment.common import evaluate_held_out, job_dir
+from brisk.runtime.experiment.common import evaluate_held_out, job_dir, with_mask
 from brisk.runtime.experiment.heads import collect_once, train_head
 from brisk.runtime.experiment.proposal_config import ExperimentConfig
 
@@ -118,7 +118,7 @@ def _collect_train_evaluate(
     collect_once(
         backbone,
         events,
-        cfg.head.collect.replace(stride=cfg.stride),
+        with_mask(cfg, cfg.head.collect.replace(stride=cfg.stride)),
         device=cfg.device,
         dtype=cfg.dtype,
     )

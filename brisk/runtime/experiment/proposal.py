@@ -53,6 +53,7 @@ from brisk.runtime.experiment.common import (
     job_dir,
     job_line,
     run_jobs,
+    with_mask,
 )
 from brisk.runtime.experiment.headon import choose_arm, head_job, row_name
 from brisk.runtime.experiment.proposal_config import (
@@ -118,7 +119,7 @@ def _train_and_evaluate(
     checkpoint = Path(cfg.base)
     if arm.data != "base":
         budget = cfg.train.token_budget if epochs is None else round(epochs * tokens_per_epoch)
-        pcfg = cfg.train.replace(
+        pcfg = with_mask(cfg, cfg.train).replace(
             init=cfg.base,
             dataset=data_dir,
             out_dir=str(run),
@@ -132,7 +133,7 @@ def _train_and_evaluate(
             device=cfg.device,
         )
         checkpoint = run / "final"
-        if not (checkpoint / "trainer_state.pt").exists():
+        if not checkpoint.is_dir():  # final/ is written whole (renamed into place) or not
             train_proposal(pcfg, resume=True, show_progress=False)
     ev = evaluate_held_out(cfg.held_out, checkpoint, run, name, seed, stop)
     atomic_write_text(run / "eval.json", json.dumps(ev.to_dict(), indent=2))
@@ -172,7 +173,7 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
         generate_dataset(
             cfg.base,
             data_dir,
-            cfg.selfgen.replace(stride=cfg.stride),
+            with_mask(cfg, cfg.selfgen.replace(stride=cfg.stride)),
             show_progress=show_progress,
             device=cfg.device,
             dtype=cfg.dtype,
@@ -381,7 +382,13 @@ def _theory(
     for name in names:
         run = Path(cfg.out_dir) / "arms" / name / f"seed{cfg.seeds[0]}"
         checkpoint = Path(cfg.base) if name == "base" else run / "final"
-        loaded = load_model(checkpoint, device=cfg.device, dtype=cfg.dtype, where="base")
+        loaded = load_model(
+            checkpoint,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            mask_token_id=cfg.mask_token_id,
+            where="base",
+        )
         headroom = measure_headroom(
             loaded.backbone,
             loaded.tokenizer,

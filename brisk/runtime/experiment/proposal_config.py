@@ -109,7 +109,9 @@ class ExperimentConfig(ExperimentPlan):
     @property
     def held_out(self) -> HeldOut:
         """Every row's evaluation: ``[eval]``'s problems of the base's world."""
-        return HeldOut(self.base, self.eval, self.stride, self.device, self.dtype)
+        return HeldOut(
+            self.base, self.eval, self.stride, self.device, self.dtype, self.mask_token_id
+        )
 
     def job_names(self) -> list[str]:
         """The table's rows: each arm, or each arm at each budget (``arm@5ep``); the base arm

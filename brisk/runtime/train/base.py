@@ -1,16 +1,19 @@
 """I-DLM training of a base model (``brisk train base --config FILE``): a model preset (the tiny
-Qwen3) on a registered world's corpus (the arithmetic world), or a user's causal LM (``init``,
-with ``add_mask_token`` if it has no MASK token: the I-DLM conversion recipe) on the world or on
-a user's prompts and responses (``data``: a file task whose records have ``prompt`` and
-``response`` fields).
+Qwen3) on a registered world's corpus (the arithmetic world), or a user's causal LM (``init``:
+the I-DLM conversion recipe, at a fine-tuning learning rate by default,
+:data:`~brisk.runtime.train.config.INIT_LR`) on the world or on a user's prompts and responses
+(``data``: a file task whose records have ``prompt`` and ``response`` fields). A checkpoint
+without a MASK token trains with ``mask_token_id`` (an id it never uses) or gets a row of its
+own (``add_mask_token``); either way the checkpoints written carry the id in their config.
 
 One loop, read top to bottom: draw a batch of training problems, build ``[x_t | x_0]`` for the
 curriculum's current stride, take an AdamW step, log, now and then evaluate and checkpoint.
 Outputs under ``cfg.out_dir``: ``metrics.jsonl`` (one JSON object per log/eval event),
 ``checkpoint-<step>/`` and ``final/`` (``save_pretrained`` model + tokenizer +
 ``train_config.json``, each written to a temporary directory and renamed into place, so a reader
-never sees half of one). A checkpoint also holds ``trainer_state.pt`` (optimizer, step, the
-block-offset and global RNG states, the size of ``metrics.jsonl``): SIGINT or SIGTERM stops the
+never sees half of one). A ``checkpoint-<step>/`` also holds ``trainer_state.pt`` (optimizer,
+step, the block-offset and global RNG states, the size of ``metrics.jsonl``), which ``final/``
+does not (a finished run is never resumed): SIGINT or SIGTERM stops the
 run between steps with a checkpoint of the step it reached, and ``resume`` continues from the
 newest one to the same parameters, bit for bit on CPU, as a run that was never stopped
 (:mod:`brisk.runtime.train.resume` has the rules of a run directory).
@@ -25,6 +28,7 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,10 +36,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
-from brisk.runtime.architectures import training_token_ids
-from brisk.runtime.backbone import HFBackbone
+from brisk.runtime.backbone import HFBackbone, resolve_mask_id
 from brisk.runtime.loader import training_placement
-from brisk.runtime.train.common import TrainResult, adamw, cpu_settings
+from brisk.runtime.train.common import (
+    TrainingTokens,
+    TrainResult,
+    adamw,
+    carry_mask,
+    cpu_settings,
+    init_tokens,
+)
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.distributed import (
     Dist,
@@ -100,38 +110,26 @@ def _check_prompts(prompt_lens: list[int], limit: int, step: int) -> None:
         )
 
 
-def _tokenizer(cfg: BaseTrainConfig) -> Any:
-    """The model preset's tokenizer, or ``cfg.init``'s (with the MASK token added when asked:
-    every rank adds it the same way, so the ids agree)."""
-    if not cfg.init:
-        return cfg.model.tokenizer()
-    from brisk.runtime.backbone import MASK_TOKEN
-    from brisk.runtime.loader import load_tokenizer
-
-    if not (Path(cfg.init) / "config.json").is_file():
-        raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
-    tokenizer = load_tokenizer(cfg.init, where="--init")
-    if cfg.add_mask_token:  # the tokenizer's side of add_mask_token (the model's: _model)
-        existing = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        if isinstance(existing, int) and existing != tokenizer.unk_token_id:
-            tokenizer.mask_token = MASK_TOKEN
-        else:
-            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
-    return tokenizer
+def _tokens(cfg: BaseTrainConfig) -> TrainingTokens:
+    """The model preset's tokenizer and MASK id, or ``cfg.init``'s (with the MASK token added
+    when asked: :func:`~brisk.runtime.train.common.init_tokens`), checked before anything is
+    written."""
+    if cfg.init:
+        return init_tokens(cfg.init, cfg)
+    tokenizer = cfg.model.tokenizer()
+    rows = SimpleNamespace(vocab_size=len(tokenizer))  # the preset's embedding rows
+    mask_id = resolve_mask_id(tokenizer, rows, cfg.mask_token_id, source="the model preset")
+    return TrainingTokens(tokenizer, mask_id, tokenizer.pad_token_id)
 
 
-def _model(cfg: BaseTrainConfig, tokenizer: Any, start: Path | None) -> Any:
+def _model(cfg: BaseTrainConfig, tokens: TrainingTokens, start: Path | None) -> Any:
     """A fresh model of the preset ``cfg.model``, or the checkpoint ``cfg.init`` (its embeddings
-    grown to the tokenizer's MASK token when asked), on the CPU in fp32, with the weights of the
-    checkpoint ``start`` it resumes from."""
-    from brisk.runtime.architectures import add_mask_token, load_causal_lm
+    grown to the tokenizer's MASK token when asked), on the CPU in fp32, carrying the run's MASK
+    id, with the weights of the checkpoint ``start`` it resumes from."""
+    from brisk.runtime.architectures import load_causal_lm
 
-    if not cfg.init:
-        model = cfg.model.build()[0]
-    else:
-        model = load_causal_lm(cfg.init, False, torch.float32)
-        if cfg.add_mask_token:
-            add_mask_token(model, tokenizer)
+    model = load_causal_lm(cfg.init, False, torch.float32) if cfg.init else cfg.model.build()[0]
+    carry_mask(model, tokens, cfg.add_mask_token)
     if start is not None:
         model.load_state_dict(load_file(start / "model.safetensors"), strict=not cfg.init)
     return model
@@ -180,6 +178,8 @@ def _train(
     device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
     out = Path(cfg.out_dir)
     start = start_checkpoint(out, resume, cfg)
+    tokens = _tokens(cfg)  # a MASK id that cannot be is refused before anything is written
+    tokenizer, mask_id, pad_id = tokens.tokenizer, tokens.mask_id, tokens.pad_id
     dist.barrier()  # every rank reads the directory before rank 0 writes to it
     if dist.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -194,16 +194,14 @@ def _train(
     # with `brisk train eval --task FILE`).
     # Under FSDP rank 0 alone reads the weights; the others receive their shards
     # (load_for_training).
-    tokenizer = _tokenizer(cfg)
     model, net = load_for_training(
-        lambda: _model(cfg, tokenizer, start),
+        lambda: _model(cfg, tokens, start),
         dist,
         fsdp=cfg.fsdp,
         precision=precision_name,
         checkpointing=cfg.activation_checkpointing,
         device=device,
     )
-    mask_id, pad_id = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     n_params = sum(p.numel() for p in model.parameters())
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
     n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
@@ -221,7 +219,7 @@ def _train(
             h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
             return stream_losses(h_noisy, h_clean, head.weight, batch, temperature=0.0)
 
-    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
+    optimizer = adamw(model, cfg.peak_lr, cfg.weight_decay)
 
     # Resume: optimizer, RNG states and the log as they were at the checkpoint; every step draws
     # batch_size problems, so the stream continues after step · batch_size of them.
@@ -258,9 +256,10 @@ def _train(
         log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})
         return report
 
-    def save(path: Path) -> Path:
+    def save(path: Path, resumable: bool = True) -> Path:
         """A checkpoint, atomically: called by rank 0 alone, or under FSDP by every rank (the
-        plain weights gathered to rank 0, model and optimizer shards to ``sharded/``)."""
+        plain weights gathered to rank 0, model and optimizer shards to ``sharded/``). Only a
+        checkpoint to resume from (``resumable``) holds the trainer state and the shards."""
         state = {
             "step": done,
             "offsets": rng.getstate(),
@@ -272,18 +271,18 @@ def _train(
         }
         weights = full_state_dict(model, cfg.fsdp)
         tmp = path.with_name(f".{path.name}.tmp")
-        if cfg.fsdp:
+        sharded = cfg.fsdp and resumable
+        if sharded:
             if dist.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             dist.barrier()
             save_sharded(tmp, model, optimizer)
-        else:
+        elif resumable:
             state["optimizer"] = optimizer.state_dict()
         if dist.rank == 0:
-            save_checkpoint(
-                model, tokenizer, cfg, path, state=state, weights=weights, keep=cfg.fsdp
-            )
+            kept = state if resumable else None
+            save_checkpoint(model, tokenizer, cfg, path, state=kept, weights=weights, keep=sharded)
         if cfg.fsdp:
             dist.barrier()
         return path
@@ -433,7 +432,7 @@ def _train(
     train_wall = time.monotonic() - t0
     final = out / "final"
     if cfg.fsdp or dist.rank == 0:
-        save(final)
+        save(final, resumable=False)
     report = None
     if cfg.final_eval_problems:
         try:

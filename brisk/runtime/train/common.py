@@ -1,5 +1,7 @@
 """What the training loops share beyond resuming (:mod:`brisk.runtime.train.resume`): the
-result of a run of steps, AdamW as every loop builds it, and a run's CPU settings."""
+result of a run of steps, AdamW as every loop builds it, a run's CPU settings, and the tokens
+of a run that trains from a checkpoint (its MASK id, resolved once for base and proposal
+training, and the row ``--add-mask-token`` gives it)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,16 @@ from typing import Any
 import torch
 
 from brisk.runtime.train.evaluate import EvalReport
+from brisk.runtime.train.fields import MaskToken
 
-__all__ = ["TrainResult", "adamw", "cpu_settings"]
+__all__ = [
+    "TrainResult",
+    "TrainingTokens",
+    "adamw",
+    "carry_mask",
+    "cpu_settings",
+    "init_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -50,3 +60,54 @@ def cpu_settings(threads: int) -> Iterator[None]:
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class TrainingTokens:
+    """The tokenizer a run trains with, the MASK id its batches are laid out with and the
+    padding id (never attended or scored: the pad token, else EOS)."""
+
+    tokenizer: Any
+    mask_id: int
+    pad_id: int
+
+
+def init_tokens(init: str | Path, mask: MaskToken, where: str = "--init") -> TrainingTokens:
+    """The tokens of a run that trains from the checkpoint ``init``: its tokenizer, with
+    ``<|MASK|>`` added when ``mask.add_mask_token`` asks (every rank adds it the same way, so
+    the ids agree; :func:`carry_mask` grows the model to it), and the MASK id of
+    :func:`~brisk.runtime.loader.checkpoint_mask_id` (``mask.mask_token_id`` first), resolved
+    and checked before anything is written."""
+    from brisk.runtime.backbone import MASK_TOKEN
+    from brisk.runtime.loader import checkpoint_mask_id, load_tokenizer
+
+    if not (Path(init) / "config.json").is_file():
+        raise ValueError(f"{where}: {init} is not a checkpoint (no config.json)")
+    tokenizer = load_tokenizer(init, where=where)
+    if mask.add_mask_token:  # the tokenizer's side of add_mask_token (the model's: carry_mask)
+        existing = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if isinstance(existing, int) and existing != tokenizer.unk_token_id:
+            tokenizer.mask_token = MASK_TOKEN
+        else:
+            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+        mask_id = int(tokenizer.mask_token_id)
+    else:
+        mask_id = checkpoint_mask_id(init, mask.mask_token_id, tokenizer=tokenizer, where=where)
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    if pad_id is None:
+        raise ValueError(f"{where}: {init}'s tokenizer has neither a pad nor an EOS token")
+    return TrainingTokens(tokenizer, mask_id, int(pad_id))
+
+
+def carry_mask(model: Any, tokens: TrainingTokens, add: bool) -> None:
+    """Make ``model`` carry the run's MASK token into every checkpoint it is saved to: with
+    ``add`` its embeddings (and LM head, when untied) grow by the added token's row, at the
+    mean of the others (:func:`~brisk.runtime.architectures.add_mask_token`); either way its
+    config records ``mask_token_id``, so every later command finds the id without a flag."""
+    from brisk.runtime.architectures import add_mask_token
+
+    if add:
+        add_mask_token(model, tokens.tokenizer)
+    model.config.mask_token_id = tokens.mask_id

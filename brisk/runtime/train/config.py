@@ -26,9 +26,27 @@ from brisk.runtime.configs import load_config
 from brisk.runtime.presets import NamedModel
 from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.tasks.task import NamedTask
-from brisk.runtime.train.fields import IDLMLoss, Placement, Run, Schedule, at_least, positive
+from brisk.runtime.train.fields import (
+    IDLMLoss,
+    MaskToken,
+    Placement,
+    Run,
+    Schedule,
+    at_least,
+    positive,
+)
 
-__all__ = ["BaseTrainConfig", "StepRun", "load_config"]
+__all__ = ["INIT_LR", "SCRATCH_LR", "BaseTrainConfig", "StepRun", "load_config"]
+
+SCRATCH_LR = (3e-3, 3e-4)
+"""Base training's peak and final learning rates from scratch (a model preset, randomly
+initialized)."""
+
+INIT_LR = (1e-4, 1e-5)
+"""Base training's peak and final learning rates from ``init``: a pretrained model fine-tuned,
+which 3e-3 wrecks in a few steps (SmolLM2-135M's clean CE 1.21 → 14.7 in two), keeps its loss
+at 1e-4 (the top of what full fine-tuning and the I-DLM and SDAR conversions of pretrained LMs
+use, 1e-5 to 1e-4), while its new MASK stream learns."""
 
 
 @dataclass(frozen=True)
@@ -53,19 +71,24 @@ class StepRun(Run, Schedule):
     def lr_at_step(self, step: int) -> float:
         """Linear warmup over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr``."""
         if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
+            return self.peak_lr * (step + 1) / self.warmup_steps
         return self.cosine((step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1))
 
 
 @dataclass(frozen=True)
-class BaseTrainConfig(StepRun, Placement, IDLMLoss):
+class BaseTrainConfig(StepRun, Placement, IDLMLoss, MaskToken):
     """I-DLM training of a base model: by default the preset tiny model on the arithmetic
     world; with ``init`` a user's causal LM (the I-DLM conversion recipe), with ``data`` a
-    user's prompts and responses."""
+    user's prompts and responses. The learning rate's default depends on ``init``
+    (:attr:`peak_lr`)."""
 
     out_dir: str = "runs/tiny/base"
     init: str = ""  # a causal LM checkpoint to convert (empty: build `model` from scratch)
-    add_mask_token: bool = False  # give `init` a MASK token if it has none (embeddings grow)
+    # the peak learning rate (default: 3e-3 from scratch; 1e-4 from init, which keeps a
+    # pretrained model's loss where 3e-3 wrecks it)
+    lr: float | None = None
+    # where the cosine decay ends (default: 3e-4 from scratch, 1e-5 from init; at most lr)
+    min_lr: float | None = None
     # training pairs: empty, the world's base corpus; else a task with prompt and response fields
     data: TaskSpec = field(default_factory=TaskSpec)
     # the world: its train split is the base corpus (without data), its test split held out
@@ -100,6 +123,22 @@ class BaseTrainConfig(StepRun, Placement, IDLMLoss):
         if self.data.name:
             raise ValueError("data: a data file (path) with prompt and response fields")
         super().__post_init__()
+
+    @property
+    def peak_lr(self) -> float:
+        """``lr``, by default :data:`SCRATCH_LR`'s from scratch and :data:`INIT_LR`'s from
+        ``init``."""
+        if self.lr is not None:
+            return self.lr
+        return (INIT_LR if self.init else SCRATCH_LR)[0]
+
+    @property
+    def final_lr(self) -> float:
+        """``min_lr``, by default :data:`SCRATCH_LR`'s or :data:`INIT_LR`'s (at most
+        :attr:`peak_lr`)."""
+        if self.min_lr is not None:
+            return self.min_lr
+        return min((INIT_LR if self.init else SCRATCH_LR)[1], self.peak_lr)
 
     @classmethod
     def tiny(cls) -> BaseTrainConfig:

@@ -247,10 +247,13 @@ def load_backbone(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    mask_token_id: int | None = None,
 ) -> Backbone:
     """The store's frozen backbone (its recorded checkpoint unless another is given), checked
     against the store's sizes and, when recorded, its checkpoint hash; on ``device`` in
-    ``dtype`` (:func:`brisk.runtime.loader.load_model`). A store of speculative decoding gets
+    ``dtype``, with the MASK id ``mask_token_id``, else the one the store was collected with
+    (``--mask-token-id`` of the collection), else its own
+    (:func:`brisk.runtime.loader.load_model`). A store of speculative decoding gets
     its AR target's E and E_out (:class:`~brisk.runtime.backbone.ModelHeads`), in float32:
     what the head reads of it."""
     from brisk.runtime.loader import load_model, placement
@@ -262,6 +265,8 @@ def load_backbone(
             f"backbone: {path} is not a checkpoint (the store's recorded backbone "
             "must exist, or pass one)"
         )
+    if mask_token_id is None:
+        mask_token_id = store.meta.get("options", {}).get("mask_token_id")
     expected = store.meta.get("checkpoint_hash")
     if expected is not None and checkpoint_hash(path) != expected:
         raise ValueError(
@@ -274,11 +279,14 @@ def load_backbone(
 
         if dtype not in (None, "", "auto", "float32"):
             raise ValueError(f"dtype: a drafter's target is read in float32, got {dtype}")
-        target, _, _ = load_target(path, "backbone", placement(device, "float32").device)
+        where = placement(device, "float32").device
+        target, _, _ = load_target(path, "backbone", where, mask_token_id)
         heads = target_heads(target)  # its vocabulary: the LM head's rows
         store.check_backbone(heads)  # type: ignore[arg-type]
         return heads  # type: ignore[return-value]
-    backbone = load_model(path, device=device, dtype=dtype, where="backbone").backbone
+    backbone = load_model(
+        path, device=device, dtype=dtype, mask_token_id=mask_token_id, where="backbone"
+    ).backbone
     backbone.model.requires_grad_(False)
     store.check_backbone(backbone)
     return backbone
@@ -309,7 +317,9 @@ def train_corrector(
     if cfg.K > store.K:
         raise ValueError(f"K: {cfg.K} candidates, but {store.path} holds only K = {store.K}")
     if backbone is None:
-        backbone = load_backbone(store, device=cfg.device, dtype=cfg.dtype)
+        backbone = load_backbone(
+            store, device=cfg.device, dtype=cfg.dtype, mask_token_id=cfg.mask_token_id
+        )
     store.check_backbone(backbone)
     out = Path(cfg.out_dir)
     begin = start_checkpoint(out, resume, cfg)

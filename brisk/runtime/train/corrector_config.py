@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from brisk.runtime.train.fields import Optimizer, ProblemSampling, Run, at_least, counts, one_of
+from brisk.runtime.train.fields import (
+    MaskId,
+    Optimizer,
+    ProblemSampling,
+    Run,
+    at_least,
+    counts,
+    one_of,
+)
 
 __all__ = ["FEATURE_DTYPES", "HEAD_SIZES", "TARGETS", "CollectOptions", "CorrectorTrainConfig"]
 
@@ -25,8 +33,9 @@ HEAD_SIZES: tuple[str, ...] = ("paper", "small")
 
 
 @dataclass(frozen=True)
-class CorrectorTrainConfig(Run, Optimizer):
-    """Verifier-distilled corrector training on a store of policy-reached events."""
+class CorrectorTrainConfig(Run, Optimizer, MaskId):
+    """Verifier-distilled corrector training on a store of policy-reached events (the frozen
+    backbone's MASK id: ``mask_token_id``, else the one the store was collected with)."""
 
     events: str = ""  # event store (``brisk train corrector collect``)
     out_dir: str = "runs/corrector"

@@ -563,7 +563,7 @@ def _draft_pair(
     if dtype not in (None, "", "auto", "float32"):
         raise ValueError(f"--dtype: the drafter's loop runs in float32, got {dtype}")
     where = placement(device, "float32").device
-    target, tokenizer, _ = load_target(checkpoint, "--checkpoint", where)
+    target, tokenizer, _ = load_target(checkpoint, "--checkpoint", where, options.mask_token_id)
     try:
         model = load_drafter(drafter, device=where).eval()
         check_pair(target, model)

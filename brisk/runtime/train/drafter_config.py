@@ -21,6 +21,7 @@ from typing import Literal
 from brisk.runtime.train.fields import (
     BudgetSchedule,
     DataParallel,
+    MaskId,
     Run,
     at_least,
     one_of,
@@ -36,7 +37,7 @@ WEIGHTINGS: tuple[str, ...] = ("brisk", "dpace", "decay", "uniform")  # train.dr
 
 
 @dataclass(frozen=True)
-class DrafterTrainConfig(Run, BudgetSchedule, DataParallel):
+class DrafterTrainConfig(Run, BudgetSchedule, DataParallel, MaskId):
     """A DFlash-shaped drafter for ``target`` trained on ``dataset`` with ``weighting``."""
 
     target: str = ""  # the AR target checkpoint (an HF causal LM)

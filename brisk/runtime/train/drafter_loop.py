@@ -9,9 +9,14 @@ and the run-directory rules are those of the other training commands
 (:mod:`brisk.runtime.train.resume`): ``checkpoint-<step>/`` holds the drafter, the optimizer,
 the profile tracker, the data cursor and the RNG states; ``final/`` the drafter in the DFlash
 format (``config.json`` + ``model.safetensors``) and ``train_config.json``; each is written
-atomically. At the end the drafter decodes ``eval_problems`` prompts of the dataset's task
-(test split) greedily with its target (:func:`~brisk.runtime.drafter.speculative_decode`):
-tokens per target forward and E[L], logged as the ``eval`` event.
+atomically; only a ``checkpoint-<step>/`` holds the trainer state (``trainer_state.pt``), not
+``final/``. The drafter's MASK id is its target's
+(:func:`~brisk.runtime.loader.checkpoint_mask_id`: ``mask_token_id``, else the target's own,
+else the first embedding row no token uses, DFlash's choice). At the end the drafter decodes
+``eval_problems`` held-out prompts of the dataset's task greedily with its target
+(:mod:`brisk.runtime.train.drafter_eval`: a world's test split, or a user's file's rows the
+dataset left out; a file with none is refused before the first step): tokens per target forward
+and E[L], logged as the ``eval`` event.
 
 Under ``torchrun --nproc-per-node P`` (gloo on CPU, nccl on GPU) it trains data parallel, as
 ``brisk train base`` and ``brisk train proposal`` do (:mod:`brisk.runtime.train.distributed`):
@@ -52,16 +57,8 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
-from brisk.runtime.drafter import (
-    DFlashDrafter,
-    SDOptions,
-    drafter_config,
-    load_drafter,
-    save_drafter,
-    speculative_decode,
-)
+from brisk.runtime.drafter import DFlashDrafter, drafter_config, load_drafter, save_drafter
 from brisk.runtime.loader import training_placement
-from brisk.runtime.tasks.spec import task_from_description
 from brisk.runtime.train.common import adamw, cpu_settings
 from brisk.runtime.train.distributed import (
     SHARDED,
@@ -86,6 +83,7 @@ from brisk.runtime.train.drafter import (
     sample_anchors,
 )
 from brisk.runtime.train.drafter_config import DrafterTrainConfig
+from brisk.runtime.train.drafter_eval import evaluate_drafter, task_prompts
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.proposal_data import Example, ExampleStream
 from brisk.runtime.train.resume import (
@@ -106,7 +104,7 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import ProfileTracker
 
-__all__ = ["DrafterResult", "load_target", "task_prompts", "train_drafter"]
+__all__ = ["DrafterResult", "load_target", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
 
@@ -120,30 +118,29 @@ class DrafterResult:
 
 
 def load_target(
-    path: str | Path, where: str = "--target", device: str | torch.device = "cpu"
+    path: str | Path,
+    where: str = "--target",
+    device: str | torch.device = "cpu",
+    mask_token_id: int | None = None,
 ) -> tuple[Any, Any, int]:
-    """The frozen target, its tokenizer and the MASK id its drafter uses: the tokenizer's MASK
-    token, else the first unused embedding row (DFlash's choice for Qwen3); one line naming
-    ``where`` when there is neither."""
+    """The frozen target, its tokenizer and the MASK id its drafter uses
+    (:func:`~brisk.runtime.loader.checkpoint_mask_id`, checked before the weights load:
+    ``mask_token_id``, else the target's own, else the first embedding row no token uses,
+    DFlash's choice for Qwen3); one line naming ``--mask-token-id`` when there is none."""
     from brisk.runtime.architectures import load_causal_lm
-    from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.loader import checkpoint_mask_id, load_tokenizer
 
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     tokenizer = load_tokenizer(directory, where=where)
+    mask = checkpoint_mask_id(
+        directory, mask_token_id, tokenizer=tokenizer, unused_row=True, where=where
+    )
     target = load_causal_lm(directory, False, torch.float32).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    rows = target.get_output_embeddings().weight.shape[0]
-    mask = tokenizer.mask_token_id
-    if mask is None and len(tokenizer) < rows:
-        mask = len(tokenizer)
-    if mask is None:
-        raise ValueError(
-            f"{where}: {directory} has no MASK token and no unused embedding row for one"
-        )
-    return target, tokenizer, int(mask)
+    return target, tokenizer, mask
 
 
 def _examples(cfg: DrafterTrainConfig) -> list[Example]:
@@ -186,8 +183,16 @@ def _train(
     out, M = Path(cfg.out_dir), cfg.M
     start = start_checkpoint(out, resume, cfg, CONFIG_FILE)
     dist.barrier()  # every rank reads the directory before rank 0 writes to it
-    target, tokenizer, mask_id = load_target(cfg.target, device=device)
+    target, tokenizer, mask_id = load_target(
+        cfg.target, device=device, mask_token_id=cfg.mask_token_id
+    )
     examples = _examples(cfg)
+    try:  # the held-out prompts, or why there are none: before the first step
+        held_out = (
+            task_prompts(cfg.dataset, cfg.eval_problems, tokenizer) if cfg.eval_problems else []
+        )
+    except ValueError as err:
+        raise ValueError(f"--eval-problems: {str(err).removeprefix('dataset: ')}") from None
     limit = target.config.max_position_embeddings
     torch.manual_seed(cfg.seed)  # the drafter's initial weights: the same on every rank
     random.seed(cfg.seed)
@@ -398,7 +403,11 @@ def _train(
     evaluation = None
     if metrics is not None:  # rank 0: the plain drafter (under FSDP: the one just saved)
         plain = load_drafter(final, device=device) if cfg.fsdp else drafter
-        evaluation = _evaluate(cfg, target, tokenizer, plain.eval()) if cfg.eval_problems else None
+        evaluation = None
+        if held_out:
+            evaluation = evaluate_drafter(
+                held_out, target, tokenizer, plain.eval(), cfg.eval_max_new_tokens
+            )
         if evaluation is not None:
             log({"event": "eval", "step": step, **evaluation})
         log({"event": "end", "step": step, "tokens": tokens, "train_wall_s": wall})
@@ -484,40 +493,3 @@ def _batch(
         ids[b, : len(s)] = torch.as_tensor(s)
         supervised[b, n : len(s)] = True
     return ids, supervised, [len(s) for s, _ in seqs]
-
-
-def task_prompts(
-    dataset: str | Path, n: int, tokenizer: Any, split: str = "test"
-) -> list[list[int]] | None:
-    """The token ids of ``n`` prompts of the task a regenerated dataset was drawn from, from its
-    ``split`` (test: held out; train: what training may see); None for a user's prompt file,
-    which has no splits."""
-    from brisk.runtime.prompts import encode_prompt
-
-    described = dict(read_provenance(dataset)["task"])
-    if described.get("name") == "file":
-        return None
-    described.update(split=split, n=n)
-    problems = task_from_description(described).problems(tokenizer)
-    return [encode_prompt(tokenizer, p.prompt) for p in problems]
-
-
-def _evaluate(
-    cfg: DrafterTrainConfig, target: Any, tokenizer: Any, drafter: DFlashDrafter
-) -> dict[str, Any] | None:
-    """Greedy speculative decoding of the dataset task's held-out prompts: TPF and E[L]
-    (None for a dataset of a user's prompt file)."""
-    prompts = task_prompts(cfg.dataset, cfg.eval_problems, tokenizer)
-    if prompts is None:
-        return None
-    limit = target.config.max_position_embeddings - cfg.block_size
-    budget = max(1, min(cfg.eval_max_new_tokens, limit - max(len(p) for p in prompts)))
-    options = SDOptions(max_new_tokens=budget, eos_token_id=tokenizer.eos_token_id)
-    result = speculative_decode(target, drafter, prompts, options)
-    return {
-        "problems": len(prompts),
-        "max_new_tokens": budget,
-        "tpf": result.tpf,
-        "mean_accept": result.mean_accept,
-        "draft_cost": result.draft_cost,
-    }

@@ -5,7 +5,9 @@ A training config is a frozen :class:`~brisk.runtime.configs.Config` built from 
 their names, types, defaults and help live here, the TOML keys and the ``--lr`` / ``--fsdp``
 flags stay flat, and each group's ``__post_init__`` checks its own fields before passing on to
 the next (:mod:`brisk.runtime.configs`). A config whose default differs (the proposal's
-smaller learning rate) gives its own default for the inherited field and nothing else.
+smaller learning rate) gives its own default for the inherited field and nothing else; one
+whose default depends on another field (base training's learning rate on ``init``) resolves it
+in one property (:attr:`Optimizer.peak_lr`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = [
     "PRECISIONS",
     "DataParallel",
     "IDLMLoss",
+    "MaskId",
+    "MaskToken",
     "Optimizer",
     "Placement",
     "ProblemSampling",
@@ -84,8 +88,16 @@ class Optimizer(Config):
     weight_decay: float = 0.01  # AdamW's decay of the weight matrices
     grad_clip: float = 1.0  # the largest global gradient norm
 
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate AdamW is built with and the schedule peaks at: ``lr`` (a config
+        whose default depends on other fields resolves it here)."""
+        return self.lr
+
     def __post_init__(self) -> None:
-        positive(self, "lr", "grad_clip")
+        if not self.peak_lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr!r}")
+        positive(self, "grad_clip")
         at_least(self, 0, "weight_decay")
         super().__post_init__()
 
@@ -96,14 +108,23 @@ class Schedule(Optimizer):
 
     min_lr: float = 3e-4  # where the cosine decay ends
 
+    @property
+    def final_lr(self) -> float:
+        """Where the cosine decay ends: ``min_lr`` (resolved here where its default depends on
+        other fields, as :attr:`peak_lr`)."""
+        return self.min_lr
+
     def __post_init__(self) -> None:
         super().__post_init__()  # lr itself first: then how min_lr relates to it
-        if not 0 < self.min_lr <= self.lr:
-            raise ValueError(f"min_lr: need 0 < min_lr ≤ lr ({self.lr!r}), got {self.min_lr!r}")
+        if not 0 < self.final_lr <= self.peak_lr:
+            raise ValueError(
+                f"min_lr: need 0 < min_lr ≤ lr ({self.peak_lr!r}), got {self.final_lr!r}"
+            )
 
     def cosine(self, t: float) -> float:
         """The learning rate at ``t`` ∈ [0, 1] of the decay (past 1: ``min_lr``)."""
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
+        low, high = self.final_lr, self.peak_lr
+        return low + 0.5 * (high - low) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
 @dataclass(frozen=True)
@@ -121,7 +142,7 @@ class BudgetSchedule(Schedule):
     def lr_at(self, progress: float) -> float:
         """The learning rate at ``progress`` ∈ [0, 1] of the budget."""
         if progress < self.warmup:
-            return self.lr * max(progress / self.warmup, 1e-3)
+            return self.peak_lr * max(progress / self.warmup, 1e-3)
         return self.cosine((progress - self.warmup) / (1 - self.warmup))
 
 
@@ -174,7 +195,43 @@ class IDLMLoss(Config):
 
 
 @dataclass(frozen=True)
-class ProblemSampling(Config):
+class MaskId(Config):
+    """The MASK id of the model a command runs (every command that runs one:
+    :func:`brisk.runtime.loader.checkpoint_mask_id` has the order and the checks)."""
+
+    # the MASK id, for a checkpoint that has none (an id it never uses); default: the
+    # tokenizer's mask token, else config.json's mask_token_id
+    mask_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        value = self.mask_token_id
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"mask_token_id: expected an integer, got {value!r}")
+        if value is not None and value < 0:
+            raise ValueError(f"mask_token_id: must be ≥ 0, got {value!r}")
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class MaskToken(MaskId):
+    """:class:`MaskId`, or a MASK row added to the checkpoint a run trains from (``init``),
+    which the checkpoints it writes carry (base and proposal training)."""
+
+    # give init a MASK token of its own: <|MASK|> added to its tokenizer, one embedding row (and
+    # LM-head row when untied) at the mean of the others, saved with every checkpoint
+    add_mask_token: bool = False
+
+    def __post_init__(self) -> None:
+        if self.add_mask_token and self.mask_token_id is not None:
+            raise ValueError(
+                "add_mask_token: adds a MASK row of its own; mask_token_id names an existing "
+                "id instead (give one of the two)"
+            )
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class ProblemSampling(MaskId):
     """Responses sampled from the deployed decoder (ISD, head off, exact verification) on
     ``problems`` problems of ``task`` (drawn with ``problem_seed``), ``samples`` each: what
     ``brisk train selfgen`` and ``brisk train corrector collect`` decode."""

@@ -32,12 +32,15 @@ writes ``metrics.jsonl`` (one record per step: weights, profile, losses), checkp
 ``weights.png``.
 
 Checkpoints (``checkpoint-NNNNNN/`` every ``save_every`` steps and ``final/``) hold the model
-(safetensors + HF config), tokenizer, the base run's ``train_config.json``, this run's
-``proposal_config.json`` and ``trainer_state.pt`` (optimizer, step, tokens seen, data cursor,
-profile tracker, RNG states, the size of ``metrics.jsonl``); each is written to a temporary
-directory and renamed. SIGINT or SIGTERM stops the run between steps with a checkpoint of the
-step it reached; under torchrun the ranks all-reduce their stop flag at every step, so all stop
-at the same step, rank 0 saves while the others wait. ``resume`` continues from the newest
+(safetensors + HF config, which records the run's MASK id: ``mask_token_id`` or the row
+``add_mask_token`` adds to an ``init`` without one), tokenizer, the base run's
+``train_config.json`` and this run's ``proposal_config.json``; a ``checkpoint-NNNNNN/`` also
+holds ``trainer_state.pt`` (optimizer, step, tokens seen, data cursor, profile tracker, RNG
+states, the size of ``metrics.jsonl``), which ``final/`` does not (a finished run is never
+resumed); each is written to a temporary directory and renamed. SIGINT or SIGTERM stops the
+run between steps with a checkpoint of the step it reached; under torchrun the ranks
+all-reduce their stop flag at every step, so all stop at the same step, rank 0 saves while the
+others wait. ``resume`` continues from the newest
 checkpoint and ends bit-identical to an uninterrupted run on CPU; the rules of a run directory
 (a used one is refused without ``resume``, another configuration is named) are those of
 :mod:`brisk.runtime.train.resume`.
@@ -67,7 +70,7 @@ from brisk.runtime.train.acceptance import (
     token_weights,
     upcoming_profile,
 )
-from brisk.runtime.train.common import adamw, cpu_settings
+from brisk.runtime.train.common import adamw, carry_mask, cpu_settings, init_tokens
 from brisk.runtime.train.distributed import (
     Dist,
     autocast,
@@ -134,19 +137,21 @@ def _save(
     state: dict[str, Any],
     dist: Dist,
     optimizer: torch.optim.Optimizer,
+    resumable: bool = True,
 ) -> Path:
     """Write a checkpoint atomically (temporary directory, renamed into place). Without FSDP
     rank 0 alone calls it; under FSDP every rank does: the plain weights are gathered to rank
-    0 and the model and optimizer shards of every rank go to ``sharded/`` (DCP)."""
+    0 and the model and optimizer shards of every rank go to ``sharded/`` (DCP). Only a
+    checkpoint to resume from (``resumable``) holds the trainer state and the shards."""
     tmp = path.with_name(f".{path.name}.tmp")
     weights = full_state_dict(model, cfg.fsdp)  # a collective under FSDP
     if dist.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    if cfg.fsdp:
+    if cfg.fsdp and resumable:
         dist.barrier()
         save_sharded(tmp, model, optimizer)
-    else:
+    elif resumable:
         state = {**state, "optimizer": optimizer.state_dict()}
     if dist.rank == 0:
         model.save_pretrained(tmp, state_dict=weights)
@@ -155,7 +160,8 @@ def _save(
         if world.is_file():
             shutil.copy(world, tmp / "train_config.json")
         (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        torch.save(state, tmp / STATE)
+        if resumable:
+            torch.save(state, tmp / STATE)
         replace_dir(tmp, path)
     if cfg.fsdp:
         dist.barrier()
@@ -188,31 +194,36 @@ def _train(
 ) -> ProposalResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from brisk.runtime.architectures import load_causal_lm, training_token_ids
-    from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.architectures import load_causal_lm
 
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
     device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
     out, M = Path(cfg.out_dir), cfg.M
     examples = load_examples(cfg)
-    tokenizer = load_tokenizer(cfg.init, where="--init")
+    tokens = init_tokens(cfg.init, cfg)  # a MASK id that cannot be: refused before any write
+    tokenizer, ids = tokens.tokenizer, (tokens.mask_id, tokens.pad_id)
 
     # Where to start: the init checkpoint, or the newest checkpoint of this run. Every rank
     # reads the directory before rank 0 writes to it.
     start = start_checkpoint(out, resume, cfg, "proposal_config.json")
     dist.barrier()
     torch.manual_seed(cfg.seed)
+
     # Under FSDP rank 0 alone reads the weights; the others receive their shards.
+    def build() -> Any:
+        model = load_causal_lm(start or cfg.init, False, torch.float32)
+        carry_mask(model, tokens, cfg.add_mask_token)
+        return model
+
     model, net = load_for_training(
-        lambda: load_causal_lm(start or cfg.init, False, torch.float32),
+        build,
         dist,
         fsdp=cfg.fsdp,
         precision=precision_name,
         checkpointing=cfg.activation_checkpointing,
         device=device,
     )
-    ids = training_token_ids(tokenizer, model.config, f"--init: {cfg.init}")
     check_lengths(examples, tokenizer, model.config, cfg.dataset)
     set_attention(model, cfg.attention)  # not saved with the model: checkpoints stay plain
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
@@ -272,7 +283,7 @@ def _train(
     history: list[dict[str, Any]] = metrics.records if metrics is not None else []
     log = metrics.write if metrics is not None else history.append
 
-    def save(path: Path) -> Path:
+    def save(path: Path, resumable: bool = True) -> Path:
         return _save(
             path,
             model,
@@ -292,6 +303,7 @@ def _train(
             },
             dist,
             optimizer,
+            resumable,
         )
 
     progress = Progress(
@@ -411,7 +423,7 @@ def _train(
     wall = time.monotonic() - t0
     final = out / "final"
     if metrics is not None or cfg.fsdp:
-        save(final)
+        save(final, resumable=False)
     if metrics is not None:  # rank 0
         metrics.close()
         from brisk.runtime.train.plots import plot_weight_evolution

@@ -14,6 +14,7 @@ from typing import Literal
 from brisk.runtime.train.fields import (
     BudgetSchedule,
     IDLMLoss,
+    MaskToken,
     Placement,
     Run,
     at_least,
@@ -32,7 +33,7 @@ PROFILE_MODES: tuple[str, ...] = ("dynamic", "static")
 
 
 @dataclass(frozen=True)
-class ProposalTrainConfig(Run, BudgetSchedule, Placement, IDLMLoss):
+class ProposalTrainConfig(Run, BudgetSchedule, Placement, IDLMLoss, MaskToken):
     """Continued I-DLM training with per-position proposal weights (eq:brisk_weighting).
 
     The run consumes ``token_budget`` response tokens (the same for every arm of an ablation,

@@ -192,10 +192,12 @@ def generate_dataset(
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
         raise ValueError(f"--checkpoint: {checkpoint} is not a directory")
-    from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.loader import checkpoint_mask_id, load_tokenizer
 
     task = resolve_task(checkpoint, options)
     tokenizer = load_tokenizer(checkpoint, where="--checkpoint")
+    # a MASK id that cannot be is refused before the dataset directory is claimed
+    checkpoint_mask_id(checkpoint, options.mask_token_id, tokenizer=tokenizer, where="--checkpoint")
     problems = task.problems(tokenizer)
     if not problems:
         raise ValueError("--task: the selection holds no problems")
@@ -353,13 +355,19 @@ def deployed_decoder(
     checkpoint: str | Path, options: Any, *, device: str | None = None, dtype: str | None = None
 ) -> tuple[Any, Any, Any]:
     """The tokenizer, the backbone (eval mode, on ``device`` in ``dtype``: the one loader,
-    :func:`brisk.runtime.loader.load_model`) and the ISD options (head off, stopping at the
-    tokenizer's EOS) that sample from ``checkpoint`` with ``options``' stride, temperature,
-    Top-K and token budget."""
+    :func:`brisk.runtime.loader.load_model`, with ``options``' MASK id) and the ISD options
+    (head off, stopping at the tokenizer's EOS) that sample from ``checkpoint`` with
+    ``options``' stride, temperature, Top-K and token budget."""
     from brisk.runtime.loader import load_model
     from brisk.runtime.prompts import isd_options
 
-    loaded = load_model(checkpoint, device=device, dtype=dtype, where="--checkpoint")
+    loaded = load_model(
+        checkpoint,
+        device=device,
+        dtype=dtype,
+        mask_token_id=options.mask_token_id,
+        where="--checkpoint",
+    )
     dec = isd_options(
         loaded.tokenizer,
         stride=options.stride,
