@@ -230,3 +230,33 @@ def test_final_holds_no_trainer_state(micro_base: Path, tmp_path: Path) -> None:
     assert not (out / "final" / "trainer_state.pt").exists()
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["lr"] for r in logged if r["event"] == "train") == pytest.approx(1e-4)
+
+
+def test_drafter_eval_problems_on_a_users_file(
+    llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--eval-problems N` on a dataset of a user's file: N of the rows the dataset left out
+    are decoded; a dataset of every row is refused in one line, before training (was: silently
+    nothing evaluated)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n" for i in range(6))
+    )
+    argv = ["--samples", "1", "--stride", "2", "--max-new-tokens", "3", *TINY]
+    argv += ["--mask-token-id", MASK, "--task", str(rows)]
+
+    def drafter(dataset: Path, out: Path) -> list[str]:
+        cmd = ["train", "drafter", "--target", str(llama), "--dataset", str(dataset)]
+        cmd += ["--out", str(out), "--block-size", "3", "--batch-size", "2", "--anchors", "2"]
+        cmd += ["--token-budget", "8", "--data", "selfgen-all", "--mask-token-id", MASK]
+        return [*cmd, "--eval-problems", "2", "--eval-max-new-tokens", "3", "--no-progress"]
+
+    every, part = tmp_path / "every", tmp_path / "part"
+    assert main(["train", "selfgen", "--checkpoint", str(llama), "--out", str(every), *argv]) == 0
+    one_line(drafter(every, tmp_path / "d1"), capsys, "--eval-problems", "none is held out")
+    assert not (tmp_path / "d1").exists()
+    selfgen = ["train", "selfgen", "--checkpoint", str(llama), "--out", str(part), *argv]
+    assert main([*selfgen, "--problems", "3"]) == 0
+    assert main(drafter(part, tmp_path / "d2")) == 0
+    logged = [json.loads(line) for line in (tmp_path / "d2" / "metrics.jsonl").open()]
+    assert [r["problems"] for r in logged if r["event"] == "eval"] == [2]
