@@ -77,6 +77,7 @@ __all__ = [
     "verification_of",
 ]
 
+
 def verification_of(options: SDOptions, head: Corrector | None = None) -> Verification:
     """How the loop verifies drafts of ``options`` (the block log's verification): against the
     head's law when a head drafts."""
