@@ -1,4 +1,7 @@
-"""``brisk bench serve``: the serving sweep (:mod:`brisk.runtime.serving.bench`) from the shell."""
+"""``brisk bench serve``: the serving sweep (:mod:`brisk.runtime.serving.bench`) from the shell;
+``brisk bench speed``: Spec-Bench's per-category report over answer files
+(:mod:`brisk.runtime.speed`); ``brisk bench requests``: a server's answers, one request at a
+time, written as such a file."""
 
 from __future__ import annotations
 
@@ -68,6 +71,65 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     s.add_argument("--out", type=Path, required=True, help="directory for results and logs")
     s.set_defaults(run=_serve)
+    _register_speed(commands)
+    _register_requests(commands)
+
+
+def _register_speed(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = commands.add_parser(
+        "speed",
+        help="speed-up, tokens per verify and equal outputs per prompt category (Spec-Bench's "
+        "speed.py and equal.py) of answer files against plain decoding's",
+        description="Read answer files (brisk decode --batch-size 1 --out, or brisk bench "
+        "requests against a server) and print, per prompt category and over all, each run's "
+        "speed-up over the baseline (mean tokens/s over requests, ratio of means, paired "
+        "bootstrap interval), τ = tokens per target forward, and how many outputs equal the "
+        "baseline's token for token. Writes speed.md and speed.json with --out.",
+    )
+    s.add_argument(
+        "--baseline",
+        type=Path,
+        required=True,
+        help="plain decoding's answers (brisk decode --decoder ar, or a server without "
+        "speculative decoding)",
+    )
+    s.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        dest="runs",
+        metavar="NAME=FILE",
+        help="a method's answers to the same prompts; repeat it for several",
+    )
+    s.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    s.add_argument("--out", type=Path, default=None, help="directory for speed.{md,json}")
+    s.set_defaults(run=_speed)
+
+
+def _speed(args: argparse.Namespace) -> int:
+    import json
+
+    from brisk.runtime.speed import markdown, speed_report
+
+    runs = []
+    for item in args.runs:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--run: expected NAME=FILE, got {item!r}")
+        runs.append((name, path))
+    rows = speed_report(args.baseline, runs, seed=args.seed)
+    text = markdown(rows)
+    print(text, end="")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out / "speed.md", text)
+        summary = {
+            "baseline": str(args.baseline),
+            "runs": dict(runs),
+            "rows": [r.to_json() for r in rows],
+        }
+        atomic_write_text(args.out / "speed.json", json.dumps(summary, indent=1) + "\n")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -130,4 +192,53 @@ def _serve(args: argparse.Namespace) -> int:
     )
     bench_summary.plot(rows, pairs, args.out / "serve_bench.png")
     console.print(f"wrote {args.out}/serve_bench.{{md,json,png}}")
+    return 0
+
+
+def _register_requests(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = commands.add_parser(
+        "requests",
+        help="a server's answers to a prompts file, one request at a time, as an answer file "
+        "for brisk bench speed",
+        description="Send each prompt of --prompts (encoded as brisk decode encodes it) to "
+        "the server's /generate alone and write one row per request: the output's token ids, "
+        "tokens, the target's forwards (speculative servers: verify forwards + 1), the "
+        "request's wall time and its category.",
+    )
+    s.add_argument("--url", required=True, help="the server's base URL (http://127.0.0.1:30000)")
+    s.add_argument(
+        "--tokenizer", type=Path, required=True, help="the served model's tokenizer directory"
+    )
+    s.add_argument("--prompts", type=Path, required=True, help='JSON Lines {"prompt", ...}')
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=0, help="request r samples with seed + r")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    s.add_argument("--out", type=Path, required=True, help="the answer file (JSON Lines)")
+    s.set_defaults(run=_requests)
+
+
+def _requests(args: argparse.Namespace) -> int:
+    from brisk.runtime.decoding import check_output_file, read_prompts, write_jsonl
+    from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.serving.answers import server_answers
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens: must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature: must be at least 0, got {args.temperature}")
+    check_output_file(args.out, "--out")
+    requests = read_prompts(args.prompts)
+    tokenizer = load_tokenizer(args.tokenizer, where="--tokenizer")
+    rows = server_answers(
+        args.url,
+        requests,
+        tokenizer,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        timeout_s=args.timeout,
+    )
+    write_jsonl(args.out, rows)
+    print(f"wrote {len(rows)} answers to {args.out}")
     return 0
