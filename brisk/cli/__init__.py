@@ -1,6 +1,6 @@
 """The ``brisk`` command: one module per command group (theory, mechanism, train with its
-corrector commands, experiment, decode, tasks, bench, serve); the library never imports this
-package.
+corrector commands, experiment, decode, tasks, bench, serve, convert); the library never
+imports this package.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from brisk.cli import bench, decode, mechanism, serve, tasks, theory, train
+from brisk.cli import bench, convert, decode, mechanism, serve, tasks, theory, train
 from brisk.cli._common import OneLineErrors
 
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     mechanism.register(layers)
     bench.register(layers)
     serve.register(layers)
+    convert.register(layers)
     return parser
 
 
