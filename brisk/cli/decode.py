@@ -68,6 +68,12 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "verifies (its block is the stride, its config the MASK id; float32, one request at a "
         "time)",
     )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain autoregressive decoding of --model (one token per forward, one request at "
+        "a time, no MASK id): the baseline of brisk bench speed",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="ISD requests per batch")
     parser.add_argument("--seed", type=int, default=0, help="request r uses seed + r")
     parser.add_argument("--samples", type=int, default=1, help="decode each prompt this often")
@@ -203,6 +209,11 @@ def _options(args: argparse.Namespace) -> ISDOptions:
         raise ValueError(f"--corrector: {args.corrector} is not a directory")
     if args.drafter is not None:
         _check_drafter_flags(args)
+    if args.plain:
+        refused = (("--stride", args.isd_stride), ("--mask-token-id", args.mask_token_id))
+        for flag, value in refused:
+            if value is not None:
+                raise ValueError(f"{flag}: not with --plain (plain decoding has no MASK slots)")
     if options.shadow and args.corrector is None:
         raise ValueError("--shadow: needs --corrector (the head to run beside the base)")
     if args.out is not None:
@@ -241,6 +252,7 @@ def run_decode(args: argparse.Namespace) -> int:
                     trust_remote_code=args.trust_remote_code,
                     labels=labels,
                     drafter=args.drafter,
+                    plain=args.plain,
                 )
         except KeyboardInterrupt:
             print(
@@ -310,6 +322,17 @@ def _print_summary(result: Any, rows: list[dict[str, Any]], job: Any) -> None:
     from brisk.runtime.decoding import summarize
 
     console, options, figures = Console(), job.options, summarize(result, rows)
+    if job.plain:
+        seconds = sum(r.get("wall_s", 0.0) for r in rows)
+        console.print(
+            f"{len(rows)} requests, plain decoding, temperature {options.temperature:g}: "
+            f"{result.generated} output tokens in {result.forwards} forwards, "
+            f"{result.generated / seconds:.1f} tokens/s"
+        )
+        console.print(f"mean output length: [bold]{figures.mean_length:.1f}[/] tokens per request")
+        if figures.graded:
+            console.print(f"answer accuracy: [bold]{figures.accuracy:.1%}[/] of {figures.graded}")
+        return
     profile = result.profile()
     rounds = profile.n_blocks
     speculative = job.drafter is not None

@@ -144,6 +144,7 @@ class HFBackbone:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         attention: str | None = None,
+        need_mask: bool = True,
     ) -> HFBackbone:
         """Load a local checkpoint directory (in eval mode), its weights read in ``dtype`` and
         moved to ``device``, with the attention implementation ``attention`` (None: the one
@@ -153,7 +154,9 @@ class HFBackbone:
         config's ``mask_token_id``, else the tokenizer's ``<|MASK|>``). A path that is not a
         directory is an error, never a hub lookup; so is a weights file that is truncated, not
         safetensors or of the wrong shapes, named in one line
-        (:func:`brisk.runtime.architectures.load_causal_lm`)."""
+        (:func:`brisk.runtime.architectures.load_causal_lm`). ``need_mask=False``: a caller that
+        never reads the MASK id (plain decoding) loads a checkpoint that defines none, row 0
+        standing in."""
         from safetensors import SafetensorError
 
         from brisk.runtime.architectures import load_causal_lm
@@ -168,14 +171,19 @@ class HFBackbone:
         model.eval()
         rows = int(model.get_output_embeddings().weight.shape[0])
         tokenizer = _saved_tokenizer(path, trust_remote_code)
-        mask_id = resolve_mask_id(
-            tokenizer,
-            model.config,
-            mask_token_id,
-            rows=rows,
-            source=str(path),
-            flag="mask_token_id",
-        )
+        try:
+            mask_id = resolve_mask_id(
+                tokenizer,
+                model.config,
+                mask_token_id,
+                rows=rows,
+                source=str(path),
+                flag="mask_token_id",
+            )
+        except ValueError:
+            if need_mask or mask_token_id is not None:
+                raise
+            mask_id = 0
         return cls(model, mask_id)
 
     @property

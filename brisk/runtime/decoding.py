@@ -32,6 +32,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from brisk.runtime.drafter import (
     check_head,
     check_pair,
     load_drafter,
+    plain_decode,
     speculative_decode,
 )
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
@@ -146,11 +148,19 @@ class DecodeJob:
     budgets: list[int]  # each prompt's token budget (options.max_new_tokens: the largest)
     drafter: DFlashDrafter | None = None  # proposes for the AR model ``backbone`` wraps
     drafter_path: Path | None = None
+    plain: bool = False  # the model's own autoregressive decoding, the speed baseline
 
     @property
     def decoder(self) -> str:
-        """The decoder family, as block logs name it: ``isd`` or ``speculative``."""
+        """The decoder family, as block logs name it (``isd`` or ``speculative``), or
+        ``plain``."""
+        if self.plain:
+            return "plain"
         return "isd" if self.drafter is None else "speculative"
+
+    def one_at_a_time(self, batch_size: int) -> bool:
+        """Whether each request decodes alone, so its own wall time is measured."""
+        return self.plain or self.drafter is not None or batch_size == 1
 
 
 def prepare_decode(
@@ -167,14 +177,28 @@ def prepare_decode(
     trust_remote_code: bool = False,
     labels: Sequence[str] | None = None,
     drafter: Path | None = None,
+    plain: bool = False,
 ) -> DecodeJob:
     """Load ``model`` and ``corrector`` (and ``drafter``: module docstring), encode the
     requests' prompts and check the options against them: the EOS becomes the tokenizer's, and
     a budget not given (``budget_given``) is lowered, prompt by prompt, to what fits the model's
     positions (said on stderr); a prompt too long is named by its label in ``labels`` (where
     each request came from). The block log opens last, so a failed check leaves no directory
-    behind."""
+    behind. ``plain``: the model's own autoregressive decoding, one token per forward, one
+    request at a time (:func:`~brisk.runtime.drafter.plain_decode`): no MASK id, no block log,
+    no corrector, no drafter."""
     draft = None
+    if plain:
+        given = (
+            ("--drafter", drafter is not None),
+            ("--corrector", corrector is not None),
+            ("--log-blocks", log_blocks is not None),
+            ("--shadow", options.shadow),
+            ("--score-blocks", options.score_blocks),
+        )
+        for flag, on in given:
+            if on:
+                raise ValueError(f"{flag}: not with --plain (plain decoding has no blocks)")
     if drafter is None:
         loaded = load_model(
             model,
@@ -182,6 +206,7 @@ def prepare_decode(
             dtype=dtype,
             mask_token_id=mask_token_id,
             trust_remote_code=trust_remote_code,
+            need_mask=not plain,
         )
     else:
         if options.shadow or options.score_blocks or mask_token_id is not None:
@@ -211,14 +236,15 @@ def prepare_decode(
     options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
     prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
     fitted = fit_budget(
-        options,
+        # plain decoding spends no block: the smallest stride's 2 spare positions stand in
+        dataclasses.replace(options, stride=2) if plain else options,
         loaded.backbone.max_positions,
         prompts,
         budget_given=budget_given,
         labels=labels,
-        stride_flag="--stride" if draft is None else "--drafter",  # its block: 2M spare
+        stride_flag="--drafter" if draft is not None else "--stride",  # its block: 2M spare
     )
-    options = fitted.options
+    options = dataclasses.replace(options, max_new_tokens=fitted.options.max_new_tokens)
     logger = None
     if log_blocks is not None:
         K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)
@@ -239,6 +265,7 @@ def prepare_decode(
         fitted.per_prompt,
         draft,
         drafter,
+        plain,
     )
 
 
@@ -321,20 +348,38 @@ def decode_requests(
     after it does not, so a second signal cannot cut it short."""
     done: dict[int, dict[str, Any]] = {}
     partial = _Partial(out) if out is not None else None
+    timed = job.one_at_a_time(batch_size)
+    last = time.perf_counter()
 
     def on_finish(r: int, output: RequestOutput | SDOutput) -> None:
+        nonlocal last
+        wall = time.perf_counter() - last  # requests decode one after another when timed
         row = _row(job, r, output, grader)
+        if timed:
+            row["wall_s"] = wall
         done[r] = row
         if partial is not None:
             partial.add(row)
         if on_row is not None:
             on_row(row)
+        last = time.perf_counter()  # the row's grading is not the next request's time
 
     result: DecodeResult | SDResult | None = None
     seeds = [seed + r for r in range(len(job.prompts))]
     try:
         with stop.abortable() if stop is not None else nullcontext():
-            if job.drafter is None:
+            last = time.perf_counter()
+            if job.plain:
+                outputs = plain_decode(
+                    job.backbone.model,
+                    job.prompts,
+                    _sd_options(job.options),
+                    seeds=seeds,
+                    budgets=job.budgets,
+                    on_finish=on_finish,
+                )
+                result = SDResult(outputs, M=1)
+            elif job.drafter is None:
                 result = decode(
                     job.backbone,
                     job.prompts,
@@ -387,8 +432,11 @@ def _row(job: DecodeJob, r: int, output: RequestOutput | SDOutput, grader: str) 
         "tokens": len(output.tokens),
         "finished": output.finished,  # "eos" or "length" (the request's budget)
         "tpf": output.tpf,
-        "accept_hist": output.histogram(job.options.M),
     }
+    if not job.plain:
+        row["accept_hist"] = output.histogram(job.options.M)
+    if "category" in request:
+        row["category"] = request["category"]
     if "answer" in request:
         name = request.get("grader") or grader or DEFAULT_GRADER
         graded = grade_all(name, [row["completion"]], [request["answer"]], workers=1)

@@ -211,6 +211,7 @@ def load_model(
     attention: str | None = None,
     where: str = "--model",
     announce: bool = True,
+    need_mask: bool = True,
 ) -> LoadedModel:
     """Tokenizer and backbone of the checkpoint at ``path`` on ``device`` in ``dtype``
     (:func:`placement`; the weights are read straight into that dtype), in eval mode, with
@@ -218,6 +219,8 @@ def load_model(
 
     Errors are one ``ValueError`` naming the flag ``where`` (``--model``, ``--checkpoint``), or
     ``--mask-token-id`` when the checkpoint defines no MASK token, or ``--device`` / ``--dtype``.
+    A caller that never reads the MASK id (plain decoding, ``need_mask=False``) loads a
+    checkpoint that defines none; row 0 then stands in as the backbone's unused MASK id.
     """
     from brisk._hf import quiet_transformers
     from brisk.runtime.backbone import HFBackbone
@@ -228,13 +231,18 @@ def load_model(
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     quiet_transformers()
     tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code, where=where)
-    mask_id = checkpoint_mask_id(
-        directory,
-        mask_token_id,
-        tokenizer=tokenizer,
-        trust_remote_code=trust_remote_code,
-        where=where,
-    )
+    try:
+        mask_id = checkpoint_mask_id(
+            directory,
+            mask_token_id,
+            tokenizer=tokenizer,
+            trust_remote_code=trust_remote_code,
+            where=where,
+        )
+    except ValueError:
+        if need_mask or mask_token_id is not None:
+            raise
+        mask_id = None
     try:
         backbone = HFBackbone.from_pretrained(
             directory,
@@ -243,6 +251,7 @@ def load_model(
             dtype=on.dtype,
             device=on.device,
             attention=attention,
+            need_mask=need_mask,
         )
     except ValueError as err:
         raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None

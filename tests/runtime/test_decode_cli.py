@@ -134,6 +134,7 @@ def test_device_dtype_and_mask_flags_reach_the_model(
             "dtype": torch.bfloat16,
             "device": torch.device("cpu"),
             "attention": None,
+            "need_mask": True,
         },
         {
             "mask_token_id": 3,
@@ -141,6 +142,7 @@ def test_device_dtype_and_mask_flags_reach_the_model(
             "dtype": torch.float32,
             "device": torch.device("cpu"),
             "attention": None,
+            "need_mask": True,
         },
     ]
     assert len(out.read_text().splitlines()) == 3

@@ -1,7 +1,8 @@
 """The drafter family of verified parallel decoders: a DFlash-shaped block drafter conditioned
 on an autoregressive target's hidden states (:mod:`~brisk.runtime.drafter.model`) and the
 speculative decoding loop that verifies its blocks exactly, with the corrector drafting over
-the drafter's Top-K when one is given (:mod:`~brisk.runtime.drafter.speculative`)."""
+the drafter's Top-K when one is given (:mod:`~brisk.runtime.drafter.speculative`), and the
+target's plain decoding that both are measured against (:mod:`~brisk.runtime.drafter.plain`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from brisk.runtime.drafter.model import (
     load_drafter,
     save_drafter,
 )
+from brisk.runtime.drafter.plain import plain_decode
 from brisk.runtime.drafter.speculative import (
     SDOptions,
     SDOutput,
@@ -35,6 +37,7 @@ __all__ = [
     "check_pair",
     "drafter_config",
     "load_drafter",
+    "plain_decode",
     "position_limit",
     "save_drafter",
     "speculative_decode",

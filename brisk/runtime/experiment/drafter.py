@@ -219,17 +219,11 @@ class _Pair:
         return result, time.perf_counter() - t0
 
     def timed_ar(self, seed: int) -> tuple[int, float]:
-        o = self.options
+        from brisk.runtime.drafter import plain_decode
+
         t0 = time.perf_counter()
-        tokens = _plain_ar(
-            self.target,
-            self.prompts,
-            o.max_new_tokens,
-            o.eos_token_id,
-            o.temperature,
-            self.seeds(seed),
-        )
-        return tokens, time.perf_counter() - t0
+        outputs = plain_decode(self.target, self.prompts, self.options, seeds=self.seeds(seed))
+        return sum(len(out.tokens) for out in outputs), time.perf_counter() - t0
 
 
 def _acceptance(result: Any, M: int) -> dict[str, Any]:
@@ -362,40 +356,6 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
         "speedup": got["output_tokens"] / on_s / ar_rate,
         "speedup_off": off_tokens / off_s / ar_rate,
     }
-
-
-def _plain_ar(
-    target: Any, prompts: list[list[int]], budget: int, eos: int, T: float, seeds: list[int]
-) -> int:
-    """The target's own decoding of every prompt, one request at a time (as the speculative
-    loop runs them), with its KV cache: the tokens it output."""
-    import torch
-    from transformers import DynamicCache
-
-    from brisk.runtime.backbone import cache_keyword
-
-    total = 0
-    with torch.inference_mode():
-        for prompt, seed in zip(prompts, seeds, strict=True):
-            generator = torch.Generator(target.device).manual_seed(seed)
-            cache = DynamicCache(config=target.config)
-            kw = {cache_keyword(target): cache, "use_cache": True}
-            ids = torch.tensor([prompt], device=target.device)
-            n = 0
-            while n < budget:
-                logits = target(input_ids=ids, logits_to_keep=1, **kw).logits[:, -1].float()
-                if T == 0:
-                    nxt = logits.argmax(-1)
-                else:
-                    nxt = torch.multinomial(torch.softmax(logits / T, -1), 1, generator=generator)[
-                        :, 0
-                    ]
-                n += 1
-                if int(nxt) == eos:
-                    break
-                ids = nxt[:, None]
-            total += n
-    return total
 
 
 def run_drafter_experiment(

@@ -1,0 +1,65 @@
+"""Plain autoregressive decoding of a causal LM: one token per forward with its KV cache, one
+request at a time. It is the baseline every speed-up is measured against (``brisk decode
+--plain``, ``brisk bench speed``, the drafter experiment's tok/s ratio), and what greedy
+speculative decoding must reproduce token for token.
+
+At T = 0 each token is the argmax of the last position's logits; at T > 0 a draw from
+softmax(logits / T) by the request's own generator (seeded per request), so a request's
+tokens do not depend on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from brisk.runtime.backbone import cache_keyword
+from brisk.runtime.drafter.result import SDOptions, SDOutput
+
+__all__ = ["plain_decode"]
+
+
+def plain_decode(
+    target: Any,
+    prompts: Sequence[Sequence[int]],
+    options: SDOptions,
+    *,
+    seeds: Sequence[int] | None = None,
+    budgets: Sequence[int] | None = None,
+    on_finish: Callable[[int, SDOutput], None] | None = None,
+) -> list[SDOutput]:
+    """Every prompt decoded by ``target`` alone (module docstring), up to its budget
+    (``budgets[r]``, default ``options.max_new_tokens``) or the EOS, which is kept. Each output
+    counts one target forward per token (the prefill commits the first) and no verify round;
+    ``on_finish(r, output)`` runs as request r ends."""
+    from transformers import DynamicCache
+
+    seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
+    budgets = list(budgets) if budgets is not None else [options.max_new_tokens] * len(prompts)
+    outputs = []
+    with torch.inference_mode():
+        for r, prompt in enumerate(prompts):
+            generator = torch.Generator(target.device).manual_seed(seeds[r])
+            cache = DynamicCache(config=target.config)
+            kw = {cache_keyword(target): cache, "use_cache": True}
+            ids = torch.tensor([list(prompt)], device=target.device)
+            output = SDOutput(finished="length")
+            while len(output.tokens) < budgets[r]:
+                logits = target(input_ids=ids, logits_to_keep=1, **kw).logits[:, -1].float()
+                output.target_forwards += 1
+                if options.temperature == 0:
+                    token = logits.argmax(-1)
+                else:
+                    law = torch.softmax(logits / options.temperature, -1)
+                    token = torch.multinomial(law, 1, generator=generator)[:, 0]
+                output.tokens.append(int(token))
+                if int(token) == options.eos_token_id:
+                    output.finished = "eos"
+                    break
+                ids = token[:, None]
+            outputs.append(output)
+            if on_finish is not None:
+                on_finish(r, output)
+    return outputs
