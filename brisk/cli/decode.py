@@ -56,7 +56,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.add_argument(
         "--model",
         type=Path,
-        help="checkpoint directory (save_pretrained); the AR target with --drafter",
+        help="checkpoint directory (save_pretrained) or a GGUF file (converted once, cached); "
+        "the AR target with --drafter",
     )
     parser.add_argument("--prompts", type=Path, help="JSON Lines {prompt, answer?} or text lines")
     parser.add_argument("--corrector", type=Path, default=None, help="corrector directory")
@@ -196,8 +197,8 @@ def _options(args: argparse.Namespace) -> ISDOptions:
             raise ValueError(f"--{err}") from None
     if args.model is None:
         raise ValueError("--model: required (a checkpoint directory)")
-    if not args.model.is_dir():
-        raise ValueError(f"--model: {args.model} is not a checkpoint directory")
+    if not (args.model.is_dir() or args.model.is_file()):
+        raise ValueError(f"--model: {args.model} is neither a checkpoint directory nor a file")
     if args.prompts is None:
         raise ValueError("--prompts: required (brisk decode problems writes a prompt file)")
     _positive(args.samples, "--samples")

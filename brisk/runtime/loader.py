@@ -1,5 +1,8 @@
 """One loader for every command and library entry point that runs a model.
 
+A ``.gguf`` file stands for the checkpoint directory it converts to
+(:func:`brisk.runtime.gguf.checkpoint_dir`: once, cached), wherever a directory is taken.
+
 A checkpoint directory becomes a tokenizer, a :class:`~brisk.runtime.backbone.HFBackbone`
 (weights on the device, in the dtype, with the attention implementation asked for) and a MASK
 id, by the same rules wherever it is loaded: ``brisk decode``, self-generation, event
@@ -35,6 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from brisk.runtime.gguf import checkpoint_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -226,7 +231,7 @@ def load_model(
     from brisk.runtime.backbone import HFBackbone
 
     on = placement(device, dtype, announce=announce)
-    directory = Path(path)
+    directory = checkpoint_dir(path, where)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
     quiet_transformers()
@@ -300,9 +305,10 @@ def load_tokenizer(
     one is a ``ValueError`` naming the flag ``where``."""
     from transformers import AutoTokenizer
 
+    directory = checkpoint_dir(path, where)
     try:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-            Path(path), trust_remote_code=trust_remote_code, local_files_only=True
+            directory, trust_remote_code=trust_remote_code, local_files_only=True
         )
     except (OSError, ValueError) as err:
         raise ValueError(f"{where}: no tokenizer in {path}: {_one_line(err)}") from None

@@ -333,3 +333,36 @@ def test_checkpoint_dir_names_the_flag(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (tmp_path / "cache" / "gguf").exists() or not any(
         (tmp_path / "cache" / "gguf").iterdir()
     )
+
+
+def test_brisk_decode_takes_a_gguf_file_as_its_model(
+    files: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The loader's door: ``--model tiny.gguf`` decodes as the converted directory does (plain
+    decoding: the file defines no MASK token), converting once into the cache."""
+    import json
+
+    from brisk.cli import main
+
+    monkeypatch.setenv("BRISK_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": PROMPT}) + "\n")
+
+    def decode(model: Path, name: str) -> list[int]:
+        out = tmp_path / f"{name}.jsonl"
+        argv = ["decode", "--model", str(model), "--prompts", str(prompts), "--plain"]
+        assert main([*argv, "--max-new-tokens", "8", "--out", str(out), "--no-progress"]) == 0
+        return list(json.loads(out.read_text())["output_ids"])
+
+    from_file = decode(files["Q4_1"], "file")
+    converted = tmp_path / "converted"
+    assert main(["convert", "gguf", str(files["Q4_1"]), str(converted)]) == 0
+    assert from_file == decode(converted, "dir")
+    assert len(from_file) == 8
+    assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "gguf").iterdir()] == ["tiny"]
+    capsys.readouterr()
+    assert main(["decode", "--model", str(tmp_path / "none.gguf"), "--prompts", str(prompts)]) == 2
+    assert "--model: " in capsys.readouterr().err
