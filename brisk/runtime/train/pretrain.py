@@ -28,6 +28,7 @@ reserved token of a released AR model, until the conversion uses it.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -64,6 +65,7 @@ __all__ = [
     "encode",
     "final_evaluation",
     "heldout_loss",
+    "heldout_texts",
     "train_ar",
 ]
 
@@ -157,6 +159,13 @@ def _train(
         n_params = sum(p.numel() for p in model.parameters())
         metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
     corpus = cfg.corpus.build(split="train", n=1, seed=cfg.seed).corpus(cfg.seed)
+    heldout = heldout_texts(cfg)
+    if heldout == []:  # a corpus that holds out files, none of them this time
+        print(
+            "brisk: the corpus holds no held-out document (its split keeps every file for "
+            "training): no held-out loss is logged",
+            file=sys.stderr,
+        )
     limit = cfg.model.max_positions
     stream = islice(corpus, done * cfg.batch_size, None)
 
@@ -234,24 +243,31 @@ def _train(
                 f"during the final evaluation; the model is saved in {final}"
             ) from None
         metrics.write({"event": "eval", "step": done, **report.to_dict()})
-    heldout = heldout_loss(cfg, model, tokenizer)
-    if heldout is not None:
-        metrics.write({"event": "heldout", "step": done, **heldout})
+    scored = heldout_loss(cfg, model, tokenizer) if heldout else None
+    if scored is not None:
+        metrics.write({"event": "heldout", "step": done, **scored})
     metrics.write({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
     metrics.close()
     return TrainResult(final, metrics.records, report, train_wall)
 
 
-def heldout_loss(cfg: PretrainConfig, model: Any, tokenizer: Any) -> dict[str, Any] | None:
-    """``{"loss", "tokens"}``: :func:`causal_loss` of the corpus's held-out documents (a corpus
-    task with ``heldout_texts()``, the code world's), each cut to the model's positions; None
-    for a corpus without held-out documents."""
+def heldout_texts(cfg: PretrainConfig) -> list[str] | None:
+    """The corpus's held-out documents (a corpus task with ``heldout_texts()``, the code
+    world's; ``[]`` when its split holds none out), or None for a corpus without a held-out
+    side."""
     task = cfg.corpus.build(split="test", n=1, seed=cfg.eval_seed)
     texts = getattr(task, "heldout_texts", None)
-    if texts is None:
+    return None if texts is None else list(texts())
+
+
+def heldout_loss(cfg: PretrainConfig, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+    """``{"loss", "tokens"}``: :func:`causal_loss` of the corpus's held-out documents
+    (:func:`heldout_texts`), each cut to the model's positions; None when there are none."""
+    texts = heldout_texts(cfg)
+    if not texts:
         return None
     model.eval()
-    loss, tokens = causal_loss(model, tokenizer, texts(), cfg.model.max_positions)
+    loss, tokens = causal_loss(model, tokenizer, texts, cfg.model.max_positions)
     return {"loss": loss, "tokens": tokens}
 
 

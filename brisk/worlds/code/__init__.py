@@ -6,8 +6,9 @@ the held-out functions task with its graders (:mod:`~brisk.worlds.code.tasks`,
 
 Importing the package registers what it brings (:mod:`brisk.runtime.registry` imports it on the
 first lookup): the tasks ``heldout-functions`` (documented functions of the held-out files,
-graded ``compiles`` or ``exact-body``, graders registered by those names) and ``stdlib`` (the
-same task, named as the corpus ``brisk train ar`` trains on: ``[corpus] name = "stdlib"``), each
+graded ``compiles`` or ``exact-body``, graders registered by those names), ``stdlib`` (the
+same task, named as the corpus ``brisk train ar`` trains on: ``[corpus] name = "stdlib"``) and
+``python`` (the same again, named for a user's own folder of Python files: ``root``), each
 with the settings presets ``stdlib`` and ``micro``; ``humaneval`` (HumanEval's 164 problems,
 graded by running them: the grader ``humaneval``, :mod:`~brisk.worlds.code.humaneval`); and the
 model preset ``code`` (settings presets ``small`` and ``micro``).
@@ -25,7 +26,7 @@ from brisk.worlds.code.humaneval import HumanEvalTask, humaneval
 from brisk.worlds.code.model import CodeModelConfig, code_preset, preset_tokenizer
 from brisk.worlds.code.tasks import PRESETS, CodeTask, CodeTaskConfig
 
-for _name in ("heldout-functions", "stdlib"):
+for _name in ("heldout-functions", "stdlib", "python"):
     register_task(
         _name,
         functools.partial(CodeTask.build, name=_name),
