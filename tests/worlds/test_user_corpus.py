@@ -13,7 +13,6 @@ import pytest
 
 from brisk.cli import main
 
-
 MODULE = '''\
 def area(width, height):
     """The area of a width × height rectangle."""
