@@ -248,10 +248,11 @@ def start_real_server(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     model: Path | None = None,
+    drafter: dict[str, object] | None = None,
 ) -> tuple[ServerProcess, RealServer]:
     """Serve ``model`` (default: the micro model, built under ``workdir``) on a free loopback
     port (CPU), with ``extra_args`` after brisk's CPU flags and ``env`` added to the server's
-    environment.
+    environment; ``drafter`` (the ``BRISK_DRAFTER`` options) serves a drafter for it.
 
     The caller owns the returned process and must ``stop()`` it, also when this raises after
     starting it: on failure it is stopped here before the error propagates.
@@ -264,6 +265,7 @@ def start_real_server(
         device="cpu",
         extra_args=extra_args or [],
         env={**_one_thread_env(), **(env or {})},
+        drafter=drafter,
     )
     server, startup = start_server(launch_on, workdir / "server.log", START_TIMEOUT_S)
     return server, RealServer(server.launch.url, model, server.log, startup)

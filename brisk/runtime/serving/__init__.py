@@ -18,12 +18,16 @@
   server (CPU or CUDA) and a process handle that waits for it and stops it (``brisk serve``);
 - :mod:`~brisk.runtime.serving.worker` — ``BriskISDWorker``, ISD as SGLang speculative algorithm
   ``BRISK_ISD`` (exact verification by brisk's step, KV of accepted slots only, block logs);
+- :mod:`~brisk.runtime.serving.drafter_worker` — ``BriskDrafterWorker``, a DFlash-format drafter
+  verified by the served AR target as SGLang speculative algorithm ``BRISK_DRAFTER`` (the CPU
+  included, where SGLang's DFLASH does not run); its options and the launch-time check of the
+  drafter against the target in :mod:`~brisk.runtime.serving.drafter_options` (no SGLang needed);
 - :mod:`~brisk.runtime.serving.engine` — ``isd_engine``: SGLang's offline ``Engine`` with the
   same arguments as the server, for generating with ISD from Python without a port;
 - :mod:`~brisk.runtime.serving.cpu` — the CPU stand-ins for SGLang's CUDA-only imports
   (``sgl_kernel``, ``torchvision``), loaded only for ``--device cpu``.
 
-SGLang is an optional extra (``brisk[serving]``): only the worker imports it at import time (the
+SGLang is an optional extra (``brisk[serving]``): only the workers import it at import time (the
 plugin and the DFlash hooks when SGLang calls them), and importing :mod:`brisk` or this package
 imports nothing of it. (The dLLM algorithm ``BriskISD`` of ``--dllm-algorithm``, which SGLang
 0.5.23's whole-block dLLM scheduler could not run, is retired in favour of ``BRISK_ISD``.)

@@ -23,8 +23,9 @@ __all__ = ["check_model", "rank_logger", "request_key", "validate_sampling"]
 ALGORITHM = "BRISK_ISD"
 
 
-def validate_sampling(params: Any, temperature: float) -> str | None:
-    """Why a request's sampling parameters cannot be served at ``temperature`` (or None).
+def validate_sampling(params: Any, temperature: float, algorithm: str = ALGORITHM) -> str | None:
+    """Why a request's sampling parameters cannot be served at ``temperature`` (or None), the
+    reason naming ``algorithm``.
 
     ISD is exact for plain sampling from p at the server's temperature (greedy: its argmax);
     truncation (top-k, top-p, min-p), penalties and logit processors change p per request and
@@ -42,23 +43,23 @@ def validate_sampling(params: Any, temperature: float) -> str | None:
     if (temperature == 0) != greedy or (not greedy and abs(t - temperature) > 1e-6):
         asked = "greedy" if greedy else f"temperature {t}"
         served = "greedy" if temperature == 0 else f"temperature {temperature}"
-        return f"{ALGORITHM} serves {served} (its options); this request asks for {asked}"
+        return f"{algorithm} serves {served} (its options); this request asks for {asked}"
     if not greedy:
         for name, neutral in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0)):
             if getattr(params, name, neutral) not in (neutral, None) and not (
                 name == "top_k" and getattr(params, name) >= (1 << 30)
             ):
-                return f"{ALGORITHM} verifies plain sampling from p: {name} is not supported"
+                return f"{algorithm} verifies plain sampling from p: {name} is not supported"
     for name in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias"):
         if getattr(params, name, None):
-            return f"{ALGORITHM} verifies against the model's p: {name} is not supported"
+            return f"{algorithm} verifies against the model's p: {name} is not supported"
     if getattr(params, "min_new_tokens", 0):
-        return f"{ALGORITHM} verifies against the model's p: min_new_tokens is not supported"
+        return f"{algorithm} verifies against the model's p: min_new_tokens is not supported"
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(params, name, 0.0) not in (0.0, None):
-            return f"{ALGORITHM} verifies against the model's p: {name} is not supported"
+            return f"{algorithm} verifies against the model's p: {name} is not supported"
     if getattr(params, "repetition_penalty", 1.0) not in (1.0, None):
-        return f"{ALGORITHM} verifies against the model's p: repetition_penalty is not supported"
+        return f"{algorithm} verifies against the model's p: repetition_penalty is not supported"
     return None
 
 

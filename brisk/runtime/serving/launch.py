@@ -41,6 +41,12 @@ from pathlib import Path
 from typing import IO, Literal
 
 from brisk.runtime.serving.cpu import activate
+from brisk.runtime.serving.drafter_options import (
+    DRAFTER_CONFIG_ENV,
+    BriskDrafterOptions,
+    check_drafter_pair,
+    drafter_flags,
+)
 from brisk.runtime.serving.options import BriskISDOptions
 
 __all__ = [
@@ -124,7 +130,7 @@ class ServerLaunch:
 
     def shell(self) -> str:
         """The command as one shell line, with the variables it sets (for logs and READMEs)."""
-        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV)
+        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV, DRAFTER_CONFIG_ENV)
         extra = [
             f"{k}={_quoted(self.env[k])}"
             for k in set_here
@@ -142,6 +148,7 @@ def server_arguments(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     isd: Mapping[str, object] | None = None,
+    drafter: Mapping[str, object] | None = None,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """SGLang's arguments for serving ``model`` and the full environment its processes need;
     the one place both the HTTP server (:func:`server_launch`) and the offline engine
@@ -150,7 +157,10 @@ def server_arguments(
     ``dtype`` (None: :data:`SERVER_DTYPES` of the device, what ``brisk decode`` computes in
     there) is SGLang's ``--dtype``; ``address`` (host, port) is for the HTTP server only; ``isd``
     (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) makes decoding ISD through brisk's
-    plugin; ``extra_args`` come last, so they override.
+    plugin; ``drafter`` (the ``BRISK_DRAFTER`` options, e.g. ``{"drafter": "DIR"}``) makes it a
+    drafter's blocks verified by the model, the pair checked here (a ``ValueError``
+    ``drafter: ...`` when the drafter was not built for the model); ``extra_args`` come last,
+    so they override.
 
     A local checkpoint's architecture decides the model class (module docstring; a ``ValueError``
     ``model: ...`` for one brisk cannot serve causally); a ``model`` that is not a local
@@ -174,15 +184,37 @@ def server_arguments(
         flags += CPU_FLAGS
         run_env = activate(run_env)
         run_env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if isd is not None and drafter is not None:
+        raise ValueError("drafter: a server decodes with ISD or with a drafter, not both")
     if isd is not None:
         flags += isd_flags(BriskISDOptions.from_mapping(isd).stride)  # every option checked
         run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
+    if drafter is not None:
+        options = BriskDrafterOptions.from_mapping(drafter)
+        flags += drafter_flags(_drafter_block(model, options.drafter))
+        run_env[DRAFTER_CONFIG_ENV] = json.dumps(
+            {**drafter, "drafter": str(Path(options.drafter).resolve())},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
     passed, asked = _model_overrides_passed(extra_args)
     overrides = {**_causal_overrides(model, asked), **asked}
     if overrides:
         flags += [OVERRIDE_FLAG, json.dumps(overrides, separators=(",", ":"))]
     flags += passed
     return tuple(flags), run_env
+
+
+def _drafter_block(model: str | os.PathLike[str], drafter: str) -> int:
+    """The drafter's block size, after checking it against a local checkpoint's config (a hub
+    name is checked by SGLang, while it resolves its arguments)."""
+    if not (Path(model) / "config.json").is_file():
+        from brisk.runtime.serving.drafter_options import drafter_block_size
+
+        return drafter_block_size(drafter)
+    from brisk.runtime.architectures import model_config
+
+    return check_drafter_pair(model_config(Path(model)), drafter)
 
 
 OVERRIDE_FLAG = "--json-model-override-args"
@@ -241,10 +273,12 @@ def server_launch(
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
     isd: Mapping[str, object] | None = None,
+    drafter: Mapping[str, object] | None = None,
 ) -> ServerLaunch:
     """``python -m sglang.launch_server`` for ``model`` on ``host:port`` with
     :func:`server_arguments`; with ``isd`` (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``)
-    decoding is ISD through brisk's plugin.
+    decoding is ISD through brisk's plugin; with ``drafter`` (the ``BRISK_DRAFTER`` options) a
+    drafter's blocks verified by the model.
 
     >>> launch = server_launch("m", 30000, extra_args=["--dtype", "float32"], python="python")
     >>> launch.argv[:5], launch.argv[-2:], launch.env["SGLANG_USE_CPU_ENGINE"]
@@ -260,6 +294,7 @@ def server_launch(
         extra_args=extra_args,
         env=env,
         isd=isd,
+        drafter=drafter,
     )
     argv = (python, "-m", "sglang.launch_server", *flags)
     return ServerLaunch(argv=argv, env=run_env, url=f"http://{host}:{port}")

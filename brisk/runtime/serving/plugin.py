@@ -7,6 +7,9 @@ the hooks registered here. :func:`register`
   ``--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 2N-1``, options from
   ``$BRISK_ISD_CONFIG``; bad options, a model or a corrector that does not fit refuse the launch
   while SGLang resolves its arguments, ``BriskISDSpec.handle_server_args``);
+- registers ``BRISK_DRAFTER`` (:mod:`brisk.runtime.serving.drafter_worker`: a DFlash-format
+  drafter verified by the served AR target, options from ``$BRISK_DRAFTER_CONFIG``; a drafter
+  that does not fit the target refuses the launch the same way);
 - wraps DFlash's draft sampler (:mod:`brisk.runtime.serving.dflash`), active when
   ``BRISK_DFLASH_CORRECTOR`` names a corrector checkpoint;
 - wraps the torch-native attention's extend so that ``BRISK_ISD``'s chain verify attends as
@@ -54,13 +57,15 @@ HOOKS = {
 
 
 def register() -> None:
-    """Add ``BRISK_ISD`` to SGLang's speculative algorithms, register brisk's hooks and the
-    configs brisk reads as their transformers twins."""
+    """Add ``BRISK_ISD`` and ``BRISK_DRAFTER`` to SGLang's speculative algorithms, register
+    brisk's hooks and the configs brisk reads as their transformers twins."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
     from brisk.runtime.architectures import register_config_twins
+    from brisk.runtime.serving.drafter_worker import ALGORITHM as DRAFTER
+    from brisk.runtime.serving.drafter_worker import BriskDrafterSpec, BriskDrafterWorker
     from brisk.runtime.serving.worker import ALGORITHM as SPECULATIVE
     from brisk.runtime.serving.worker import BriskISDSpec, BriskISDWorker
 
@@ -68,6 +73,10 @@ def register() -> None:
     if get_spec(SPECULATIVE) is None:  # register() may run twice in one process
         SpeculativeAlgorithm.register(SPECULATIVE, spec_class=BriskISDSpec)(
             lambda server_args: BriskISDWorker
+        )
+    if get_spec(DRAFTER) is None:
+        SpeculativeAlgorithm.register(DRAFTER, spec_class=BriskDrafterSpec)(
+            lambda server_args: BriskDrafterWorker
         )
     for target, hook in HOOKS.items():
         module, name = hook.split(":")

@@ -171,23 +171,7 @@ class BriskISDWorker(BaseSpecWorker):
     ``NGRAMWorker`` it has no draft model; it shares the target's memory pools."""
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        from sglang.srt.runtime_context import get_device, get_schedule, get_spec
-
-        super().__init__()
-        self.server_args = server_args
-        self.enable_overlap = False
-        self._target_worker = target_worker
-        self.model_runner = target_worker.model_runner
-        self.page_size = get_schedule().page_size
-        self.draft_token_num = int(get_spec().speculative_num_draft_tokens)
-        self.speculative_num_draft_tokens = self.draft_token_num
-        self.max_trie_depth = 1
-        self.topk = 1
-        self.speculative_num_steps = get_spec().speculative_num_steps
-        self.device = get_device().device
-        self.adaptive_controller = None
-        self.grammar_tree_host = None
-
+        self._attach(server_args, target_worker)
         self.options = opt = load_options()
         if self.draft_token_num != opt.block_size:
             raise OptionError(
@@ -214,6 +198,27 @@ class BriskISDWorker(BaseSpecWorker):
             head = _replayed(self.corrector, heads, opt.impl)
             self.ctx = StepContext(self.isd, K, heads, head, log=log)  # type: ignore[arg-type]
         self.rows: PoolStates | None = None  # allocated with the pools (alloc_memory_pool)
+
+    def _attach(self, server_args: Any, target_worker: Any) -> None:
+        """What SGLang's scheduler reads of a speculative worker without a draft model (as
+        ``NGRAMWorker``: the target's runner, a chain of the verify width), and the counters
+        of the chain verify and the TPF log."""
+        from sglang.srt.runtime_context import get_device, get_schedule, get_spec
+
+        BaseSpecWorker.__init__(self)
+        self.server_args = server_args
+        self.enable_overlap = False
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.page_size = get_schedule().page_size
+        self.draft_token_num = int(get_spec().speculative_num_draft_tokens)
+        self.speculative_num_draft_tokens = self.draft_token_num
+        self.max_trie_depth = 1
+        self.topk = 1
+        self.speculative_num_steps = get_spec().speculative_num_steps
+        self.device = get_device().device
+        self.adaptive_controller = None
+        self.grammar_tree_host = None
         self._chains: dict[int, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]] = {}
         self._running = 0  # requests of the last decode batch not yet finished
         # server-wide TPF = tokens / request-forwards; the decode's tokens stay on the device
@@ -388,14 +393,24 @@ class BriskISDWorker(BaseSpecWorker):
     def _verify_input(self, batch: Any, state: ISDState) -> Tensor:
         """Write the verify slots into ``batch`` and return them ``[bs, n]``: ids
         ``[pending, x_1..x_M or MASK×M, MASK×M]`` at positions ``seq_len + j``, a causal chain."""
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
         bs, n, M = len(batch.reqs), self.draft_token_num, self.options.M
         device = batch.seq_lens.device
         ids = torch.full((bs, n), self.mask_id, dtype=torch.long, device=device)
         ids[:, 0] = state.pending
         ids[:, 1 : M + 1] = torch.where(state.verify[:, None], state.draft.tokens, self.mask_id)
+        self._chain_input(batch, ids)
+        if self.corrector is not None:
+            batch.spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
+        return ids
+
+    def _chain_input(self, batch: Any, ids: Tensor) -> None:
+        """Make ``batch`` the chain verify of ``ids [bs, n]`` at positions ``seq_len + j``."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        bs, n = ids.shape
         j, chain, nxt, sibling, retrieve = self._chain(bs)
         # the CPU backend's SDPA reads the chain alone; custom-mask backends read
         # [seq_len prefix ones | chain] rows
@@ -416,9 +431,6 @@ class BriskISDWorker(BaseSpecWorker):
             retrieve_next_sibling=sibling,
             draft_token_num=n,
         )
-        if self.corrector is not None:
-            batch.spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
-        return ids
 
     def _chain(self, bs: int) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]:
         """What a chain verify of ``bs`` requests feeds SGLang besides its ids and positions,
