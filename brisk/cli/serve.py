@@ -4,11 +4,12 @@ The command line and environment come from :func:`brisk.runtime.serving.launch.s
 (``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins; ``--stride N``
 decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and the other ISD
 flags, one per field of :class:`~brisk.runtime.serving.options.BriskISDOptions`, set its
-options: ``--corrector`` adds the head); arguments after ``--`` go to SGLang unchanged and
-override. ``--device`` and ``--dtype`` default to what ``brisk decode`` takes
-(:func:`brisk.runtime.loader.placement`: the GPU in bfloat16 where CUDA exists, else the CPU in
-float32), said once on stderr. The launcher replaces this process, so Ctrl-C and signals reach
-SGLang directly.
+options: ``--corrector`` adds the head; ``--drafter DIR`` serves a DFlash drafter verified by
+the model instead, algorithm ``BRISK_DRAFTER``, with ``--temperature``, ``--top-k`` and
+``--seed``); arguments after ``--`` go to SGLang unchanged and override. ``--device`` and
+``--dtype`` default to what ``brisk decode`` takes (:func:`brisk.runtime.loader.placement`: the
+GPU in bfloat16 where CUDA exists, else the CPU in float32), said once on stderr. The launcher
+replaces this process, so Ctrl-C and signals reach SGLang directly.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         type=Path,
         default=None,
         help="a DFlash drafter checkpoint for the model: its blocks verified by the model "
-        "(SGLang algorithm BRISK_DRAFTER; greedy answers are the model's greedy decoding)",
+        "(SGLang algorithm BRISK_DRAFTER; greedy answers are the model's greedy decoding); "
+        "--temperature, --top-k and --seed apply to it",
     )
     s.add_argument(
         "sglang_args", nargs=argparse.REMAINDER, help="-- then arguments for sglang.launch_server"
@@ -96,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if not args.dry_run and port_in_use(args.host, args.port):
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
-    isd = _isd_options(args)
+    isd, drafter = _isd_options(args), _drafter_options(args)
     device, dtype = _placement(args)
     extra = _with_mask(args, extra)
     try:
@@ -108,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             extra_args=extra,
             isd=isd,
-            drafter=None if args.drafter is None else {"drafter": str(args.drafter)},
+            drafter=drafter,
         )
     except ValueError as err:  # the checkpoint's architecture or drafter, or flags passed through
         named = str(err).startswith(("model:", "drafter:"))
@@ -156,7 +158,7 @@ def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:
     here (one line naming the flag) so a bad value never reaches SGLang's start-up."""
     given = config_overrides(args, BriskISDOptions, "isd_")
     if args.stride is None:
-        if given:
+        if given and args.drafter is None:  # with --drafter, _drafter_options takes them
             raise ValueError(f"--{_flag(next(iter(given)))}: needs --stride (ISD decoding)")
         return None
     isd: dict[str, object] = {"stride": args.stride, **given}
@@ -169,6 +171,32 @@ def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:
         name, _, rest = str(err).partition(":")
         raise ValueError(f"--{_flag(name)}:{rest}") from None
     return isd
+
+
+def _drafter_options(args: argparse.Namespace) -> dict[str, object] | None:
+    """``BRISK_DRAFTER``'s options: ``--drafter`` and, of the ISD flags, the temperature, Top-K
+    and seed, which mean there what they mean for ISD (one line naming a flag that does not
+    apply or a bad value)."""
+    if args.drafter is None:
+        return None
+    from brisk.runtime.serving.drafter_options import BriskDrafterOptions
+
+    if args.stride is not None:
+        raise ValueError("--drafter: a server decodes with ISD (--stride) or a drafter, not both")
+    given = config_overrides(args, BriskISDOptions, "isd_")
+    other = [name for name in given if name not in ("temperature", "top_k", "seed")]
+    if other:
+        raise ValueError(
+            f"--{_flag(other[0])}: an ISD option; with --drafter only --temperature, --top-k "
+            "and --seed apply"
+        )
+    options: dict[str, object] = {"drafter": str(args.drafter), **given}
+    try:
+        BriskDrafterOptions.from_mapping(options)
+    except OptionError as err:
+        name, _, rest = str(err).partition(":")
+        raise ValueError(f"--{_flag(name)}:{rest}") from None
+    return options
 
 
 def _flag(name: str) -> str:

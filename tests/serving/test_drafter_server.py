@@ -286,6 +286,10 @@ def test_the_dry_run_prints_the_drafters_algorithm_and_block(
     want = f"--speculative-algorithm BRISK_DRAFTER --speculative-num-draft-tokens {BLOCK}"
     assert want in line
     assert "--disable-radix-cache" in line
+    sampled = ["--temperature", "1", "--top-k", "8", "--seed", "3"]
+    assert main([*serve, *sampled, "--device", "cpu", "--dry-run"]) == 0
+    options = f'"drafter":"{world.drafter.resolve()}","seed":3,"temperature":1.0,"top_k":8'
+    assert f"BRISK_DRAFTER_CONFIG='{{{options}}}'" in capsys.readouterr().out
 
 
 def test_options_and_a_drafter_beside_isd_are_refused_in_one_line(
@@ -302,9 +306,20 @@ def test_options_and_a_drafter_beside_isd_are_refused_in_one_line(
     with pytest.raises(OptionError, match=r"^drafter: .* holds no drafter checkpoint"):
         BriskDrafterOptions.from_mapping({"drafter": str(world.target / "nowhere")})
     serve = ["serve", "--model", str(world.target), "--drafter", str(world.drafter)]
-    assert main([*serve, "--stride", "4", "--device", "cpu", "--dry-run"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["brisk: error: --drafter: a server decodes with ISD or with a drafter, not both"]
+    for flags, why in (
+        (
+            ["--stride", "4"],
+            "--drafter: a server decodes with ISD (--stride) or a drafter, not both",
+        ),
+        (
+            ["--corrector", "x"],
+            "--corrector: an ISD option; with --drafter only --temperature, --top-k and --seed "
+            "apply",
+        ),
+        (["--top-k", "0"], "--top-k: need ≥ 1, got 0"),
+    ):
+        assert main([*serve, *flags, "--device", "cpu", "--dry-run"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"brisk: error: {why}"]
 
 
 def test_sampling_is_brisks_loop_with_the_same_seeds_and_keys(world: World, tmp_path: Path) -> None:
