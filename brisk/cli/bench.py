@@ -90,8 +90,8 @@ def _register_speed(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--baseline",
         type=Path,
         required=True,
-        help="plain decoding's answers (brisk decode --decoder ar, or a server without "
-        "speculative decoding)",
+        help="plain decoding's answers (brisk decode --plain, or brisk bench requests against "
+        "a server without speculative decoding)",
     )
     s.add_argument(
         "--run",
@@ -219,7 +219,7 @@ def _register_requests(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _requests(args: argparse.Namespace) -> int:
-    from brisk.runtime.decoding import check_output_file, read_prompts, write_jsonl
+    from brisk.runtime.decoding import PartialRows, check_output_file, read_prompts, write_jsonl
     from brisk.runtime.loader import load_tokenizer
     from brisk.runtime.serving.answers import server_answers
 
@@ -230,15 +230,22 @@ def _requests(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     requests = read_prompts(args.prompts)
     tokenizer = load_tokenizer(args.tokenizer, where="--tokenizer")
-    rows = server_answers(
-        args.url,
-        requests,
-        tokenizer,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        timeout_s=args.timeout,
-    )
+    partial = PartialRows(args.out)  # the answers so far, kept if the server fails midway
+    try:
+        rows = server_answers(
+            args.url,
+            requests,
+            tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            timeout_s=args.timeout,
+            on_answer=partial.add,
+        )
+    except ValueError as err:
+        partial.close()
+        raise ValueError(f"{err} (the answers before it: {partial.path})") from None
     write_jsonl(args.out, rows)
+    partial.remove()
     print(f"wrote {len(rows)} answers to {args.out}")
     return 0

@@ -198,7 +198,7 @@ def _options(args: argparse.Namespace) -> ISDOptions:
     if args.model is None:
         raise ValueError("--model: required (a checkpoint directory)")
     if not (args.model.is_dir() or args.model.is_file()):
-        raise ValueError(f"--model: {args.model} is neither a checkpoint directory nor a file")
+        raise ValueError(f"--model: {args.model} is not a checkpoint directory or a GGUF file")
     if args.prompts is None:
         raise ValueError("--prompts: required (brisk decode problems writes a prompt file)")
     _positive(args.samples, "--samples")

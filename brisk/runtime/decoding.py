@@ -69,6 +69,7 @@ __all__ = [
     "DecodeJob",
     "DecodeSummary",
     "Decoded",
+    "PartialRows",
     "check_output_file",
     "decode_requests",
     "prepare_decode",
@@ -242,7 +243,8 @@ def prepare_decode(
         prompts,
         budget_given=budget_given,
         labels=labels,
-        stride_flag="--drafter" if draft is not None else "--stride",  # its block: 2M spare
+        # its block: 2M spare; plain decoding's budget alone is what a long prompt leaves
+        stride_flag="--drafter" if draft is not None else ("--prompts" if plain else "--stride"),
     )
     options = dataclasses.replace(options, max_new_tokens=fitted.options.max_new_tokens)
     logger = None
@@ -347,7 +349,7 @@ def decode_requests(
     ``grader_error``. With ``stop`` the decode runs inside ``stop.abortable()`` and the saving
     after it does not, so a second signal cannot cut it short."""
     done: dict[int, dict[str, Any]] = {}
-    partial = _Partial(out) if out is not None else None
+    partial = PartialRows(out) if out is not None else None
     timed = job.one_at_a_time(batch_size)
     last = time.perf_counter()
 
@@ -446,7 +448,7 @@ def _row(job: DecodeJob, r: int, output: RequestOutput | SDOutput, grader: str) 
     return row
 
 
-class _Partial:
+class PartialRows:
     """Finished rows appended to ``.<name>.partial`` beside ``out``, in finish order."""
 
     def __init__(self, out: Path) -> None:

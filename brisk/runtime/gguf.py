@@ -171,7 +171,13 @@ def read_gguf_header(file: str | os.PathLike[str]) -> GGUFHeader:
     model = fields.get("tokenizer.ggml.model")
     if not isinstance(tokens, list) or not tokens or not isinstance(model, str):
         raise ValueError(f"{path} holds no tokenizer (no tokenizer.ggml.tokens and .model)")
-    special = {name: int(fields[key]) for name, key in _SPECIAL_KEYS.items() if key in fields}
+    special = {}
+    for name, key in _SPECIAL_KEYS.items():
+        if key in fields:
+            value = fields[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{path}: {key} is not a token id ({value!r:.40})")
+            special[name] = value
     for name, token_id in special.items():
         if not 0 <= token_id < len(tokens):
             raise ValueError(
@@ -247,10 +253,18 @@ def checkpoint_dir(path: str | os.PathLike[str], where: str = "--model") -> Path
     cached = root / "gguf" / f"{given.stem}-{fingerprint(given)}"
     if (cached / "config.json").is_file():
         return cached
+    # Converted into a directory of this process's own, then renamed into place: another
+    # process converting the same file at once finds the cache complete and keeps its copy.
+    mine = cached.with_name(f".{cached.name}.{os.getpid()}")
     try:
-        return convert_gguf(given, cached)
+        convert_gguf(given, mine)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
+    try:
+        mine.rename(cached)
+    except OSError:  # the other process renamed first: its conversion is the same
+        shutil.rmtree(mine, ignore_errors=True)
+    return cached
 
 
 def fingerprint(file: str | os.PathLike[str]) -> str:

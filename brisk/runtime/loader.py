@@ -291,7 +291,7 @@ def checkpoint_mask_id(
         config = model_config(path, trust_remote_code)
     except (OSError, ValueError) as err:
         raise ValueError(f"{where}: {_one_line(err).removeprefix('path: ')}") from None
-    rows = int(config.vocab_size)
+    rows = int(config.get_text_config().vocab_size)  # a multimodal config keeps it in text_config
     fallback = None
     if unused_row and tokenizer is not None and len(tokenizer) < rows:
         fallback = len(tokenizer)

@@ -2,7 +2,7 @@
 decoding, the mean tokens each verify commits, and whether every output equals plain decoding's.
 
 Its input is answer files, one JSON row per request and sample, as ``brisk decode`` writes them
-(ISD, a drafter, or ``--decoder ar``: plain autoregressive decoding, the baseline) and as ``brisk
+(ISD, a drafter, or ``--plain``: plain autoregressive decoding, the baseline) and as ``brisk
 bench requests`` writes them from a server: ``id`` and ``sample`` (which request), ``output_ids``,
 ``tokens``, ``forwards`` (the target's forwards, the prefill included), ``wall_s`` (the
 request's own wall time: it was decoded alone) and, where the prompts file gave one,
@@ -49,6 +49,7 @@ class Answer:
     key: tuple[str, int]  # (id, sample)
     category: str
     output_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...] | None  # what the model saw, where the file says
     tokens: int
     forwards: int
     wall_s: float
@@ -89,6 +90,9 @@ def read_answers(path: str | Path, where: str) -> dict[tuple[str, int], Answer]:
                 key=(str(row["id"]), int(row.get("sample", 0))),
                 category=str(row.get("category") or ALL),
                 output_ids=tuple(int(t) for t in row["output_ids"]),
+                prompt_ids=(
+                    tuple(int(t) for t in row["prompt_ids"]) if "prompt_ids" in row else None
+                ),
                 tokens=int(row["tokens"]),
                 forwards=int(row["forwards"]),
                 wall_s=float(row["wall_s"]),
@@ -150,7 +154,7 @@ def category_rows(
 ) -> list[SpeedRow]:
     """The report's rows of one method against the baseline: one per category (sorted), then
     ``all``. Both files must hold the same requests (a ``ValueError`` naming ``where`` and the
-    first request one of them lacks)."""
+    first request one of them lacks, or whose prompt ids differ)."""
     only = sorted(set(answers) ^ set(baseline))
     if only:
         side = "the baseline" if only[0] in answers else where
@@ -158,6 +162,13 @@ def category_rows(
             f"{where}: request {only[0][0]} sample {only[0][1]} is not in {side} "
             f"({len(only)} requests differ): compare answers to the same prompts"
         )
+    for key, answer in sorted(answers.items()):
+        base_ids = baseline[key].prompt_ids
+        if None not in (answer.prompt_ids, base_ids) and answer.prompt_ids != base_ids:
+            raise ValueError(
+                f"{where}: request {key[0]} sample {key[1]} has another prompt than the "
+                "baseline's (prompt_ids differ): compare answers to the same prompts"
+            )
     groups: dict[str, list[tuple[str, int]]] = {}
     for key, answer in sorted(answers.items()):
         groups.setdefault(answer.category, []).append(key)

@@ -59,9 +59,7 @@ def test_plain_drafter_and_isd_answers_make_spec_benchs_report(
         assert row["forwards"] == row["tokens"] == len(row["output_ids"])
         assert row["wall_s"] > 0
     sd, _ = run(pair, tmp_path, "sd", "--drafter", str(pair.drafter))
-    mask = str(
-        json.loads((pair.drafter / "config.json").read_text())["dflash_config"]["mask_token_id"]
-    )
+    mask = drafter_mask(pair)
     isd, isd_rows = run(
         pair, tmp_path, "isd", "--stride", "4", "--mask-token-id", mask, "--batch-size", "1"
     )
@@ -99,9 +97,7 @@ def test_plain_refuses_what_it_has_not_and_batched_isd_has_no_request_times(
         assert err.startswith(f"brisk: error: {flag}:"), err
         assert err.count("\n") == 1, err
     assert not (tmp_path / "log").exists()
-    mask = str(
-        json.loads((pair.drafter / "config.json").read_text())["dflash_config"]["mask_token_id"]
-    )
+    mask = drafter_mask(pair)
     batched, rows = run(pair, tmp_path, "batched", "--stride", "4", "--mask-token-id", mask)
     assert all("wall_s" not in r for r in rows)
     plain, _ = run(pair, tmp_path, "plain", "--plain")

@@ -133,3 +133,18 @@ def test_a_line_that_is_not_json_and_a_bad_run_flag(
         read_answers(broken, "--run")
     assert main(["bench", "speed", "--baseline", str(base), "--run", str(ours)]) == 2
     assert "--run: expected NAME=FILE" in capsys.readouterr().err
+
+
+def test_answers_to_other_prompts_under_the_same_ids_are_refused(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    base, ours = files
+    rows = [json.loads(line) for line in base.read_text().splitlines()]
+    for r in rows:
+        r["prompt_ids"] = [1, 2]
+    same = answers(tmp_path / "same.jsonl", rows)
+    rows[2]["prompt_ids"] = [1, 3]
+    other = answers(tmp_path / "other.jsonl", rows)
+    assert speed_report(same, [("a", ours)])  # a file without prompt ids is taken on its ids
+    with pytest.raises(ValueError, match=r"--run: request 2 sample 0 has another prompt"):
+        speed_report(same, [("b", other)])

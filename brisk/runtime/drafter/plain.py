@@ -4,8 +4,9 @@ request at a time. It is the baseline every speed-up is measured against (``bris
 speculative decoding must reproduce token for token.
 
 At T = 0 each token is the argmax of the last position's logits; at T > 0 a draw from
-softmax(logits / T) by the request's own generator (seeded per request), so a request's
-tokens do not depend on the others.
+softmax(logits / T) by the runtime's one sampler (:func:`~brisk.runtime.isd.batched.draw_next`)
+with the stateless uniform of (seed, request, forward counter) (:mod:`brisk.runtime.sampling`),
+so a request's tokens depend neither on the others nor on the device.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from brisk.runtime.backbone import cache_keyword
 from brisk.runtime.drafter.result import SDOptions, SDOutput
+from brisk.runtime.isd.batched import draw_next
+from brisk.runtime.sampling import counter_uniforms
 
 __all__ = ["plain_decode"]
 
@@ -41,19 +44,17 @@ def plain_decode(
     outputs = []
     with torch.inference_mode():
         for r, prompt in enumerate(prompts):
-            generator = torch.Generator(target.device).manual_seed(seeds[r])
+            key = (torch.tensor([seeds[r]]), torch.tensor([r]))
             cache = DynamicCache(config=target.config)
             kw = {cache_keyword(target): cache, "use_cache": True}
             ids = torch.tensor([list(prompt)], device=target.device)
             output = SDOutput(finished="length")
             while len(output.tokens) < budgets[r]:
                 logits = target(input_ids=ids, logits_to_keep=1, **kw).logits[:, -1].float()
+                counter = torch.tensor([output.target_forwards])
+                u = counter_uniforms(*key, counter, 1)[:, 0].to(logits.device)
                 output.target_forwards += 1
-                if options.temperature == 0:
-                    token = logits.argmax(-1)
-                else:
-                    law = torch.softmax(logits / options.temperature, -1)
-                    token = torch.multinomial(law, 1, generator=generator)[:, 0]
+                token = draw_next(logits, options.temperature, u)
                 output.tokens.append(int(token))
                 if int(token) == options.eos_token_id:
                     output.finished = "eos"

@@ -52,7 +52,12 @@ def server_answers(
         output = answer.get("output_ids")
         if not isinstance(output, list):
             raise ValueError(f"--url: {url} answered request {r} without output_ids")
-        verify = meta.get("spec_verify_ct")
+        verify = meta.get("spec_verify_ct")  # absent on a server without speculative decoding
+        reason = (meta.get("finish_reason") or {}).get("type")
+        eos = tokenizer.eos_token_id
+        finished = (
+            "eos" if output and output[-1] == eos else ("length" if reason == "length" else reason)
+        )
         row: dict[str, Any] = {
             "id": request.get("id", r),
             "sample": 0,
@@ -61,9 +66,9 @@ def server_answers(
             "prompt_ids": prompt_ids,
             "output_ids": [int(t) for t in output],
             "tokens": len(output),
-            "forwards": int(verify) + 1 if verify else len(output),
+            "forwards": int(verify) + 1 if verify is not None else len(output),
             "wall_s": wall,
-            "finished": (meta.get("finish_reason") or {}).get("type"),
+            "finished": finished,  # as brisk decode names it: "eos", "length" (or SGLang's word)
         }
         if "category" in request:
             row["category"] = request["category"]

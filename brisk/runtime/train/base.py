@@ -173,6 +173,9 @@ def train_base(
 def _train(
     cfg: BaseTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
 ) -> TrainResult:
+    # The rates a default resolved to (from scratch or from init) are the run's: saved with it,
+    # compared on resume.
+    cfg = cfg.resolved()
     dist = Dist.from_env(fsdp=cfg.fsdp)
     mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
     device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)

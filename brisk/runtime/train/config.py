@@ -20,6 +20,7 @@ default.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from brisk.runtime.configs import load_config
@@ -176,6 +177,11 @@ class BaseTrainConfig(StepRun, Placement, IDLMLoss, MaskToken):
             final_eval_problems=0,
             save_every=0,
         )
+
+    def resolved(self) -> BaseTrainConfig:
+        """This config with the learning rates its defaults resolve to (:attr:`peak_lr`,
+        :attr:`final_lr`) written out: what a run saves and compares on resume."""
+        return dataclasses.replace(self, lr=self.peak_lr, min_lr=self.final_lr)
 
     def stride_at(self, step: int) -> int:
         """The curriculum's stride N at ``step`` (0-based)."""
