@@ -283,9 +283,9 @@ def _sd_options(options: ISDOptions) -> SDOptions:
 def _load_pair(
     model: Path, drafter: Path, device: str | None, dtype: str | None, trust_remote_code: bool
 ) -> tuple[LoadedModel, DFlashDrafter]:
-    """The AR target (the drafter's MASK id is the backbone's: the target has none of its
-    own, and never reads it) and the drafter, checked against each other, both in float32:
-    the drafter first, so a broken drafter is named before the target loads."""
+    """The AR target (loaded without a MASK id: it never reads one) and the drafter, checked
+    against each other, both in float32: the drafter first, so a broken drafter is named
+    before the target loads."""
     if dtype not in (None, "", "auto", "float32", "fp32"):
         raise ValueError(f"--dtype: a drafter's loop runs in float32, got {dtype}")
     try:
@@ -293,22 +293,16 @@ def _load_pair(
     except ValueError as err:
         raise _named("--drafter", err) from None
     config = drafter / "config.json"
-    try:
-        loaded = load_model(
-            model,
-            device=device,
-            dtype="float32",
-            mask_token_id=draft.spec.mask_token_id,
-            trust_remote_code=trust_remote_code,
-        )
-    except ValueError as err:  # the loader's MASK checks, of the drafter's id
-        flag, sep, detail = str(err).partition(": ")
-        if flag != "--mask-token-id" or not sep:
-            raise
-        raise ValueError(
-            f"--drafter: {config}: dflash_config.mask_token_id {draft.spec.mask_token_id} "
-            f"does not fit --model {model}: {detail}"
-        ) from None
+    # The target never reads a MASK id (the drafter's is its own, checked against the target's
+    # vocabulary by check_pair), so one it defines none of is loaded as it is, as SGLang's
+    # drafter worker loads it.
+    loaded = load_model(
+        model,
+        device=device,
+        dtype="float32",
+        trust_remote_code=trust_remote_code,
+        need_mask=False,
+    )
     try:
         check_pair(loaded.model, draft)
     except ValueError as err:

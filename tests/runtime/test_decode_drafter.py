@@ -252,9 +252,9 @@ MISMATCHED = {
     "vocabulary": ({"vocab_size": 400}, "vocabulary 400, the target's is 384"),
     "hidden-size": ({"hidden_size": 32, "head_dim": 8}, "hidden size 32, the target's is 64"),
     "layers": ({"num_hidden_layers": 6}, "built for a target of 6 layers, the target has 4"),
-    "mask-id": (  # the target's loader sees the drafter's MASK id before the vocabularies meet
+    "mask-id": (  # a MASK id past the target's rows: the vocabularies disagree first
         {"vocab_size": 400, "mask_token_id": 390},
-        "dflash_config.mask_token_id 390 does not fit --model",
+        "vocabulary 400, the target's is 384",
     ),
 }
 

@@ -397,3 +397,52 @@ def test_sglang_launched_directly_refuses_a_verify_width_other_than_the_block(
         f"([pending, {BLOCK - 1} drafts]), got 5"
     )
     assert want in str(failed.value)
+
+
+def test_the_speed_report_reads_the_servers_answers_beside_brisks_loop(
+    world: World, served: RealServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``brisk bench requests`` against the served drafter, ``brisk decode --drafter`` and
+    ``--plain`` on the same prompt file, then ``brisk bench speed``: every greedy answer is
+    plain decoding's, and the server's tokens per verify are brisk's loop's (same rounds)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from brisk.cli import main
+
+    # the chat turn opens with <|im_start|>, the BOS: encoded as the drafter was fitted to it
+    chat = AutoTokenizer.from_pretrained(world.target).apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True
+    )
+    texts = [*TEXTS, chat]
+    categories = ["code", "code", "text", "code", "code", "code", "chat"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": i, "prompt": t, "category": c}) + "\n"
+            for i, (t, c) in enumerate(zip(texts, categories, strict=True))
+        )
+    )
+    budget = ["--max-new-tokens", str(MAX_NEW_TOKENS)]
+    server, loop, plain = (tmp_path / f"{n}.jsonl" for n in ("server", "loop", "plain"))
+    assert main(["bench", "requests", "--url", served.url, "--tokenizer", str(world.target),
+                 "--prompts", str(prompts), "--out", str(server), *budget]) == 0  # fmt: skip
+    decode = ["decode", "--model", str(world.target), "--prompts", str(prompts), *budget]
+    assert main([*decode, "--drafter", str(world.drafter), "--out", str(loop)]) == 0
+    assert main([*decode, "--plain", "--out", str(plain)]) == 0
+    out = tmp_path / "report"
+    runs = ["--run", f"server={server}", "--run", f"loop={loop}"]
+    assert main(["bench", "speed", "--baseline", str(plain), *runs, "--out", str(out)]) == 0
+    rows = {
+        (r["method"], r["category"]): r
+        for r in json.loads((out / "speed.json").read_text())["rows"]
+    }
+    for (method, category), row in rows.items():
+        assert row["equal"] == row["requests"], (method, category)
+    for category in ("code", "text", "chat", "all"):
+        assert rows["server", category]["tau"] == rows["loop", category]["tau"], category
+    assert rows["server", "chat"]["tau"] > 1  # the prompt the drafter was fitted to
+    answers = [json.loads(line) for line in server.read_text().splitlines()]
+    assert all(a["finished"] in ("eos", "length") for a in answers)
+    assert "| server | all | 7 |" in capsys.readouterr().out
