@@ -337,6 +337,27 @@ FIGURES += [
         ("code world drafter: brisk against dpace, head on", "brisk", "dpace"),
     )
 ]
+SMOLLM2 = "benchmarks/results/smollm2_speed.json"
+
+
+def _speed_row(summary: dict[str, Any], method: str, category: str = "all") -> float:
+    rows = summary["rows"]
+    assert isinstance(rows, list)
+    return float(
+        next(r["speedup"] for r in rows if (r["method"], r["category"]) == (method, category))
+    )
+
+
+FIGURES.append(
+    Figure(
+        "SmolLM2: ISD before conversion against plain decoding",
+        SMOLLM2,
+        "benchmarks/smollm2_speed.py",
+        lambda s: _speed_row(s, "isd4-nomask"),
+        lambda x: f"{x:.2f}×",
+        ("README.md", "docs/models.md"),
+    )
+)
 CLAIMS = [(page, f) for f in FIGURES for page in f.pages]
 
 
