@@ -67,6 +67,7 @@ from brisk.runtime.serving.worker import (
     _one_greedy_token,
     _pool_indices_cpu,
     _read_file,
+    batch_result,
 )
 
 __all__ = ["ALGORITHM", "BriskDrafterSpec", "BriskDrafterWorker", "load_drafter_options"]
@@ -235,9 +236,7 @@ class BriskDrafterWorker(BriskISDWorker):
     # -- prefill: plain extend with the drafter's features captured; the first token drawn as
     # brisk's loop draws it
     def _prefill(self, batch: Any, pp_proxy_tensors: Any) -> Any:
-        from sglang.srt.managers.scheduler import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
         argmax_rows = [_one_greedy_token(r.sampling_params) for r in batch.reqs]
         for req, argmax in zip(batch.reqs, argmax_rows, strict=True):
@@ -296,19 +295,14 @@ class BriskDrafterWorker(BriskISDWorker):
         accept_tokens[:, 0] = first
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
         new_seq_lens = batch.seq_lens.clone()
-        return GenerationBatchResult(
-            logits_output=lo,
-            next_token_ids=first,
-            can_run_cuda_graph=result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(
-                draft_token_num=self.draft_token_num,
-                new_seq_lens=new_seq_lens,
-                accept_tokens=accept_tokens.flatten(),
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=self.draft_token_num,
+        return batch_result(
+            lo,
+            first,
+            accept_tokens.flatten(),
+            accept_lens,
+            new_seq_lens,
+            self.draft_token_num,
+            result.can_run_cuda_graph,
         )
 
     def _uniforms(self, contexts: list[_Context]) -> Tensor:
@@ -355,12 +349,10 @@ class BriskDrafterWorker(BriskISDWorker):
         return propose(logits, hidden, anchor_hidden, anchors, offsets, u[:, 1 + M :], self.ctx)
 
     def _decode(self, batch: Any, on_publish: Any, pp_proxy_tensors: Any) -> Any:
-        from sglang.srt.managers.scheduler import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import (
             CaptureHiddenMode,
             ForwardMode,
         )
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
         bs, n, M = len(batch.reqs), self.draft_token_num, self.M
         self._running = bs
@@ -404,19 +396,14 @@ class BriskDrafterWorker(BriskISDWorker):
         self._decode_tokens += accept_lens.sum()
         batch.forward_mode = ForwardMode.DECODE
         next_ids = tokens.flatten()
-        return GenerationBatchResult(
-            logits_output=lo,
-            next_token_ids=next_ids,
-            can_run_cuda_graph=out.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(
-                draft_token_num=n,
-                new_seq_lens=new_seq_lens,
-                accept_tokens=next_ids,
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=n,
+        return batch_result(
+            lo,
+            next_ids,
+            next_ids,
+            accept_lens,
+            new_seq_lens,
+            n,
+            out.can_run_cuda_graph,
         )
 
 

@@ -294,8 +294,6 @@ class BriskISDWorker(BaseSpecWorker):
         return int(seed) if seed is not None else self.options.seed
 
     def _prefill(self, batch: Any, pp_proxy_tensors: Any) -> Any:
-        from sglang.srt.managers.scheduler import GenerationBatchResult
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
         # A greedy request for one token is served exactly by the prefill's argmax whatever
         # the server's temperature (SGLang's /health_generate asks for one).
@@ -347,19 +345,14 @@ class BriskISDWorker(BaseSpecWorker):
         accept_tokens[:, 0] = next_ids
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
         new_seq_lens = batch.seq_lens.clone()
-        return GenerationBatchResult(
-            logits_output=result.logits_output,
-            next_token_ids=next_ids,
-            can_run_cuda_graph=result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(
-                draft_token_num=self.draft_token_num,
-                new_seq_lens=new_seq_lens,
-                accept_tokens=accept_tokens.flatten(),
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=self.draft_token_num,
+        return batch_result(
+            result.logits_output,
+            next_ids,
+            accept_tokens.flatten(),
+            accept_lens,
+            new_seq_lens,
+            self.draft_token_num,
+            result.can_run_cuda_graph,
         )
 
     # -- decode: one ISD round per request
@@ -450,9 +443,7 @@ class BriskISDWorker(BaseSpecWorker):
         return cached
 
     def _decode(self, batch: Any, on_publish: Any, pp_proxy_tensors: Any) -> Any:
-        from sglang.srt.managers.scheduler import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
         started = time.perf_counter()
         bs, n = len(batch.reqs), self.draft_token_num
@@ -495,19 +486,14 @@ class BriskISDWorker(BaseSpecWorker):
         clock[0] += 1
         clock[1] += model_s
         clock[2] += time.perf_counter() - started
-        return GenerationBatchResult(
-            logits_output=lo,
-            next_token_ids=next_ids,
-            can_run_cuda_graph=out.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(
-                draft_token_num=n,
-                new_seq_lens=new_seq_lens,
-                accept_tokens=next_ids,
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=n,
+        return batch_result(
+            lo,
+            next_ids,
+            next_ids,
+            accept_lens,
+            new_seq_lens,
+            n,
+            out.can_run_cuda_graph,
         )
 
     def forward_batch_generation(
@@ -628,3 +614,34 @@ def verify_attention(
             forward_batch.extend_prefix_lens,
             forward_batch.extend_seq_lens,
         ) = saved
+
+
+def batch_result(
+    logits_output: Any,
+    next_ids: Tensor,
+    accept_tokens: Tensor,
+    accept_lens: Tensor,
+    new_seq_lens: Tensor,
+    n: int,
+    can_run_cuda_graph: bool,
+) -> Any:
+    """What a verify (or prefill) forward hands SGLang's scheduler: the committed tokens, the
+    accept lengths and the new sequence lengths, as a chain verify of width ``n`` reports them
+    (both brisk algorithms, ISD and the hosted drafter)."""
+    from sglang.srt.managers.scheduler import GenerationBatchResult
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    return GenerationBatchResult(
+        logits_output=logits_output,
+        next_token_ids=next_ids,
+        can_run_cuda_graph=can_run_cuda_graph,
+        accept_lens=accept_lens,
+        new_seq_lens=new_seq_lens,
+        next_draft_input=NgramVerifyInput(
+            draft_token_num=n,
+            new_seq_lens=new_seq_lens,
+            accept_tokens=accept_tokens,
+            accept_lens=accept_lens,
+        ),
+        speculative_num_draft_tokens=n,
+    )
