@@ -40,10 +40,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # The layers' parsers are OneLineErrors: they raise ValueError from parse_args too.
         args = parser.parse_args(argv)
-        return int(args.run(args))
+        code = int(args.run(args))
     except ValueError as err:
         print(f"brisk: error: {err}", file=sys.stderr)
         return 2
+    _finish_process_group()
+    return code
+
+
+def _finish_process_group() -> None:
+    """A command that ran under torchrun ends with its ranks together
+    (:func:`~brisk.runtime.train.distributed.finish_group`); commands that never imported
+    torch.distributed skip it."""
+    if "torch.distributed" in sys.modules:
+        from brisk.runtime.train.distributed import finish_group
+
+        finish_group()
 
 
 if __name__ == "__main__":

@@ -74,6 +74,46 @@ def test_a_resumed_drafter_run_ends_where_an_uninterrupted_one_ends(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+def test_cached_target_features_train_the_drafter_the_uncached_run_trains(
+    micro_base: Path, micro_dataset: Path, tmp_path: Path
+) -> None:
+    """--feature-cache: the run's losses to rtol 1e-5 and its drafter to atol 1e-5 of the run
+    that forwards the target every step (with two micro-batches, and past one epoch of the
+    dataset); a second run with the cache reads it (the same key, nothing rebuilt); another
+    selection of the dataset is another key."""
+    extra = ["--eval-problems", "0", "--micro-batch-size", "4", "--weighting", "brisk"]
+    cache = tmp_path / "features"
+    assert main(argv(micro_base, micro_dataset, tmp_path / "plain", *extra)) == 0
+    cached = [*extra, "--feature-cache", str(cache)]
+    assert main(argv(micro_base, micro_dataset, tmp_path / "cached", *cached)) == 0
+    (key,) = list(cache.iterdir())
+    built = (key / "features.npy").stat().st_mtime_ns
+    meta = json.loads((key / "meta.json").read_text())
+    assert meta["layer_ids"] == [0] and meta["examples"] > 0
+
+    def train(run: str) -> list[dict[str, object]]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["event"] == "train"]
+
+    plain, with_cache = train("plain"), train("cached")
+    assert len(plain) == len(with_cache) > 1
+    for x, y in zip(plain, with_cache, strict=True):
+        assert y["tokens"] == x["tokens"]
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+    a = load_file(tmp_path / "plain" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "cached" / "final" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
+    # the second arm reads the features the first built
+    assert main(argv(micro_base, micro_dataset, tmp_path / "again", *cached)) == 0
+    assert [p.name for p in cache.iterdir()] == [key.name]
+    assert (key / "features.npy").stat().st_mtime_ns == built
+    every = ["--data", "selfgen-all"]  # the incorrect responses too
+    assert main(argv(micro_base, micro_dataset, tmp_path / "all", *cached, *every)) == 0
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 2
+
+
 def test_a_dataset_regenerated_by_another_target_is_refused(
     micro_base: Path, micro_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

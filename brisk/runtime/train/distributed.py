@@ -157,6 +157,24 @@ class Dist:
         return slice(self.rank, None, self.world)
 
 
+def finish_group() -> None:
+    """End a run that finished on every rank: a barrier, so no rank tears its gloo pairs down
+    while a peer still writes the last checkpoint (without it, 1 two-rank FSDP run in 20 aborted
+    at exit: "terminate called without an active exception"), then the objects that hold the
+    group (FSDP modules, optimizers, the run's locals, gone once the loop returned) collected
+    while the interpreter is whole, then the group destroyed. A no-op without a group. Only
+    after success: a rank that failed exits at once (the ``atexit`` destroy, no barrier) and
+    torchrun stops the others, where a barrier would wait for a peer stuck in a collective."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        gc.collect()
+        dist.destroy_process_group()
+
+
 def _destroy_process_group() -> None:
     import torch.distributed as dist
 

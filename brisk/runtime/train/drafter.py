@@ -208,16 +208,24 @@ class BlockLosses:
 
 
 def block_losses(
-    target: Any, drafter: DFlashDrafter, net: Any, ids: Tensor, blocks: Blocks
+    target: Any,
+    drafter: DFlashDrafter,
+    net: Any,
+    ids: Tensor,
+    blocks: Blocks,
+    features: Tensor | None = None,
 ) -> BlockLosses:
     """The blocks of ``ids [B, S]`` (:func:`make_blocks`) through the frozen target (its
     forward, embeddings and LM head without gradient to their weights) and ``net``, the
-    :class:`DrafterStep` of ``drafter`` or its DDP / FSDP wrapper."""
+    :class:`DrafterStep` of ``drafter`` or its DDP / FSDP wrapper. ``features``: the target's
+    features of ``ids`` already computed (:mod:`~brisk.runtime.train.drafter_features`), which
+    spares the target's forward."""
     M = drafter.spec.M
     B, S = ids.shape
     with torch.no_grad():
-        out = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
-        features = drafter.features(out.hidden_states)
+        if features is None:
+            out = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
+            features = drafter.features(out.hidden_states)
         embeds = target.get_input_embeddings()(blocks.ids)
     positions = torch.arange(S, device=ids.device).expand(B, S)
     mask = block_attention(blocks.anchors, blocks.keep, S, M + 1)

@@ -58,6 +58,9 @@ class DrafterTrainConfig(Run, BudgetSchedule, DataParallel, MaskId):
     eval_max_new_tokens: int = 128
     log_every: int = 10
     save_every: int = 0  # steps between resumable checkpoints (0: only the final one)
+    # a directory for the frozen target's features of the dataset, computed once and shared by
+    # every run with the same target, dataset and layers (empty: a target forward every step)
+    feature_cache: str = ""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "num_layers", "anchors", "token_budget", "batch_size", "log_every")

@@ -44,6 +44,7 @@ all-reduced) with a checkpoint of that step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -84,6 +85,7 @@ from brisk.runtime.train.drafter import (
 )
 from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.drafter_eval import evaluate_drafter, task_prompts
+from brisk.runtime.train.drafter_features import TargetFeatures
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.proposal_data import Example, ExampleStream
 from brisk.runtime.train.resume import (
@@ -107,6 +109,8 @@ from brisk.theory import ProfileTracker
 __all__ = ["DrafterResult", "load_target", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
+# a micro-batch: its ids, its blocks and (with a feature cache) its target features
+Chunk = tuple[torch.Tensor, Blocks, torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ def _train(
         )
         drafter = DFlashDrafter(config)
     drafter.to(device)
+    cache = _feature_cache(cfg, examples, tokenizer, target, drafter, limit, dist, show_progress)
     n_params = sum(p.numel() for p in drafter.parameters())
     net = _prepare(DrafterStep(drafter, cfg.activation_checkpointing), dist, cfg, precision_name)
     optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)  # after sharding: DTensors under FSDP
@@ -312,20 +317,21 @@ def _train(
 
             # Batch: the global batch and its anchors, the same on every rank; this rank's rows
             # of it, in micro-batches, each cut to its longest row.
-            ids, supervised, lengths = _batch(stream.take(cfg.batch_size), tokenizer, limit)
+            taken = stream.take(cfg.batch_size)
+            ids, supervised, lengths = _batch(taken, tokenizer, limit)
             a, keep = sample_anchors(supervised, cfg.anchors, generator)
             blocks = make_blocks(ids, supervised, a, keep, M, mask_id)
             count = int(blocks.valid.sum())  # the global batch's trained targets
             rows = list(range(cfg.batch_size))[mine]
             chunks = [
-                _rows(ids, blocks, chunk, lengths, device)
-                for chunk in micro_batches(rows, cfg.micro_batch_size)
+                _chunk(ids, blocks, part, lengths, device, cache, [taken[r][0] for r in part])
+                for part in micro_batches(rows, cfg.micro_batch_size)
             ]
             lr = cfg.lr_at(tokens / cfg.token_budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
-            def forward(chunk: tuple[torch.Tensor, Blocks]) -> BlockLosses:
+            def forward(chunk: Chunk) -> BlockLosses:
                 with precision:
                     return block_losses(target, drafter, net, *chunk)
 
@@ -414,6 +420,58 @@ def _train(
         metrics.close()
     dist.barrier()
     return DrafterResult(final, history, evaluation, wall)
+
+
+def _feature_cache(
+    cfg: DrafterTrainConfig,
+    examples: list[Example],
+    tokenizer: Any,
+    target: Any,
+    drafter: DFlashDrafter,
+    limit: int,
+    dist: Dist,
+    show_progress: bool,
+) -> TargetFeatures | None:
+    """The target's features of every example (``cfg.feature_cache``; None without one): built
+    by rank 0 when absent while the other ranks wait, then opened by every rank."""
+    if not cfg.feature_cache:
+        return None
+    sequences = [encode_example(ex.prompt, ex.response, tokenizer)[0][:limit] for ex in examples]
+    ids = hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]
+    layers = list(drafter.spec.target_layer_ids)
+    parts = {
+        "target": checkpoint_hash(cfg.target),
+        "tokenizer": tokenizer_hash(cfg.target),
+        "layer_ids": layers,
+        "limit": limit,
+        "examples": len(sequences),
+        "ids": ids,
+    }
+    root = Path(cfg.feature_cache)
+    if dist.rank == 0:
+        TargetFeatures.open_or_build(
+            root, parts, sequences, target, layers, show_progress=show_progress
+        )
+    dist.barrier()
+    return TargetFeatures.open_or_build(root, parts, sequences, target, layers, build=False)
+
+
+def _chunk(
+    ids: torch.Tensor,
+    blocks: Blocks,
+    rows: Sequence[int],
+    lengths: list[int],
+    device: torch.device,
+    cache: TargetFeatures | None,
+    draws: Sequence[int],
+) -> Chunk:
+    """:func:`_rows` and, with a cache, the rows' target features cut as their ids are (the
+    stream numbers its draws across epochs: draw ``k`` is example ``k mod n``)."""
+    chunk_ids, chunk_blocks = _rows(ids, blocks, rows, lengths, device)
+    if cache is None:
+        return chunk_ids, chunk_blocks, None
+    held = [k % len(cache) for k in draws]
+    return chunk_ids, chunk_blocks, cache.batch(held, chunk_ids.shape[1], device)
 
 
 def _prepare(step: DrafterStep, dist: Dist, cfg: DrafterTrainConfig, precision: str) -> Any:
