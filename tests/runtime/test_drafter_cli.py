@@ -90,7 +90,8 @@ def test_cached_target_features_train_the_drafter_the_uncached_run_trains(
     (key,) = list(cache.iterdir())
     built = (key / "features.npy").stat().st_mtime_ns
     meta = json.loads((key / "meta.json").read_text())
-    assert meta["layer_ids"] == [0] and meta["examples"] > 0
+    assert meta["layer_ids"] == [0]
+    assert meta["examples"] > 0
 
     def train(run: str) -> list[dict[str, object]]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
@@ -153,8 +154,10 @@ def test_the_drafter_experiment_writes_its_tables_and_resumes(
         assert e["tpf"] == pytest.approx(e["output_tokens"] / e["target_forwards"])
         assert e["reached"][0] == e["target_forwards"] - e["problems"]  # every round reaches 1
         assert e["speedup"] > 0
+        assert e["same_as_ar"] == e["problems"]  # greedy SD is the target's greedy decoding
     table = (tmp_path / "exp" / "summary.md").read_text()
     assert "| brisk ÷ uniform |" in table
+    assert "| 12/12 | 2 |" in table  # the SD = AR cell of each arm (6 prompts × 2 seeds)
     assert "| uniform | " in table
     capsys.readouterr()
     assert main(["experiment", "drafter", "--config", str(config), "--no-progress"]) == 0

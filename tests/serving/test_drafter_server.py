@@ -245,7 +245,30 @@ def test_a_request_for_another_temperature_is_refused(served: RealServer) -> Non
     with pytest.raises(urllib.error.HTTPError) as refused:
         post_json(served.url, "/generate", {"text": TEXTS[0], "sampling_params": params})
     assert refused.value.code == 400
-    assert "BRISK_DRAFTER serves greedy" in refused.value.read().decode()
+    assert "temperature: BRISK_DRAFTER serves greedy" in refused.value.read().decode()
+
+
+def test_fuzzed_requests_are_answered_or_refused_naming_the_field(
+    world: World, served: RealServer
+) -> None:
+    """The request fuzzer (:mod:`tests.serving.fuzz`, short form) against the served drafter:
+    a 200 that parses or a 4xx naming a field for every body, ``/health`` after every ten, and
+    a greedy request afterwards still the target's greedy decoding."""
+    from transformers import AutoConfig
+
+    from tests.serving.fuzz import fuzz
+
+    vocab = AutoConfig.from_pretrained(world.target).vocab_size
+    tally = fuzz(served.url, vocab, str(world.target), requests=120, seed=1, budget_s=50.0)
+    assert tally.failures == [], "\n".join(tally.failures[:10])
+    assert tally.requests >= 30, tally.to_dict()
+    assert tally.statuses[200] > 0, tally.to_dict()
+    assert tally.statuses[400] > 0, tally.to_dict()
+    want, _ = greedy_reference(world.target, world.prompts[:1], MAX_NEW_TOKENS)
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+    body = {"input_ids": world.prompts[0], "sampling_params": params}
+    assert post_json(served.url, "/generate", body)["output_ids"] == want[0]
+    assert "Scheduler hit an exception" not in served.log.read_text()
 
 
 def test_a_drafter_for_another_target_is_refused_in_one_line(world: World, tmp_path: Path) -> None:

@@ -249,6 +249,28 @@ BAD = [
         {"input_ids": [1, 23], "return_logprob": True, "top_logprobs_num": 5000},
         "top_logprobs_num: 5000 exceeds the vocabulary of 101",
     ),
+    # what killed, hung or broke the server (issue 40), each now a 400 naming the field
+    (
+        "/generate",
+        {"text": "Q: 4+7=?\n", "sampling_params": {"max_new_tokens": 4, "top_k": 2147483648}},
+        "top_k: 2147483648 is past 1073741824",
+    ),
+    ("/v1/completions", {"prompt": "Q: 4+7=?\n", "top_k": 2**63}, "top_k: 9223372036854775808"),
+    (
+        "/generate",
+        {"text": "Q", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "n": 10**6}},
+        "n: 1000000 completions; one request may ask for at most 1024",
+    ),
+    ("/v1/completions", {"prompt": "Q", "n": 100000}, "n: 100000 completions"),
+    ("/generate", {"text": "Q", "sampling_params": [{"max_new_tokens": 4}]}, "sampling_params: "),
+    (
+        "/generate",
+        {"text": "Q", "sampling_params": {"temperature": 0, "stop_regex": "("}},
+        "stop_regex: '(' is not a regular expression",
+    ),
+    ("/generate", {"text": ["a", "b"], "sampling_params": {"n": 0}}, "n: 0 completions"),
+    ("/generate", {"text": "Q", "rid": ["x"]}, "rid: one prompt takes one request id"),
+    ("/generate", {"text": "Q", "sampling_params": {"max_new_tokens": True}}, "max_new_tokens: "),
     # SGLang's own refusals, kept
     ("/generate", {"input_ids": []}, "input_ids cannot be empty"),
     ("/generate", {"input_ids": [1, 23], "max_new_tokens": 500}, "maximum context length"),
@@ -293,3 +315,49 @@ def test_requests_a_forward_cannot_take_are_refused_and_the_server_keeps_serving
     assert s.process.process.poll() is None, "the server exited"
     assert good(0) == (s.expected[0]["completion"], s.expected[0]["tokens"])
     assert "Scheduler hit an exception" not in s.server.log.read_text()
+
+
+@pytest.mark.parametrize("raw", [b"true", b"[1, 2]", b"5", b'"text"'])
+def test_a_body_that_is_not_a_json_object_is_a_400_naming_the_body(
+    isd_server: Served, raw: bytes
+) -> None:
+    """A bare ``true`` to ``/v1/chat/completions`` was a 500 (the OpenAI model's validator
+    called ``.get`` on it); every generation route now answers a non-object body with a 400."""
+    import urllib.request
+
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        request = urllib.request.Request(
+            isd_server.server.url + path, data=raw, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400, path
+        assert "body: expected a JSON object" in refused.value.read().decode(), path
+
+
+FUZZ_REQUESTS = 120  # the short form; benchmarks/fuzz_server.py runs the long one
+FUZZ_BUDGET_S = 50.0
+
+
+def test_fuzzed_requests_are_answered_or_refused_naming_the_field(
+    isd_server: Served, texts: list[str]
+) -> None:
+    """Hypothesis-drawn bodies for the three generation routes (:mod:`tests.serving.fuzz`):
+    every one a 200 that parses or a 4xx naming a field, ``/health`` after every ten, and a
+    greedy request afterwards still ``brisk decode``'s answer; nothing in the scheduler raised."""
+    from tests.serving.fuzz import fuzz
+
+    url = isd_server.server.url
+    tally = fuzz(url, 101, model_name(url), requests=FUZZ_REQUESTS, seed=0, budget_s=FUZZ_BUDGET_S)
+    assert tally.failures == [], "\n".join(tally.failures[:10])
+    assert tally.requests >= 30, tally.to_dict()
+    assert tally.statuses[200] > 0, tally.to_dict()
+    assert tally.statuses[400] > 0, tally.to_dict()
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}
+    answer = post_json(url, "/generate", {"text": texts[0], "sampling_params": params})
+    want = isd_server.expected[0]
+    assert (answer["text"], answer["meta_info"]["completion_tokens"]) == (
+        want["completion"],
+        want["tokens"],
+    )
+    assert "Scheduler hit an exception" not in isd_server.server.log.read_text()

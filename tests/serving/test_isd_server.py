@@ -163,7 +163,7 @@ def test_a_request_the_algorithm_cannot_serve_exactly_is_refused(isd_server: Rea
     with pytest.raises(urllib.error.HTTPError) as refused:
         post_generate(isd_server.url, body)
     assert refused.value.code == 400
-    assert "serves greedy" in refused.value.read().decode()
+    assert "temperature: BRISK_ISD serves greedy" in refused.value.read().decode()
 
 
 def test_sampling_with_request_seeds_does_not_depend_on_the_batch(

@@ -210,7 +210,7 @@ def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
     assert "asks for temperature 0.5" in validate_sampling(params(temperature=0.5), 1.0)
     for name, value in [("top_p", 0.9), ("top_k", 20), ("min_p", 0.1)]:
         why = validate_sampling(params(temperature=1.0, **{name: value}), 1.0)
-        assert why == f"BRISK_ISD verifies plain sampling from p: {name} is not supported"
+        assert why == f"{name}: not supported; BRISK_ISD verifies plain sampling from p"
     refused: list[tuple[str, object]] = [
         ("repetition_penalty", 1.2),
         ("frequency_penalty", 0.5),
@@ -222,7 +222,7 @@ def test_requests_the_algorithm_cannot_serve_are_rejected() -> None:
     ]
     for name, value in refused:
         why = validate_sampling(params(**{name: value}), 0.0)
-        assert why == f"BRISK_ISD verifies against the model's p: {name} is not supported"
+        assert why == f"{name}: not supported; BRISK_ISD verifies against the model's p"
 
 
 def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:

@@ -218,12 +218,13 @@ class _Pair:
         )
         return result, time.perf_counter() - t0
 
-    def timed_ar(self, seed: int) -> tuple[int, float]:
+    def timed_ar(self, seed: int) -> tuple[list[list[int]], float]:
+        """The plain AR target's outputs and their wall time."""
         from brisk.runtime.drafter import plain_decode
 
         t0 = time.perf_counter()
         outputs = plain_decode(self.target, self.prompts, self.options, seeds=self.seeds(seed))
-        return sum(len(out.tokens) for out in outputs), time.perf_counter() - t0
+        return [list(out.tokens) for out in outputs], time.perf_counter() - t0
 
 
 def _acceptance(result: Any, M: int) -> dict[str, Any]:
@@ -247,8 +248,10 @@ def _evaluate(cfg: DrafterExperimentConfig, pair: _Pair, arm: str, seed: int) ->
 
     with stop_signals() as stop, stop.abortable():
         result, sd_s = pair.timed_sd(seed)
-        ar_tokens, ar_s = pair.timed_ar(seed)
+        ar_outputs, ar_s = pair.timed_ar(seed)
     got = _acceptance(result, cfg.train.block_size - 1)
+    ar_tokens = sum(len(out) for out in ar_outputs)
+    same = sum(list(o.tokens) == a for o, a in zip(result.outputs, ar_outputs, strict=True))
     return {
         "arm": arm,
         "seed": seed,
@@ -258,6 +261,8 @@ def _evaluate(cfg: DrafterExperimentConfig, pair: _Pair, arm: str, seed: int) ->
         "sd_tokens_per_s": got["output_tokens"] / sd_s,
         "ar_tokens_per_s": ar_tokens / ar_s,
         "speedup": (got["output_tokens"] / sd_s) / (ar_tokens / ar_s),
+        # outputs token for token the plain AR decoding's (all of them at T = 0)
+        "same_as_ar": same,
         "train_wall_s": pair.train_wall_s,
     }
 
@@ -336,9 +341,9 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
     with stop_signals() as stop, stop.abortable():
         off, off_s = pair.timed_sd(seed)
         on, on_s = pair.timed_sd(seed, head=head)
-        ar_tokens, ar_s = pair.timed_ar(seed)
+        ar_outputs, ar_s = pair.timed_ar(seed)
     got = _acceptance(on, cfg.train.block_size - 1)
-    ar_rate = ar_tokens / ar_s
+    ar_rate = sum(len(out) for out in ar_outputs) / ar_s
     off_tokens = sum(len(o.tokens) for o in off.outputs)
     return {
         "config": cfg.head.to_dict(),
@@ -404,8 +409,8 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
         f"{evals[0]['problems']} held-out prompts, {cfg.train.token_budget:,} trained tokens)",
         "",
         "| weighting | TPF (tokens / target forward) | E[L] | draft cost ρ | tok/s ÷ plain AR "
-        "| seeds |",
-        "|---|---|---|---|---|---|",
+        "| SD = AR | seeds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in cfg.arms:
         rows = [ev for ev in evals if ev["arm"] == arm]
@@ -413,11 +418,14 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
             Interval.of([r[k] for r in rows]).format(1.0, d)
             for k, d in (("tpf", 3), ("mean_accept", 3), ("draft_cost", 2), ("speedup", 3))
         ]
-        lines.append(f"| {arm} | {' | '.join(cells)} | {len(rows)} |")
+        same = _same_cell(rows)
+        lines.append(f"| {arm} | {' | '.join(cells)} | {same} | {len(rows)} |")
     lines += [
         "",
         "Cells: mean over seeds [95 % Student-t interval]. tok/s: brisk's speculative loop and "
-        "the target's plain AR decoding, one request at a time each, in the same process.",
+        "the target's plain AR decoding, one request at a time each, in the same process. "
+        "SD = AR: outputs that are the plain AR decoding's token for token, of all decoded "
+        "(every one at T = 0).",
         "",
         "Acceptance a_i per position, pooled over seeds [95 % Jeffreys interval]:",
         "",
@@ -444,6 +452,14 @@ def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) 
     if headed:
         lines += ["", *head_table(cfg, headed)]
     return "\n".join(lines) + "\n"
+
+
+def _same_cell(rows: list[dict[str, Any]]) -> str:
+    """``k/n`` outputs equal to plain AR's over ``rows`` ("–" for records from before it was
+    counted)."""
+    if any("same_as_ar" not in r for r in rows):
+        return "–"
+    return f"{sum(r['same_as_ar'] for r in rows)}/{sum(r['problems'] for r in rows)}"
 
 
 def _acceptance_rows(arms: tuple[str, ...], records: list[dict[str, Any]], M: int) -> list[str]:

@@ -35,7 +35,7 @@ def validate_sampling(params: Any, temperature: float, algorithm: str = ALGORITH
     >>> validate_sampling(P(temperature=0.0), 0.0) is None
     True
     >>> validate_sampling(P(temperature=0.7), 0.0)
-    'BRISK_ISD serves greedy (its options); this request asks for temperature 0.7'
+    'temperature: BRISK_ISD serves greedy (its options); this request asks for temperature 0.7'
     """
     t = float(getattr(params, "temperature", 1.0))
     top_k = int(getattr(params, "top_k", -1))
@@ -43,23 +43,25 @@ def validate_sampling(params: Any, temperature: float, algorithm: str = ALGORITH
     if (temperature == 0) != greedy or (not greedy and abs(t - temperature) > 1e-6):
         asked = "greedy" if greedy else f"temperature {t}"
         served = "greedy" if temperature == 0 else f"temperature {temperature}"
-        return f"{algorithm} serves {served} (its options); this request asks for {asked}"
+        return (
+            f"temperature: {algorithm} serves {served} (its options); this request asks for {asked}"
+        )
     if not greedy:
         for name, neutral in (("top_k", -1), ("top_p", 1.0), ("min_p", 0.0)):
             if getattr(params, name, neutral) not in (neutral, None) and not (
                 name == "top_k" and getattr(params, name) >= (1 << 30)
             ):
-                return f"{algorithm} verifies plain sampling from p: {name} is not supported"
+                return f"{name}: not supported; {algorithm} verifies plain sampling from p"
     for name in ("json_schema", "regex", "ebnf", "structural_tag", "logit_bias"):
         if getattr(params, name, None):
-            return f"{algorithm} verifies against the model's p: {name} is not supported"
+            return f"{name}: not supported; {algorithm} verifies against the model's p"
     if getattr(params, "min_new_tokens", 0):
-        return f"{algorithm} verifies against the model's p: min_new_tokens is not supported"
+        return f"min_new_tokens: not supported; {algorithm} verifies against the model's p"
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(params, name, 0.0) not in (0.0, None):
-            return f"{algorithm} verifies against the model's p: {name} is not supported"
+            return f"{name}: not supported; {algorithm} verifies against the model's p"
     if getattr(params, "repetition_penalty", 1.0) not in (1.0, None):
-        return f"{algorithm} verifies against the model's p: repetition_penalty is not supported"
+        return f"repetition_penalty: not supported; {algorithm} verifies against the model's p"
     return None
 
 

@@ -16,8 +16,10 @@ the hooks registered here. :func:`register`
   SGLang's CUDA backends do (the hook acts on TARGET_VERIFY batches only);
 - wraps the tokenizer manager's request validation and the request's normalization
   (:mod:`brisk.runtime.serving.guard`): a request whose prompt a forward cannot take (a token
-  id outside the vocabulary, no tokens, ``input_embeds`` of the wrong shape, …) gets a 400 in
-  the HTTP server instead of ending the scheduler, with ISD and without;
+  id outside the vocabulary, no tokens, ``input_embeds`` of the wrong shape, a ``top_k`` past
+  int32, an ``n`` that would expand it a million times, …) gets a 400 in the HTTP server
+  instead of ending or hanging the scheduler, with ISD and without; and the body parser, so a
+  body that is not a JSON object gets a 400 on the generation routes;
 - wraps the tokenizer manager's text tokenization so that a text starting with the BOS token
   gets one BOS, as in ``brisk decode`` (:mod:`brisk.runtime.serving.prompt_tokens`);
 - lets transformers read an I-DLM ``sdar`` config as the Qwen3 config it is, without the
@@ -46,6 +48,8 @@ _TORCH_NATIVE_EXTEND = (
 _VALIDATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 _NORMALIZE = "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"
 _TOKENIZE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_texts"
+_BODY = "sglang.srt.entrypoints.http_server.ORJSONRequest.json"
+_CONTRACT = "sglang.srt.entrypoints.http_server.generate_contract_error"
 HOOKS = {
     f"{_DFLASH}._greedy_sample_from_vocab_parallel_head": "brisk.runtime.serving.dflash:rerank",
     f"{_DFLASH}._maybe_build_draft_sampler": "brisk.runtime.serving.dflash:eager_when_reranking",
@@ -53,6 +57,8 @@ HOOKS = {
     _VALIDATE: "brisk.runtime.serving.guard:validate_request",
     _NORMALIZE: "brisk.runtime.serving.guard:check_inputs",
     _TOKENIZE: "brisk.runtime.serving.prompt_tokens:single_bos",
+    _BODY: "brisk.runtime.serving.guard:check_body",
+    _CONTRACT: "brisk.runtime.serving.guard:generate_contract",
 }
 
 
