@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_text", "replace_dir"]
+__all__ = ["atomic_write", "atomic_write_text", "building_dir", "disk_full", "replace_dir"]
+
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+# how writers that do not raise OSError say it: torch.save's PytorchStreamWriter, safetensors'
+# IoError, pyarrow's messages
+_FULL_TEXT = (
+    "No space left on device",
+    "File too large",
+    "Disk quota exceeded",
+    "StorageFull",
+    "FileTooLarge",
+    "PytorchStreamWriter failed writing",
+    "unexpected pos",
+)
 
 
 def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
@@ -26,6 +41,53 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], object]
 
 def atomic_write_text(target: str | os.PathLike[str], text: str) -> None:
     atomic_write(target, lambda tmp: tmp.write_text(text))
+
+
+def disk_full(err: BaseException) -> str | None:
+    """A one-line reason when ``err`` (or what caused it) is a write that found the disk full or
+    the file-size limit reached (``ENOSPC``, ``EFBIG``, ``EDQUOT``, or a writer's own words for
+    them: torch's stream writer, safetensors, pyarrow), else None."""
+    seen: BaseException | None = err
+    while seen is not None:
+        code = getattr(seen, "errno", None)
+        text = str(seen)
+        if code in _FULL or any(needle in text for needle in _FULL_TEXT):
+            where = getattr(seen, "filename", None)
+            reason = os.strerror(code) if code in _FULL else _reason(text)
+            return f"{where}: {reason}" if where else reason
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _reason(text: str) -> str:
+    for needle, reason in (
+        ("No space left", "no space left on device"),
+        ("StorageFull", "no space left on device"),
+        ("File too large", "file too large"),
+        ("FileTooLarge", "file too large"),
+        ("quota", "disk quota exceeded"),
+    ):
+        if needle in text:
+            return reason
+    return "a write failed (disk full or file too large)"
+
+
+@contextmanager
+def building_dir(path: Path, keep: bool = False) -> Iterator[Path]:
+    """A temporary sibling of the directory ``path`` (``.<name>.tmp``) to write it in: moved into
+    place (:func:`replace_dir`) when the block ends, removed when it raises (a full disk, a
+    signal), so the previous ``path`` stays and no half directory is left. ``keep``: the
+    temporary directory already holds files of this write (FSDP shards) and is not emptied."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, path)
 
 
 def replace_dir(tmp: Path, path: Path) -> Path:

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; bad input ends as one line on stderr and exit code 2."""
+    """Run the command; bad input, and a write that finds the disk full, end as one line on
+    stderr and exit code 2."""
     parser = build_parser()
     try:
         # The layers' parsers are OneLineErrors: they raise ValueError from parse_args too.
@@ -43,6 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.run(args))
     except ValueError as err:
         print(f"brisk: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from brisk._atomic import disk_full
+
+        reason = disk_full(err)
+        if reason is None:
+            raise
+        print(
+            f"brisk: error: {reason}; what was complete before is kept (a checkpoint, whole "
+            "parts), and --resume continues from it where the command has one",
+            file=sys.stderr,
+        )
         return 2
     _finish_process_group()
     return code

@@ -35,6 +35,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -263,17 +264,24 @@ def run_decode(args: argparse.Namespace) -> int:
             )
             return INTERRUPTED
         progress = _progress(len(requests), show=not args.no_progress and sys.stderr.isatty())
-        with progress:
-            task = progress.add_task("decoding", total=len(requests))
-            decoded = decode_requests(
-                job,
-                seed=args.seed,
-                batch_size=args.batch_size,
-                grader=args.grader,
-                out=args.out,
-                on_row=lambda _: progress.advance(task),
-                stop=stop,
-            )
+        try:
+            with progress:
+                task = progress.add_task("decoding", total=len(requests))
+                decoded = decode_requests(
+                    job,
+                    seed=args.seed,
+                    batch_size=args.batch_size,
+                    grader=args.grader,
+                    out=args.out,
+                    on_row=lambda _: progress.advance(task),
+                    stop=stop,
+                )
+        except Exception:
+            # A failed run (a full disk) leaves no block log of its own: an incomplete one would
+            # read as a log without its request table, and would refuse the rerun's --log-blocks.
+            if args.log_blocks is not None:
+                shutil.rmtree(args.log_blocks, ignore_errors=True)
+            raise
     rows = decoded.rows
     if decoded.result is None:
         saved = [f"{len(rows)} completions to {args.out}"] if args.out is not None and rows else []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     repeat_kv,
 )
 
-from brisk._atomic import replace_dir
+from brisk._atomic import building_dir
 from brisk.runtime.checkpoint import tensor_shapes
 
 __all__ = [
@@ -314,16 +313,14 @@ def save_drafter(
     reader sees the old checkpoint or the new one); ``extra(directory)`` writes what else the
     checkpoint holds (a trainer's config and state) before it is moved into place."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    drafter.config.dtype = str(next(drafter.parameters()).dtype).removeprefix("torch.")
-    drafter.config.save_pretrained(tmp)
-    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    if extra is not None:
-        extra(tmp)
-    return replace_dir(tmp, path)
+    with building_dir(path) as tmp:
+        drafter.config.dtype = str(next(drafter.parameters()).dtype).removeprefix("torch.")
+        drafter.config.save_pretrained(tmp)
+        state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        if extra is not None:
+            extra(tmp)
+    return path
 
 
 # What a drafter's config.json must give: the sizes its weights take (Qwen3Config's defaults

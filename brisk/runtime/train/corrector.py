@@ -228,17 +228,14 @@ def validation(
 def _save(
     head: Corrector, cfg: CorrectorTrainConfig, path: Path, state: dict[str, Any] | None = None
 ) -> Path:
-    import shutil
+    from brisk._atomic import building_dir
 
-    from brisk._atomic import replace_dir
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    head.save_pretrained(tmp)
-    (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    if state is not None:
-        torch.save(state, tmp / STATE)
-    return replace_dir(tmp, path)
+    with building_dir(path) as tmp:
+        head.save_pretrained(tmp)
+        (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        if state is not None:
+            torch.save(state, tmp / STATE)
+    return path
 
 
 def load_backbone(

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from brisk._atomic import replace_dir
+from brisk._atomic import building_dir
 from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.loader import training_placement
 from brisk.runtime.train.acceptance import (
@@ -154,15 +154,15 @@ def _save(
     elif resumable:
         state = {**state, "optimizer": optimizer.state_dict()}
     if dist.rank == 0:
-        model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        world = Path(cfg.init) / "train_config.json"  # a brisk base's world travels with it
-        if world.is_file():
-            shutil.copy(world, tmp / "train_config.json")
-        (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        if resumable:
-            torch.save(state, tmp / STATE)
-        replace_dir(tmp, path)
+        with building_dir(path, keep=True):  # the shards are in it; removed if a write fails
+            model.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+            world = Path(cfg.init) / "train_config.json"  # a brisk base's world travels with it
+            if world.is_file():
+                shutil.copy(world, tmp / "train_config.json")
+            (tmp / "proposal_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+            if resumable:
+                torch.save(state, tmp / STATE)
     if cfg.fsdp:
         dist.barrier()
     return path

@@ -16,14 +16,13 @@ import contextlib
 import json
 import os
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from brisk._atomic import replace_dir
+from brisk._atomic import building_dir
 from brisk._interrupt import Interrupted
 from brisk.runtime.configs import Config
 
@@ -131,16 +130,15 @@ def save_checkpoint(
     from) the trainer ``state`` to ``path`` atomically (temp dir, then rename). ``weights``: the
     state dict to save instead of the model's own (an FSDP model's gathered weights); ``keep``:
     the temporary directory holds files already (its FSDP shards) and is written into, not
-    emptied."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    if not keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    if state is not None:
-        torch.save(state, tmp / STATE)
-    return replace_dir(tmp, path)
+    emptied. A write that fails (a full disk) leaves the previous checkpoint at ``path`` and no
+    temporary directory."""
+    with building_dir(path, keep=keep) as tmp:
+        model.save_pretrained(tmp, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        if state is not None:
+            torch.save(state, tmp / STATE)
+    return path
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
