@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -306,13 +307,47 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     directory = checkpoint_dir(path, where)
+    check_json_files(directory, where)
     try:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
             directory, trust_remote_code=trust_remote_code, local_files_only=True
         )
     except (OSError, ValueError) as err:
         raise ValueError(f"{where}: no tokenizer in {path}: {_one_line(err)}") from None
+    except (KeyError, TypeError, AttributeError) as err:  # a well-formed file of another schema
+        file = directory / "tokenizer.json"
+        named = file if file.is_file() else directory
+        raise ValueError(
+            f"{where}: {named}: not a tokenizer transformers reads "
+            f"({type(err).__name__}: {_one_line(err)})"
+        ) from None
     return tokenizer
+
+
+# the JSON files of a checkpoint directory that transformers reads as objects
+JSON_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def check_json_files(directory: Path, where: str = "--model") -> None:
+    """Each of :data:`JSON_FILES` present in ``directory`` is UTF-8 JSON holding an object, or a
+    ``ValueError`` naming ``where`` and the file (transformers answered a list with a
+    ``TypeError`` traceback, an object without its keys with a ``KeyError``)."""
+    for name in JSON_FILES:
+        file = Path(directory) / name
+        if not file.is_file():
+            continue
+        try:
+            value = json.loads(file.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{where}: {file}: not readable JSON ({_one_line(err)})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {file}: expected a JSON object, got {type(value).__name__}")
 
 
 def _one_line(err: Exception) -> str:
