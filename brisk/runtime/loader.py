@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from brisk._json import read_json_object
 from brisk.runtime.gguf import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -343,11 +343,9 @@ def check_json_files(directory: Path, where: str = "--model") -> None:
         if not file.is_file():
             continue
         try:
-            value = json.loads(file.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{where}: {file}: not readable JSON ({_one_line(err)})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: {file}: expected a JSON object, got {type(value).__name__}")
+            read_json_object(file)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
 
 
 def _one_line(err: Exception) -> str:

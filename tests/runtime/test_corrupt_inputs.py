@@ -54,6 +54,18 @@ def decode(prompts: Path, out: Path, *flags: str) -> list[str]:
     return [*base, "--out", str(out / "out.jsonl"), *flags]
 
 
+def train_corrector(events: Path, out: Path) -> list[str]:
+    flags = ["--epochs", "1", "--no-only-correct", "--no-progress"]
+    return ["train", "corrector", "--events", str(events), "--out", str(out / "run"), *flags]
+
+
+def train_drafter(g: dict[str, Path], dataset: Path, out: Path) -> list[str]:
+    flags = ["--token-budget", "20", "--batch-size", "2", "--eval-problems", "0"]
+    flags += ["--data", "selfgen-all", "--target-layer-ids", "0", "--block-size", "4"]
+    target = ["--target", str(g["base"]), "--dataset", str(dataset)]
+    return ["train", "drafter", *target, "--out", str(out / "run"), *flags, "--no-progress"]
+
+
 FILES: dict[str, Kind] = {
     "model config.json": Kind(
         "model", "config.json", lambda g, c, o: decode(g["prompts"], o, "--model", str(c)), b"[1]"
@@ -105,6 +117,21 @@ FILES: dict[str, Kind] = {
         lambda g, c, o: ["mechanism", "report", str(c), "--out", str(o / "report")],
         WRONG_TABLE,
     ),
+    "event-store metadata": Kind(
+        "events", "_events.json", lambda g, c, o: train_corrector(c, o), b"[]"
+    ),
+    "event-store blocks": Kind(
+        "events", "blocks/part-000000.parquet", lambda g, c, o: train_corrector(c, o), WRONG_TABLE
+    ),
+    "event-store features": Kind(
+        "events", "features/keys.bin", lambda g, c, o: train_corrector(c, o), b"\x00" * 7
+    ),
+    "self-generated dataset part": Kind(
+        "dataset", "part-00000.parquet", lambda g, c, o: train_drafter(g, c, o), WRONG_TABLE
+    ),
+    "self-generated dataset provenance": Kind(
+        "dataset", "_provenance.json", lambda g, c, o: train_drafter(g, c, o), b'{"format": 1}'
+    ),
     "TOML config": Kind(
         "config",
         "",
@@ -137,9 +164,12 @@ DAMAGES = {"truncated": truncated, "garbage": garbage, "wrong-schema": wrong_sch
 
 
 @pytest.fixture(scope="module")
-def goods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def goods(
+    micro_base: Path, micro_dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     """A good file of every kind: a micro model and its prompts, a corrector for it, a block log
-    of its decoding, a TOML config, a micro Llama target and a drafter for it, a tiny GGUF."""
+    of its decoding, a TOML config, a micro Llama target and a drafter for it, a tiny GGUF, the
+    micro I-DLM base with its self-generated dataset and an event store of its decoding."""
     from brisk.runtime.corrector import Corrector, CorrectorConfig
     from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
     from brisk.worlds.arithmetic.tokenizer import char_tokenizer
@@ -168,7 +198,14 @@ def goods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     drafter = make_drafter(AutoConfig.from_pretrained(target), root / "drafter")
     gguf = root / "tiny.gguf"
     write_gguf(gguf)
+    events = root / "events"
+    collect = ["train", "corrector", "collect", "--checkpoint", str(micro_base), "--out"]
+    flags = ["--problems", "3", "--samples", "1", "--max-new-tokens", "8", "--stride", "4"]
+    assert main([*collect, str(events), *flags, "--no-progress"]) == 0
     return {
+        "base": micro_base,
+        "dataset": micro_dataset,
+        "events": events,
         "model": root / "model",
         "prompts": prompts,
         "corrector": root / "corrector",

@@ -24,13 +24,13 @@ collects one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from brisk._json import read_json_object
 from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
 from brisk.runtime.train.corrector_config import FEATURE_DTYPES
 
@@ -171,11 +171,8 @@ class EventStore:
             raise ValueError(
                 f"{path}: not a corrector event store (no {META}; was collection interrupted?)"
             )
-        try:
-            meta = json.loads(meta_file.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{meta_file}: invalid JSON ({err.msg})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = read_json_object(meta_file)
+        if meta.get("format") != FORMAT:
             raise ValueError(f"{meta_file}: not a {FORMAT} file")
         n = int(meta["events"])
         if n == 0:

@@ -40,6 +40,7 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
+from brisk._json import read_json_object
 from brisk.runtime.tasks.spec import ResolvedTask, task_from_description
 from brisk.runtime.train.fields import ProblemSampling, counts
 
@@ -160,11 +161,8 @@ def read_provenance(out: str | Path) -> dict[str, Any]:
     file = Path(out) / PROVENANCE
     if not file.is_file():
         raise ValueError(f"{out}: not a self-generated dataset (no {PROVENANCE})")
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: invalid JSON ({err.msg})") from None
-    if not isinstance(data, dict) or data.get("format") not in (FORMAT, "brisk-selfgen/1"):
+    data = read_json_object(file)
+    if data.get("format") not in (FORMAT, "brisk-selfgen/1"):
         raise ValueError(f"{file}: not a {FORMAT} provenance file")
     return data
 
@@ -387,7 +385,23 @@ def read_dataset(out: str | Path) -> Any:
     parts = sorted(Path(out).glob("part-*.parquet"))
     if not parts:
         raise ValueError(f"{out}: the dataset has no parts (was generation interrupted early?)")
-    return pa.concat_tables([pq.read_table(p) for p in parts])
+    tables = []
+    for part in parts:
+        try:
+            table = pq.read_table(part)
+        except (OSError, pa.ArrowException) as err:
+            raise ValueError(f"{part}: not a readable Parquet part ({_one_line(err)})") from None
+        if tables and not table.schema.equals(tables[0].schema):
+            raise ValueError(f"{part}: its columns are not the dataset's ({parts[0].name}'s)")
+        missing = [c for c in ("prompt", "response", "correct") if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{part}: no column {missing[0]!r}: not a self-generated part")
+        tables.append(table)
+    return pa.concat_tables(tables)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
 
 
 def dataset_profile(table: Any, M: int) -> Any:
