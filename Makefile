@@ -9,7 +9,7 @@ SBIN   := $(SVENV)/bin
 SSTAMP := $(SVENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter smollm2 smollm2-speed smollm2-data reproduce-converted reproduce-proposal reproduce-corrector venv clean
+.PHONY: demo test test-serving serving-venv lint typecheck docs bench gpu-check tiny paper converted code-world code-head code-ablation code-drafter smollm2 smollm2-speed smollm2-data smollm2-drafters smollm2-isd reproduce-converted reproduce-proposal reproduce-corrector venv clean
 
 venv: $(STAMP)
 
@@ -164,6 +164,20 @@ smollm2-data: smollm2
 	$(BIN)/brisk train selfgen --checkpoint $(SMOL)/model --mask-token-id 16 --task stdlib \
 	  --problems 800 --samples 1 --stride 2 --temperature 0 --max-new-tokens 256 \
 	  --batch-size 32 --chunk 32 --threads 1 --out $(SMOL)/selfgen --resume
+
+# The drafter family on SmolLM2 (configs/smollm2_drafter_experiment.toml): brisk, dpace and uniform
+# weights x 2 seeds at 150k drafted targets, the target's features computed once; TPF, a_i,
+# SD = AR and tok/s against plain AR (runs/smollm2/drafters/summary.md; ~1.5-2 h on one core).
+smollm2-drafters: smollm2
+	$(BIN)/brisk experiment drafter --config configs/smollm2_drafter_experiment.toml
+
+# SmolLM2 converted to an I-DLM on its own responses (configs/smollm2_base.toml, at most 110 min on
+# one thread), then its report: held-out causal loss before and after, ISD at N = 4 and 8 against
+# plain decoding, the mechanism report (benchmarks/results/smollm2_isd.json).
+smollm2-isd: smollm2
+	$(BIN)/python benchmarks/smollm2_isd.py data --selfgen $(SMOL)/selfgen
+	$(BIN)/brisk train base --config configs/smollm2_base.toml
+	$(BIN)/python benchmarks/smollm2_isd.py report
 
 # The proposal-training ablation (issue 9): base, self-generated data, arms × seeds, table,
 # plots and the mechanism report of the best arm, under runs/paper/ablation (~1-2 h on 2 cores).
