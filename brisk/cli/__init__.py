@@ -48,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         from brisk._atomic import disk_full
 
+        gone = _peer_gone(err)
+        if gone is not None:
+            print(gone, file=sys.stderr)
+            return 1
         reason = disk_full(err)
         if reason is None:
             raise
@@ -59,6 +63,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _finish_process_group()
     return code
+
+
+# how gloo and nccl say that another rank's process is gone
+_PEER_GONE = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def _peer_gone(err: BaseException) -> str | None:
+    """Under torchrun, one line for a collective that failed because another rank's process
+    ended (killed by the OOM killer, a signal): this rank, the world, the backend's words, and
+    how to go on. None for any other error (or outside torchrun)."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return None
+    text = " ".join(str(err).split())
+    said = next((p for p in _PEER_GONE if p in text), None)
+    if said is None:
+        return None
+    rank = os.environ.get("RANK", "?")
+    return (
+        f"brisk: error: rank {rank} of {world}: another rank's process is gone ({said}); this "
+        "rank stops too; rerun the command with --resume to continue from the last checkpoint"
+    )
 
 
 def _finish_process_group() -> None:
