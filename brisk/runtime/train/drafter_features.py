@@ -16,7 +16,8 @@ padding), into ``DIR/<key>/``, and every run with the same key reads them:
 The key is a hash of all of them, so another target, tokenizer, dataset selection or layer set
 is another directory. A directory is written beside its final name and renamed into place, so an
 interrupted build leaves nothing a later run would read. Storage is ``4 · k · H`` bytes a token
-(SmolLM2, five layers: 11.5 kB; 384 responses of 315 tokens: 1.4 GB).
+for ``k`` target layers of width ``H`` (SmolLM2 with a one-layer drafter, which reads one target
+layer: 2.3 kB; its 384 responses of 316 tokens: 281 MB).
 """
 
 from __future__ import annotations
