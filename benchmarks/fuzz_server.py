@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +36,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=1200.0, help="per server")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
+
+    from machine import machine
 
     from brisk.runtime.serving.cpu import ensure_torchvision
 
@@ -87,7 +87,7 @@ def main() -> None:
         "requests_per_server": args.requests,
         "seed": args.seed,
         "command": f"benchmarks/fuzz_server.py --requests {args.requests} --seed {args.seed}",
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fuzz_server.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -112,15 +112,6 @@ def _drafter_world(work: Path) -> tuple[Path, Path, int]:
     sequences = [p + o for p, o in zip(prompts, outputs, strict=True)]
     drafter = fit_drafter(target, sequences, work / "drafter")
     return target, drafter, int(AutoConfig.from_pretrained(target).vocab_size)
-
-
-def _cpu() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

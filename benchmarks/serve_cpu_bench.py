@@ -24,6 +24,14 @@ added to the sweep's JSON as ``serve_cpu.json``.
 
     .venv-serving/bin/python benchmarks/serve_cpu_bench.py --out runs/serve_cpu
 
+With ``--drafter DIR`` (a DFlash drafter of ``--model``) the servers are plain AR (``ar``) and
+the drafter verified by it (``sd``, ``BRISK_DRAFTER`` as ``brisk serve --drafter`` launches it)
+instead, greedy:
+
+    .venv-serving/bin/python benchmarks/serve_cpu_bench.py --model runs/smollm2/model \
+        --drafter runs/smollm2/drafters/arms/brisk/seed0/train/final --out runs/smollm2/serve \
+        --prompts runs/smollm2/serve/prompts.jsonl --stop-at-eos --output-len 64 --runs 1
+
 Flags: ``--model``, ``--corrector`` (required to exist when given; by default used when
 present and ``--model`` is the default, the model it was trained on), ``--stride`` (8),
 ``--concurrency`` (1 2 4 8), ``--runs`` (3), ``--input-len`` (32), ``--output-len`` (256),
@@ -70,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"default with the default model: {DEFAULT_CORRECTOR}, if present",
     )
     p.add_argument("--stride", type=int, default=8)
+    p.add_argument(
+        "--drafter",
+        type=Path,
+        help="a DFlash drafter of --model: serve plain AR and the drafter (sd) instead of ISD",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--input-len", type=int, default=32)
@@ -101,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     isd = {"stride": args.stride}
     servers: dict[str, dict[str, object] | None] = {"ar": None, "isd-off": isd}
-    if corrector is not None:
+    drafters: dict[str, dict[str, object] | None] = {}
+    if args.drafter is not None:
+        if not (args.drafter / "config.json").is_file():
+            p.error(f"--drafter: {args.drafter} holds no drafter checkpoint")
+        servers, corrector = {"ar": None}, None
+        drafters = {"sd": {"drafter": str(args.drafter)}}
+    elif corrector is not None:
         servers["isd-on"] = {**isd, "corrector": str(corrector)}
     else:
         why = (
@@ -110,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
             else "no --corrector given for this model"
         )
         print(f"isd-on: skipped, {why}", flush=True)
+    servers.update(dict.fromkeys(drafters))
     started: list[tuple[str, ServerProcess, str]] = []
     try:
         for name, options in servers.items():
             launch_on = partial(
-                server_launch, args.model, device="cpu", extra_args=extra, env=env, isd=options
+                server_launch,
+                args.model,
+                device="cpu",
+                extra_args=extra,
+                env=env,
+                isd=None if name in drafters else options,
+                drafter=drafters.get(name),
             )
             server, seconds = start_server(launch_on, args.out / f"{name}.server.log", 300)
             print(f"{name}: {server.launch.shell()}", flush=True)

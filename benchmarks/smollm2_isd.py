@@ -23,12 +23,13 @@ import glob
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,12 +157,7 @@ def report(args: argparse.Namespace) -> None:
         "max_new_tokens": args.max_new_tokens,
         "commands": commands,
         "wall_s": time.time() - started,
-        "machine": {
-            "cpu": _cpu(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "threads": 1,
-        },
+        "machine": machine(threads=1),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "smollm2_isd.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -186,15 +182,6 @@ def _training(isd_model: Path) -> dict[str, Any]:
                 "first": train[0] if train else None,
             }
     return {}
-
-
-def _cpu() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 MASK = "16"  # <empty_output>: a SmolLM2 token nothing here uses
@@ -117,19 +118,9 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens,
             "commands": commands,
             "wall_s": time.time() - started,
-            "machine": {
-                "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(),
-                "python": platform.python_version(),
-                "threads": 1,
-            },
+            "machine": machine(threads=1),
         }
     )
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        named = [line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        if named:
-            summary["machine"]["cpu"] = named[0].split(":", 1)[1].strip()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "smollm2_speed.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {args.out / 'smollm2_speed.json'}")  # brisk bench speed printed the table

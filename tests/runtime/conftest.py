@@ -184,3 +184,31 @@ def torchrun(nproc: int, args: list[str]) -> list[str]:
         "brisk.cli",
         *args,
     ]
+
+
+def tiny_base_toml(steps: int, batch_size: int, save_every: int) -> str:
+    """A ``brisk train base`` config of a one-layer model on one-digit sums, one thread: a run
+    of a few seconds with checkpoints every ``save_every`` steps."""
+    return f"""
+steps = {steps}
+batch_size = {batch_size}
+warmup_steps = 2
+strides = [2, 4]
+log_every = 1
+final_eval_problems = 0
+eval_problems = 0
+save_every = {save_every}
+threads = 1
+[task]
+max_operands = 2
+max_digits = 1
+ops = "+"
+style_weights = [1.0, 0.0, 0.0, 0.0]
+reference_weights = [1.0, 0.0, 0.0, 0.0]
+verb_weights = [1.0, 0.0, 0.0]
+[model]
+hidden_size = 32
+layers = 1
+intermediate_size = 64
+max_positions = 128
+"""

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from brisk.cli import main
+from tests.runtime.conftest import tiny_base_toml
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -67,29 +68,7 @@ def test_decode_on_a_full_disk_ends_in_one_line_and_leaves_no_block_log(
     assert "no request table" not in checked.stdout
 
 
-BASE_TOML = """
-steps = 9
-batch_size = 8
-warmup_steps = 2
-strides = [2, 4]
-log_every = 1
-final_eval_problems = 0
-eval_problems = 0
-save_every = 3
-threads = 1
-[task]
-max_operands = 2
-max_digits = 1
-ops = "+"
-style_weights = [1.0, 0.0, 0.0, 0.0]
-reference_weights = [1.0, 0.0, 0.0, 0.0]
-verb_weights = [1.0, 0.0, 0.0]
-[model]
-hidden_size = 32
-layers = 1
-intermediate_size = 64
-max_positions = 128
-"""
+BASE_TOML = tiny_base_toml(steps=9, batch_size=8, save_every=3)
 
 
 def train_steps(out: Path) -> list[int]:

@@ -16,34 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.runtime.conftest import torchrun
+from tests.runtime.conftest import tiny_base_toml, torchrun
 
 pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-CONFIG = """
-steps = 24
-batch_size = 8
-warmup_steps = 2
-strides = [2, 4]
-log_every = 1
-final_eval_problems = 0
-eval_problems = 0
-save_every = 4
-threads = 1
-[task]
-max_operands = 2
-max_digits = 1
-ops = "+"
-style_weights = [1.0, 0.0, 0.0, 0.0]
-reference_weights = [1.0, 0.0, 0.0, 0.0]
-verb_weights = [1.0, 0.0, 0.0]
-[model]
-hidden_size = 32
-layers = 1
-intermediate_size = 64
-max_positions = 128
-"""
+CONFIG = tiny_base_toml(steps=24, batch_size=8, save_every=4)
 ENDS_WITHIN_S = 60.0
 
 
