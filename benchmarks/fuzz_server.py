@@ -56,8 +56,8 @@ def main() -> None:
             "drafter": (drafter_world[0], ["--drafter", str(drafter_world[1])], drafter_world[2]),
         }
         for name, (model, flags, vocab) in servers.items():
-            directory = work / name
-            directory.mkdir()
+            directory = work / "servers" / name
+            directory.mkdir(parents=True)
             process, server = start_brisk_serve(
                 directory, model, ["--device", "cpu", *flags], ["--max-running-requests", "16"]
             )
@@ -81,7 +81,8 @@ def main() -> None:
                 }
             finally:
                 process.stop()
-            print(name, json.dumps({k: v for k, v in results[name].items() if k != "failures"}))
+            shown = {k: v for k, v in results[name].items() if k != "failures"}
+            print(name, json.dumps({**shown, "failures": len(results[name]["failures"])}))
     summary = {
         "servers": results,
         "requests_per_server": args.requests,
