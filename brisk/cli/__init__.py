@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; bad input, and a write that finds the disk full, end as one line on
-    stderr and exit code 2."""
+    stderr and exit code 2; under torchrun a rank whose peer died ends in one line, exit 1.
+    ``argv`` None: this is the program (``brisk``, ``python -m brisk.cli``), which ends its
+    ranks together when it ran under torchrun."""
     parser = build_parser()
     try:
         # The layers' parsers are OneLineErrors: they raise ValueError from parse_args too.
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    _finish_process_group()
+    if argv is None:  # the program itself (brisk, python -m brisk.cli), not a caller's call
+        _finish_process_group()
     return code
 
 
@@ -96,9 +99,10 @@ def _peer_gone(err: BaseException) -> str | None:
 
 
 def _finish_process_group() -> None:
-    """A command that ran under torchrun ends with its ranks together
+    """A command that ran under torchrun as the program ends with its ranks together
     (:func:`~brisk.runtime.train.distributed.finish_group`); commands that never imported
-    torch.distributed skip it."""
+    torch.distributed skip it. A caller that runs ``main(argv)`` in its own process keeps its
+    process group (it may go on using it)."""
     if "torch.distributed" in sys.modules:
         from brisk.runtime.train.distributed import finish_group
 
