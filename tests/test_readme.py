@@ -358,6 +358,32 @@ FIGURES.append(
         ("README.md", "docs/models.md"),
     )
 )
+FIGURES += [
+    Figure(
+        "SmolLM2 converted: ISD at N = 4 against its own plain decoding",
+        "benchmarks/results/smollm2_isd.json",
+        "make smollm2-isd",
+        lambda s: _speed_row(s["speed"], "isd4", "stdlib"),
+        lambda x: f"{x:.2f}×",
+        ("README.md", "docs/models.md"),
+    ),
+    Figure(
+        "SmolLM2 converted: served ISD over AR",
+        "benchmarks/results/smollm2_serve_isd.json",
+        SERVING,
+        lambda s: _comparison(s, "isd-off ÷ ar"),
+        lambda x: f"{x:.2f}×",
+        ("README.md", "docs/models.md"),
+    ),
+    Figure(
+        "SmolLM2: served drafter over AR",
+        "benchmarks/results/smollm2_serve_sd.json",
+        SERVING,
+        lambda s: _comparison(s, "sd ÷ ar"),
+        lambda x: f"{x:.2f}×",
+        ("README.md", "docs/models.md"),
+    ),
+]
 CLAIMS = [(page, f) for f in FIGURES for page in f.pages]
 
 
