@@ -368,6 +368,17 @@ FIGURES += [
         ("README.md", "docs/models.md"),
     ),
     Figure(
+        "SmolLM2 drafters: mean TPF of the BRISK-weighted drafter",
+        "benchmarks/results/smollm2_drafters.json",
+        "make smollm2-drafters",
+        lambda s: (
+            sum(e["tpf"] for e in s["evals"] if e["arm"] == "brisk")
+            / sum(e["arm"] == "brisk" for e in s["evals"])
+        ),
+        lambda x: f"{x:.3f}",
+        ("README.md", "docs/models.md"),
+    ),
+    Figure(
         "SmolLM2 converted: served ISD over AR",
         "benchmarks/results/smollm2_serve_isd.json",
         SERVING,
