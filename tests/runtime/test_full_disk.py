@@ -117,3 +117,44 @@ def test_a_checkpoint_save_on_a_full_disk_keeps_the_last_one_and_resumes(
     a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     b = load_file(out / "final" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_selfgen_on_a_full_disk_keeps_its_whole_parts_and_resumes_to_the_same_dataset(
+    micro_base: Path,
+    micro_dataset: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``brisk train selfgen`` whose second part hits a full disk: exit 2, one line; the first
+    part whole, no temporary part left; ``--resume`` on a free disk writes the rest, and the
+    dataset equals the uninterrupted one row for row."""
+    import pyarrow.parquet as pq
+
+    from brisk.runtime.train.selfgen import read_dataset
+    from tests.runtime.conftest import MICRO_SELFGEN as o
+
+    out = tmp_path / "data"
+    argv = ["train", "selfgen", "--checkpoint", str(micro_base), "--out", str(out)]
+    argv += ["--problems", str(o.problems), "--samples", str(o.samples), "--stride", str(o.stride)]
+    argv += ["--max-new-tokens", str(o.max_new_tokens), "--chunk", str(o.chunk), "--no-progress"]
+    written = pq.write_table
+    calls = {"n": 0}
+
+    def fills_up(table: Any, where: Any, *a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # as a full disk does: some bytes of the file, then the error
+            Path(where).write_bytes(b"PAR1\x15\x04")
+            raise OSError(errno.ENOSPC, "No space left on device", str(where))
+        written(table, where, *a, **k)
+
+    monkeypatch.setattr(pq, "write_table", fills_up)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "No space left on device" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["_provenance.json", "part-00000.parquet"]
+    monkeypatch.setattr(pq, "write_table", written)
+    assert main([*argv, "--resume"]) == 0
+    assert read_dataset(out).equals(read_dataset(micro_dataset))

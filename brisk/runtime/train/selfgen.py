@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from brisk._atomic import atomic_write_text
+from brisk._atomic import atomic_write, atomic_write_text
 from brisk._interrupt import Interrupted, stop_signals
 from brisk._json import read_json_object
 from brisk.runtime.tasks.spec import ResolvedTask, task_from_description
@@ -248,9 +247,9 @@ def generate_dataset(
             table, grades = _part(tokenizer, task, problems, index, seeds, result, dec.M)
             errors += grades.errors
             first_error = first_error or grades.first_error
-            tmp = part.with_name(f".{part.name}.tmp")
-            pq.write_table(table.replace_schema_metadata(meta), tmp)
-            os.replace(tmp, part)
+            whole = table.replace_schema_metadata(meta)
+            # a part is on disk whole or not at all (a full disk leaves no temporary file)
+            atomic_write(part, lambda tmp, whole=whole: pq.write_table(whole, tmp))
             rows += len(index)
             correct += sum(table["correct"].to_pylist())
             written += 1
