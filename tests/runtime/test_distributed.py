@@ -295,17 +295,16 @@ def _load(out: Path, mode: str) -> dict[str, Any]:
 
 
 def _worker(mode: str, out: Path, *args: str) -> None:
-    import torch.distributed as dist
+    from brisk.runtime.train.distributed import finish_group
 
     rank = int(os.environ["RANK"])
     record = _record_collectives(out, *args) if mode == "collectives" else _load(out, mode)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
-    # torch's shutdown pattern, explicitly, while the interpreter is whole: no rank tears its
-    # gloo pairs down while the other still talks, and no work object outlives the group (a
-    # rank exiting on brisk's atexit destroy alone aborted, rarely, with "terminate called
-    # without an active exception")
-    dist.barrier()
-    dist.destroy_process_group()
+    # the program's shutdown (what brisk's CLI does), while the interpreter is whole: no rank
+    # tears its gloo pairs down while the other still talks, and the objects holding the group
+    # are collected before it is destroyed (a barrier and a destroy without the collection
+    # still aborted, rarely, with "terminate called without an active exception")
+    finish_group()
 
 
 if __name__ == "__main__":
