@@ -29,7 +29,9 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import sys
 import textwrap
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,10 +160,13 @@ def test_the_manual_has_pages_with_code() -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
-def test_page_runs(page: Path, workdir: Path) -> None:
+def test_page_runs(page: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     where = str(page.relative_to(ROOT))
     blocks = list(code_blocks(page.read_text(), where))
-    run_blocks(blocks, where, {"__name__": f"docs:{page.stem}"})
+    # The page runs as a module of its own, as a script would (a dataclass looks its module up).
+    module = types.ModuleType(f"docs:{page.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    run_blocks(blocks, where, module.__dict__)
 
 
 REPO_FILE = re.compile(

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from brisk.runtime.experiment.table import paired_change
+from brisk.experiments.table import paired_change
 from tests.test_docs import Block, code_blocks, micro_checkpoint, run_blocks, workdir
 
 __all__ = ["micro_checkpoint", "workdir"]  # the fixtures, shared with the manual's test

@@ -9,7 +9,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from brisk.cli import bench, convert, decode, mechanism, serve, tasks, theory, train
+from brisk.cli import (
+    bench,
+    convert,
+    decode,
+    experiment,
+    mechanism,
+    serve,
+    tasks,
+    theory,
+    train,
+)
 from brisk.cli._common import OneLineErrors
 
 
@@ -24,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     theory.register(layers)
     train.register(layers)
-    train.register_experiment(layers)
+    experiment.register(layers)
     decode.register(layers)
     tasks.register(layers)
     mechanism.register(layers)

@@ -1,5 +1,6 @@
-"""``brisk train corrector [collect]`` and ``brisk experiment corrector``: the verifier-distilled
-head (issue: corrector training). Heavy modules are imported inside the run functions."""
+"""``brisk train corrector [collect]``: the verifier-distilled head (issue: corrector
+training); its ablation is ``brisk experiment corrector`` (:mod:`brisk.cli.experiment`). Heavy
+modules are imported inside the run functions."""
 
 from __future__ import annotations
 
@@ -10,17 +11,14 @@ from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
-    add_mask_argument,
-    add_placement_arguments,
     add_problem_decode_arguments,
     config_from_args,
     config_overrides,
     run_problem_decode,
-    with_overrides,
 )
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
-__all__ = ["register_experiment", "register_train"]
+__all__ = ["register_train"]
 
 
 def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,49 +112,10 @@ def run_train(args: argparse.Namespace) -> int:
     result = train_corrector(
         cfg, show_progress=not args.no_progress, store=store, resume=args.resume
     )
+    fit = result.outcome
     print(
-        f"trained {result.steps} steps on {result.train_events:,} events in "
-        f"{result.wall_s / 60:.2f} min; held-out loss {result.val_loss_init:.4f} → "
-        f"{result.val_loss:.4f}; head {result.checkpoint}"
+        f"trained {result.steps} steps on {fit.train_events:,} events in "
+        f"{result.wall_s / 60:.2f} min; held-out loss {fit.val_loss_init:.4f} → "
+        f"{fit.val_loss:.4f}; head {result.checkpoint}"
     )
-    return 0
-
-
-def register_experiment(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    x = commands.add_parser(
-        "corrector", help="the corrector ablation: head off vs heads, seeds, table, diagnostics"
-    )
-    x.add_argument("--config", type=Path, required=True, help="TOML experiment config")
-    x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
-    x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
-    x.add_argument("--no-progress", action="store_true", help="quiet")
-    add_placement_arguments(x)
-    add_mask_argument(x)
-    x.set_defaults(run=run_experiment)
-
-
-@exits_on_interrupt
-def run_experiment(args: argparse.Namespace) -> int:
-    from brisk.runtime.experiment.corrector import (
-        CorrectorExperimentConfig,
-        run_corrector_experiment,
-    )
-    from brisk.runtime.loader import placement
-
-    try:
-        cfg = CorrectorExperimentConfig.load(args.config)
-    except ValueError as err:
-        raise ValueError(f"--config: {err}") from None
-    changes = {
-        "out_dir": args.out,
-        "workers": args.workers,
-        "device": args.device,
-        "dtype": args.dtype,
-        "mask_token_id": args.mask_token_id,
-    }
-    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
-    placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
-    quiet_transformers()
-    run_corrector_experiment(cfg, show_progress=not args.no_progress)
-    print(f"summary in {cfg.out_dir}/summary.md")
     return 0

@@ -24,7 +24,6 @@ from brisk.cli._common import (
     config_from_args,
     config_overrides,
     run_problem_decode,
-    with_overrides,
 )
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.drafter_config import DrafterTrainConfig
@@ -194,8 +193,8 @@ def run_base(args: argparse.Namespace) -> int:
     if isinstance(result, int):
         return result
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
-    if result.report is not None:
-        _print_report(result.report)
+    if result.outcome is not None:
+        _print_report(result.outcome)
     return 0
 
 
@@ -220,8 +219,8 @@ def run_ar(args: argparse.Namespace) -> int:
     quiet_transformers()
     result = train_ar(cfg, show_progress=not args.no_progress, resume=args.resume)
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
-    if result.report is not None:
-        _print_report(result.report)
+    if result.outcome is not None:
+        _print_report(result.outcome)
     return 0
 
 
@@ -271,7 +270,7 @@ def run_proposal(args: argparse.Namespace) -> int:
     if isinstance(result, int):
         return result
     print(
-        f"trained {result.steps} steps on {result.tokens:,} tokens in "
+        f"trained {result.steps} steps on {result.outcome:,} tokens in "
         f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
     )
     return 0
@@ -292,8 +291,8 @@ def run_drafter(args: argparse.Namespace) -> int:
     if isinstance(result, int):
         return result
     print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
-    if result.evaluation is not None:
-        e = result.evaluation
+    if result.outcome is not None:
+        e = result.outcome
         print(
             f"greedy speculative decoding of {e['problems']} held-out prompts: "
             f"TPF {e['tpf']:.3f} (tokens per target forward), E[L] {e['mean_accept']:.3f} "
@@ -437,71 +436,3 @@ def _print_report(report: object) -> None:
         console.print(table)
     for prompt, text in report.samples:
         console.print(f"[dim]{prompt!r} → {text!r}[/]")
-
-
-def register_experiment(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = layers.add_parser("experiment", help="reproducible ablations across seeds")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    x = commands.add_parser(
-        "proposal", help="the proposal-training ablation: arms × seeds, table, plots, report"
-    )
-    x.add_argument("--config", type=Path, required=True, help="TOML experiment config")
-    x.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
-    x.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
-    x.add_argument("--no-progress", action="store_true", help="quiet")
-    add_placement_arguments(x)
-    add_mask_argument(x)
-    x.set_defaults(run=run_experiment_proposal)
-    d = commands.add_parser(
-        "drafter", help="drafter weightings on one AR target: arms × seeds, TPF, tok/s vs AR"
-    )
-    d.add_argument("--config", type=Path, required=True, help="TOML experiment config")
-    d.add_argument("--out", type=str, default=None, help="output directory (overrides out_dir)")
-    d.add_argument("--workers", type=int, default=None, help="parallel jobs (1 thread each)")
-    d.add_argument("--no-progress", action="store_true", help="quiet")
-    add_mask_argument(d)
-    d.set_defaults(run=run_experiment_drafter)
-    from brisk.cli.corrector import register_experiment
-
-    register_experiment(commands)
-
-
-@exits_on_interrupt
-def run_experiment_proposal(args: argparse.Namespace) -> int:
-    from brisk.runtime.experiment.proposal import run_experiment
-    from brisk.runtime.experiment.proposal_config import ExperimentConfig
-    from brisk.runtime.loader import placement
-
-    try:
-        cfg = ExperimentConfig.load(args.config)
-    except ValueError as err:
-        raise ValueError(f"--config: {err}") from None
-    changes = {
-        "out_dir": args.out,
-        "workers": args.workers,
-        "device": args.device,
-        "dtype": args.dtype,
-        "mask_token_id": args.mask_token_id,
-    }
-    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
-    placement(cfg.device, cfg.dtype)  # checked (and said) before any job starts
-    quiet_transformers()
-    summary = run_experiment(cfg, show_progress=not args.no_progress)
-    print(f"best arm by whole-run TPF: {summary['best_arm']}; summary in {cfg.out_dir}")
-    return 0
-
-
-@exits_on_interrupt
-def run_experiment_drafter(args: argparse.Namespace) -> int:
-    from brisk.runtime.experiment.drafter import DrafterExperimentConfig, run_drafter_experiment
-
-    try:
-        cfg = DrafterExperimentConfig.load(args.config)
-    except ValueError as err:
-        raise ValueError(f"--config: {err}") from None
-    changes = {"out_dir": args.out, "workers": args.workers, "mask_token_id": args.mask_token_id}
-    cfg = with_overrides(cfg, changes, {"out_dir": "out"})
-    quiet_transformers()
-    run_drafter_experiment(cfg, show_progress=not args.no_progress)
-    print(f"summary in {cfg.out_dir}/summary.md")
-    return 0

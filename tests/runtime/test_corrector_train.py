@@ -147,7 +147,9 @@ def test_a_trained_head_lowers_held_out_loss_and_lengthens_accepted_prefixes(
     backbone, head, store = micro_head
     records = [json.loads(x) for x in (store.path.parent / "head" / "metrics.jsonl").open()]
     val = [r["val_loss"] for r in records if "val_loss" in r]
-    assert records[0]["step"] == 0
+    assert records[0]["event"] == "start"
+    assert records[1]["event"] == "eval"
+    assert records[1]["step"] == 0  # the untrained head's held-out loss
     assert val[-1] < 2 / 3 * val[0], val
     assert any("ce" in r and "kl" in r for r in records)
     prompts = micro_prompts(200, seed=1)
@@ -167,7 +169,7 @@ def test_evaluation_times_the_head(
 ) -> None:
     """A head trained on the tiny world's events loads with from_pretrained and decodes; its
     own time is measured apart from the rest."""
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.experiments.evaluate import evaluate_checkpoint
     from brisk.runtime.train.config import BaseTrainConfig
     from brisk.worlds.arithmetic.task import make_split
 

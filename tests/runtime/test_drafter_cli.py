@@ -211,7 +211,8 @@ def test_the_head_table_pairs_each_arm_on_against_off_and_the_weightings_with_th
     """The head table's cells from records: the change of TPF on ÷ off paired per seed, and
     BRISK against the other weightings with the head on (log-ratios of 1.2 and 1.1: +20 % and
     +10 %, the same each seed, so the interval is a point)."""
-    from brisk.runtime.experiment.drafter import DrafterExperimentConfig, head_table
+    from brisk.experiments.drafter_config import DrafterExperimentConfig
+    from brisk.experiments.drafter_table import head_table
 
     cfg = DrafterExperimentConfig(target="t", dataset="d", arms=("brisk", "uniform"), seeds=(0, 1))
     cfg = cfg.replace(head=cfg.head.replace(arms=("brisk", "uniform")))

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.experiment import (
+from brisk.experiments import (
     CheckpointEval,
     evaluate_checkpoint,
     markdown_table,
     plot_summaries,
     summarize,
 )
-from brisk.runtime.experiment.evaluate import TimedCorrector
+from brisk.experiments.evaluate import TimedCorrector
+from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
 from brisk.worlds.arithmetic.task import TaskConfig, make_split
 from brisk.worlds.arithmetic.tokenizer import char_tokenizer

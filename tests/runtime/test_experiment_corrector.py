@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brisk.runtime.experiment.corrector import CorrectorExperimentConfig, run_corrector_experiment
+from brisk.experiments.corrector import CorrectorExperimentConfig, run_corrector_experiment
 
 
 @pytest.mark.slow

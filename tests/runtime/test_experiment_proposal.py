@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
-from brisk.runtime.experiment.table import paired_change
+from brisk.experiments.proposal import ExperimentConfig, run_experiment
+from brisk.experiments.table import paired_change
 from brisk.theory import progress_weights, tpf
 from tests.runtime.conftest import micro_experiment_toml
 
@@ -187,9 +187,9 @@ def test_head_section_is_off_unless_given_and_its_keys_are_checked(tmp_path: Pat
 
 
 def test_best_arm_keeps_the_base_accuracy_then_maximizes_tpf() -> None:
+    from brisk.experiments.evaluate import ArmSummary
+    from brisk.experiments.headon import choose_arm
     from brisk.mechanism.stats import Interval
-    from brisk.runtime.experiment.evaluate import ArmSummary
-    from brisk.runtime.experiment.headon import choose_arm
 
     def arm(name: str, acc: list[float], tpf: float) -> ArmSummary:
         return ArmSummary(

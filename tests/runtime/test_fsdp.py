@@ -38,7 +38,9 @@ def run(cmd: list[str]) -> None:
 
 
 def records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The run's ``train`` records."""
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in logged if r["event"] == "train"]
 
 
 def timeless(out: Path) -> list[dict[str, Any]]:

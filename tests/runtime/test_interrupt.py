@@ -35,8 +35,8 @@ from brisk._interrupt import (
     stop_signals,
 )
 from brisk.cli import main
+from brisk.experiments.proposal import ExperimentConfig, run_experiment
 from brisk.mechanism import validate
-from brisk.runtime.experiment.proposal import ExperimentConfig, run_experiment
 from brisk.runtime.train.base import train_base
 from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.corrector import train_corrector
@@ -220,7 +220,7 @@ def test_train_base_stops_on_sigint_and_resumes_bit_identically(
     assert (saved / "trainer_state.pt").is_file()
     assert not (part / "final").exists()
     assert not [p for p in part.iterdir() if p.name.startswith(".")]  # no half-written save
-    assert max(r["step"] for r in records(part / "metrics.jsonl") if "step" in r) == step - 1
+    assert max(r["step"] for r in records(part / "metrics.jsonl") if "step" in r) == step
     subprocess.run([*cmd, "--resume"], check=True, capture_output=True)
     assert_same_tensors(
         base_whole / "final" / "model.safetensors", part / "final" / "model.safetensors"

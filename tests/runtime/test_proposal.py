@@ -45,7 +45,9 @@ def config(base: Path, dataset: Path, out: Path, **kw: object) -> ProposalTrainC
 
 
 def records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The run's ``train`` records."""
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in logged if r["event"] == "train"]
 
 
 def test_brisk_weights_are_progress_weights_of_the_logged_profile(

@@ -13,6 +13,7 @@ from brisk.runtime.drafter.model import (
     drafter_config,
     load_drafter,
     save_drafter,
+    write_drafter,
 )
 from brisk.runtime.drafter.plain import plain_decode
 from brisk.runtime.drafter.speculative import (
@@ -42,4 +43,5 @@ __all__ = [
     "save_drafter",
     "speculative_decode",
     "target_heads",
+    "write_drafter",
 ]

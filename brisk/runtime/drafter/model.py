@@ -314,13 +314,19 @@ def save_drafter(
     checkpoint holds (a trainer's config and state) before it is moved into place."""
     path = Path(path)
     with building_dir(path) as tmp:
-        drafter.config.dtype = str(next(drafter.parameters()).dtype).removeprefix("torch.")
-        drafter.config.save_pretrained(tmp)
-        state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        write_drafter(drafter, tmp)
         if extra is not None:
             extra(tmp)
     return path
+
+
+def write_drafter(drafter: DFlashDrafter, directory: Path) -> None:
+    """Write ``config.json`` and ``model.safetensors`` in the DFlash format into ``directory``
+    (:func:`save_drafter` writes them atomically)."""
+    drafter.config.dtype = str(next(drafter.parameters()).dtype).removeprefix("torch.")
+    drafter.config.save_pretrained(directory)
+    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
 
 
 # What a drafter's config.json must give: the sizes its weights take (Qwen3Config's defaults

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import shutil
-import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -32,48 +30,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 
-from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone, resolve_mask_id
-from brisk.runtime.loader import training_placement
-from brisk.runtime.train.common import (
-    TrainingTokens,
-    TrainResult,
-    adamw,
-    carry_mask,
-    cpu_settings,
-    init_tokens,
-)
+from brisk.runtime.train.common import TrainingTokens, adamw, carry_mask, init_tokens
 from brisk.runtime.train.config import BaseTrainConfig
-from brisk.runtime.train.distributed import (
-    Dist,
-    autocast,
-    full_state_dict,
-    grad_sync,
-    load_for_training,
-    load_sharded,
-    micro_batches,
-    save_sharded,
-)
+from brisk.runtime.train.distributed import autocast, grad_sync, load_for_training, micro_batches
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.forward import set_attention, training_forward
+from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
 from brisk.runtime.train.idlm import IGNORE, auto_alpha, build_batch, label_counts
 from brisk.runtime.train.packing import pack_batch
-from brisk.runtime.train.resume import (
-    METRICS,
-    MetricsLog,
-    interrupted_at,
-    load_state,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    start_checkpoint,
-)
+from brisk.runtime.train.resume import write_checkpoint
 from brisk.runtime.train.vocab import StreamLosses, stream_losses
 
-__all__ = ["TrainResult", "train_base"]
+__all__ = ["BaseRecipe", "TrainResult", "train_base"]
 
 
 def _slot_sums(ce: torch.Tensor, batch: Any) -> torch.Tensor:
@@ -161,294 +132,186 @@ def _pairs(cfg: BaseTrainConfig, tokenizer: Any) -> Iterator[tuple[Any, str]]:
 
 def train_base(
     cfg: BaseTrainConfig, show_progress: bool = True, *, resume: bool = True
-) -> TrainResult:
-    """Train the base model into ``cfg.out_dir``; with ``resume`` (the library's default, which
-    the experiments rely on) an interrupted run there is continued, else a directory holding a
-    run is refused (:func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or SIGTERM
-    ends it with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
-    with cpu_settings(cfg.threads), stop_signals() as stop:
-        return _train(cfg, show_progress, resume, stop)
+) -> TrainResult[EvalReport | None]:
+    """Train the base model into ``cfg.out_dir`` through the harness
+    (:func:`~brisk.runtime.train.harness.train`: resume by default, SIGINT or SIGTERM ends it
+    with a checkpoint); the outcome is the final held-out evaluation (None if disabled)."""
+    return train(BaseRecipe(cfg), show_progress, resume=resume)
 
 
-def _train(
-    cfg: BaseTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
-) -> TrainResult:
-    # The rates a default resolved to (from scratch or from init) are the run's: saved with it,
-    # compared on resume.
-    cfg = cfg.resolved()
-    dist = Dist.from_env(fsdp=cfg.fsdp)
-    mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
-    out = Path(cfg.out_dir)
-    start = start_checkpoint(out, resume, cfg)
-    tokens = _tokens(cfg)  # a MASK id that cannot be is refused before anything is written
-    tokenizer, mask_id, pad_id = tokens.tokenizer, tokens.mask_id, tokens.pad_id
-    dist.barrier()  # every rank reads the directory before rank 0 writes to it
-    if dist.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)  # block offsets
-    done = 0  # steps taken
-    alpha: float | None = None  # α (auto) for the next step: the last step's CE ratio
+class BaseRecipe(Recipe[BaseTrainConfig, EvalReport | None]):
+    """I-DLM training (module docstring): batches of ``[x_t | x_0]`` at the curriculum's stride,
+    the loss CE_noisy + α·CE_clean."""
 
-    # Model, tokenizer and data: training problems stream from the world's train split (or a
-    # user's file, epoch after shuffled epoch); evaluation uses distinct problems of the test
-    # split, which never shares a problem with training (a user's data: none here; evaluate
-    # with `brisk train eval --task FILE`).
-    # Under FSDP rank 0 alone reads the weights; the others receive their shards
-    # (load_for_training).
-    model, net = load_for_training(
-        lambda: _model(cfg, tokens, start),
-        dist,
-        fsdp=cfg.fsdp,
-        precision=precision_name,
-        checkpointing=cfg.activation_checkpointing,
-        device=device,
-    )
-    n_params = sum(p.numel() for p in model.parameters())
-    limit = int(getattr(model.config, "max_position_embeddings", 0) or 10**9)
-    n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
-    eval_world = _world(cfg, "test", n_eval, cfg.eval_seed) if n_eval else None
-    held_out = eval_world.problems() if eval_world is not None else []
-    state = load_state(start) if start is not None else {}
-    own_attention = set_attention(model, cfg.attention)  # not saved: checkpoints stay plain
-    precision = autocast(precision_name, cfg.fsdp, device)
-    head = model.get_output_embeddings()
+    label = "train base"
 
-    def measure(batch: Any) -> StreamLosses:
+    def __init__(self, cfg: BaseTrainConfig) -> None:
+        # The rates a default resolved to (from scratch or from init) are the run's: saved with
+        # it, compared on resume.
+        super().__init__(cfg.resolved())
+        self.rng = random.Random(cfg.seed)  # block offsets
+        self.alpha: float | None = None  # α (auto) for the next step: the last step's CE ratio
+
+    def build(self, run: Run) -> None:
+        cfg = self.cfg
+        self.tokens = _tokens(cfg)  # a MASK id that cannot be is refused before any write
+        # Training problems stream from the world's train split (or a user's file, epoch after
+        # shuffled epoch); evaluation uses distinct problems of the test split, which never
+        # shares a problem with training (a user's data: none here; evaluate with
+        # `brisk train eval --task FILE`). Under FSDP rank 0 alone reads the weights; the
+        # others receive their shards (load_for_training).
+        self.model, self.net = load_for_training(
+            lambda: _model(cfg, self.tokens, run.start),
+            run.dist,
+            fsdp=cfg.fsdp,
+            precision=run.precision,
+            checkpointing=cfg.activation_checkpointing,
+            device=run.device,
+        )
+        self.limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
+        n_eval = max(cfg.eval_problems, cfg.final_eval_problems) if cfg.data.is_default else 0
+        self.eval_world = _world(cfg, "test", n_eval, cfg.eval_seed) if n_eval else None
+        self.held_out = self.eval_world.problems() if self.eval_world is not None else []
+        self.own_attention = set_attention(self.model, cfg.attention)  # checkpoints stay plain
+        self.precision = autocast(run.precision, cfg.fsdp, run.device)
+        self.head = self.model.get_output_embeddings()
+        self.optimizer = adamw(self.model, cfg.peak_lr, cfg.weight_decay)
+        self.mine = run.dist.rows(cfg.batch_size)  # this rank's rows of every global batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"offsets": self.rng.getstate(), "alpha": self.alpha}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["offsets"])
+        self.alpha = state.get("alpha")
+
+    def begin(self, run: Run) -> None:
+        # Every step draws batch_size problems: a resumed stream continues after them.
+        pairs = _pairs(self.cfg, self.tokens.tokenizer)
+        self.stream = islice(pairs, run.step * self.cfg.batch_size, None)
+        self.model.train()
+
+    def measure(self, batch: Any) -> StreamLosses:
         """One forward: the micro-batch's per-position losses (with their graph when gradients
         are on), the LM head applied in chunks."""
-        with precision:
-            h_noisy, h_clean = training_forward(net, batch, cfg.attention, hidden=True)
-            return stream_losses(h_noisy, h_clean, head.weight, batch, temperature=0.0)
+        with self.precision:
+            h_noisy, h_clean = training_forward(self.net, batch, self.cfg.attention, hidden=True)
+            return stream_losses(h_noisy, h_clean, self.head.weight, batch, temperature=0.0)
 
-    optimizer = adamw(model, cfg.peak_lr, cfg.weight_decay)
+    def batches(self, run: Run, step: int, M: int) -> list[Any]:
+        """This rank's rows of step ``step``'s global batch, in micro-batches laid out in
+        blocks of ``M`` (packed end to end in rows of ``pack_tokens`` when set)."""
+        cfg, tokenizer = self.cfg, self.tokens.tokenizer
+        mask_id, pad_id = self.tokens.mask_id, self.tokens.pad_id
+        drawn = [next(self.stream) for _ in range(cfg.batch_size)]
+        offset = self.rng.randrange(M) if cfg.random_block_offset else 0
+        batches: list[Any] = []
+        for rows in micro_batches(drawn[self.mine], cfg.micro_batch_size):
+            encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
+            seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
+            if not cfg.pack_tokens:  # an over-long example: its first window, as train ar's
+                _check_prompts(prompt_lens, self.limit, step)
+                seqs = [s[: self.limit] for s in seqs]
+            option = "pack_tokens" if cfg.pack_tokens else "data"
+            _check_fits(seqs, cfg.pack_tokens or self.limit, option, step)
+            if cfg.pack_tokens:
+                batch = pack_batch(
+                    seqs, prompt_lens, M, mask_id, pad_id, cfg.pack_tokens, offset, run.device
+                )
+            else:
+                dense = cfg.attention == "dense"
+                batch = build_batch(
+                    seqs,
+                    prompt_lens,
+                    M,
+                    mask_id,
+                    pad_id,
+                    offset,
+                    device=run.device,
+                    dense_mask=dense,
+                )
+            batches.append(batch)
+        return batches
 
-    # Resume: optimizer, RNG states and the log as they were at the checkpoint; every step draws
-    # batch_size problems, so the stream continues after step · batch_size of them.
-    metrics = (
-        MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0)) if dist.rank == 0 else None
-    )
-    records: list[dict[str, Any]] = []
+    def step(self, run: Run, step: int) -> StepRecord:
+        cfg, dist = self.cfg, run.dist
+        # The curriculum's stride fixes the block size M = N − 1 of the mask.
+        N = cfg.stride_at(step)
+        M = N - 1
+        batches = self.batches(run, step, M)
+        lr = cfg.lr_at_step(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
-    def log(record: dict[str, Any]) -> None:
-        if metrics is not None:  # rank 0 writes the log
-            metrics.write(record)
+        # The step's loss CE_noisy + α·CE_clean over the global batch: its denominators are
+        # label counts (known before any forward), α (auto) the CE ratio measured at the
+        # previous step (the first step: a probe of its own batch), so every micro-batch is
+        # forwarded once (module docstring of brisk.runtime.train.proposal).
+        counts = dist.sum(torch.stack([label_counts(b) for b in batches]).sum(0))
+        n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
+        if cfg.alpha != "auto":
+            self.alpha = float(cfg.alpha)
+        elif self.alpha is None:
+            with torch.no_grad():
+                zero = torch.zeros(4, dtype=torch.float64)
+                probed = dist.sum(sum((self.measure(b).totals(b) for b in batches), zero))
+            self.alpha = auto_alpha(float(probed[0]) / n_noisy, float(probed[1]) / n_clean)
 
-    if start is not None:
-        if cfg.fsdp:
-            load_sharded(start, model, optimizer)
-        else:
-            optimizer.load_state_dict(state["optimizer"])
-        rng.setstate(state["offsets"])
-        restore_rng(state["rng"])
-        done = state["step"]
-        alpha = state.get("alpha")
-    else:
-        log({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    pairs = _pairs(cfg, tokenizer)  # (problem, response)
-    train_stream = islice(pairs, done * cfg.batch_size, None)
+        # Each micro-batch's share, from its one forward; gradients are reduced across ranks
+        # once, after the last micro-batch.
+        self.optimizer.zero_grad(set_to_none=True)
+        local = torch.zeros(4, dtype=torch.float64)  # loss totals
+        slots = torch.zeros(2, M, dtype=torch.float64)  # slot CE sums, counts
+        used = self.alpha
+        for k, batch in enumerate(batches):
+            with grad_sync(self.net, k == len(batches) - 1):
+                losses = self.measure(batch)
+                noisy, clean = losses.noisy.sum() / n_noisy, losses.clean.sum() / n_clean
+                loss = dist.world * (noisy + used * clean)
+                loss.backward()
+            local += losses.totals(batch)
+            slots += _slot_sums(losses.noisy.detach(), batch)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        totals = dist.sum(local)
+        if cfg.alpha == "auto":  # the next step's
+            self.alpha = auto_alpha(float(totals[0]) / n_noisy, float(totals[1]) / n_clean)
 
-    def run_eval(step: int, n: int) -> EvalReport:
-        # Every rank decodes the same problems (a sharded forward needs every shard).
-        model.set_attn_implementation(own_attention)  # decoding passes its own dense masks
+        # Slot CE is averaged over every MASK slot of the global batch.
+        ce_noisy, ce_clean = float(totals[0]) / n_noisy, float(totals[1]) / n_clean
+        sums, slot_n = dist.sum(slots)
+        fields = {
+            "stride": N,
+            "lr": lr,
+            "loss": ce_noisy + used * ce_clean,
+            "ce_noisy": ce_noisy,
+            "ce_clean": ce_clean,
+            "alpha": used,
+            "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
+        }
+        return StepRecord(fields, f"N={N} clean {ce_clean:.3f} noisy {ce_noisy:.3f}")
+
+    def run_eval(self, run: Run, step: int, n: int) -> EvalReport:
+        """Decode ``n`` held-out problems and log the report. Every rank decodes the same
+        problems (a sharded forward needs every shard)."""
+        model = self.model
+        model.set_attn_implementation(self.own_attention)  # decoding passes its own masks
         model.eval()
-        report = evaluate(HFBackbone(model, mask_id), tokenizer, held_out[:n], task=eval_world)
-        set_attention(model, cfg.attention)
+        backbone = HFBackbone(model, self.tokens.mask_id)
+        report = evaluate(backbone, self.tokens.tokenizer, self.held_out[:n], task=self.eval_world)
+        set_attention(model, self.cfg.attention)
         model.train()
-        log({"event": "eval", "step": step, "elapsed_s": time.monotonic() - t0, **report.to_dict()})
+        run.log({"event": "eval", "step": step, "elapsed_s": run.elapsed(), **report.to_dict()})
         return report
 
-    def save(path: Path, resumable: bool = True) -> Path:
-        """A checkpoint, atomically: called by rank 0 alone, or under FSDP by every rank (the
-        plain weights gathered to rank 0, model and optimizer shards to ``sharded/``). Only a
-        checkpoint to resume from (``resumable``) holds the trainer state and the shards."""
-        state = {
-            "step": done,
-            "offsets": rng.getstate(),
-            "rng": rng_state(),
-            "alpha": alpha,
-            "metrics_bytes": metrics.size if metrics is not None else 0,
-            "elapsed_s": time.monotonic() - t0,
-            "world_size": dist.world,
-        }
-        weights = full_state_dict(model, cfg.fsdp)
-        tmp = path.with_name(f".{path.name}.tmp")
-        sharded = cfg.fsdp and resumable
-        if sharded:
-            if dist.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            dist.barrier()
-            save_sharded(tmp, model, optimizer)
-        elif resumable:
-            state["optimizer"] = optimizer.state_dict()
-        if dist.rank == 0:
-            kept = state if resumable else None
-            save_checkpoint(model, tokenizer, cfg, path, state=kept, weights=weights, keep=sharded)
-        if cfg.fsdp:
-            dist.barrier()
-        return path
+    def evaluate(self, run: Run, done: int, finished: bool) -> None:
+        every = self.cfg.eval_every
+        if every and done % every == 0 and not finished:
+            self.run_eval(run, done, self.cfg.eval_problems)
 
-    progress = Progress(
-        TextColumn("train base"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        disable=not show_progress or dist.rank != 0,
-    )
-    t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
-    saved_at = done if start is not None else -1  # the step of the newest checkpoint on disk
-    with progress:
-        bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
-        model.train()
-        for step in range(done, cfg.steps):
-            # Stop between steps on SIGINT/SIGTERM (every rank at the same step), with a
-            # checkpoint of the step reached.
-            if dist.any(stop.requested, device):
-                here = out / f"checkpoint-{step:06d}"
-                if cfg.fsdp and step > 0 and step != saved_at:
-                    save(here)  # every rank: rank 0's interrupted_at finds it saved
-                err = Interrupted(f"at step {step}")
-                if metrics is not None:
-                    err = interrupted_at(step, cfg.steps, here, save, metrics)
-                dist.barrier()
-                raise err
+    def finish(self, run: Run, final: Path) -> EvalReport | None:
+        n = self.cfg.final_eval_problems
+        return self.run_eval(run, run.step, n) if n else None
 
-            # Batch: the curriculum's stride fixes the block size M = N − 1 of the mask; this
-            # rank's rows of the global batch, in micro-batches.
-            N = cfg.stride_at(step)
-            M = N - 1
-            drawn = [next(train_stream) for _ in range(cfg.batch_size)]
-            offset = rng.randrange(M) if cfg.random_block_offset else 0
-            batches: list[Any] = []
-            for rows in micro_batches(drawn[mine], cfg.micro_batch_size):
-                encoded = [encode_problem(p, tokenizer, response) for p, response in rows]
-                seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
-                if not cfg.pack_tokens:  # an over-long example: its first window, as train ar's
-                    _check_prompts(prompt_lens, limit, step)
-                    seqs = [s[:limit] for s in seqs]
-                _check_fits(
-                    seqs,
-                    cfg.pack_tokens or limit,
-                    "pack_tokens" if cfg.pack_tokens else "data",
-                    step,
-                )
-                if cfg.pack_tokens:  # examples end to end in rows of pack_tokens
-                    batches.append(
-                        pack_batch(
-                            seqs, prompt_lens, M, mask_id, pad_id, cfg.pack_tokens, offset, device
-                        )
-                    )
-                else:
-                    batches.append(
-                        build_batch(
-                            seqs,
-                            prompt_lens,
-                            M,
-                            mask_id,
-                            pad_id,
-                            offset=offset,
-                            device=device,
-                            dense_mask=cfg.attention == "dense",
-                        )
-                    )
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr_at_step(step)
-
-            # The step's loss CE_noisy + α·CE_clean over the global batch: its denominators are
-            # label counts (known before any forward), α (auto) the CE ratio measured at the
-            # previous step (the first step: a probe of its own batch), so every micro-batch is
-            # forwarded once (module docstring of brisk.runtime.train.proposal).
-            counts = dist.sum(torch.stack([label_counts(b) for b in batches]).sum(0))
-            n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
-            if cfg.alpha != "auto":
-                alpha = float(cfg.alpha)
-            elif alpha is None:
-                with torch.no_grad():
-                    probed = dist.sum(
-                        sum(
-                            (measure(b).totals(b) for b in batches),
-                            torch.zeros(4, dtype=torch.float64),
-                        )
-                    )
-                alpha = auto_alpha(float(probed[0]) / n_noisy, float(probed[1]) / n_clean)
-
-            # Step: each micro-batch's share, from its one forward; gradients are reduced
-            # across ranks once, after the last micro-batch.
-            optimizer.zero_grad(set_to_none=True)
-            local = torch.zeros(4, dtype=torch.float64)  # loss totals
-            slots = torch.zeros(2, M, dtype=torch.float64)  # slot CE sums, counts
-            used = alpha
-            for k, batch in enumerate(batches):
-                with grad_sync(net, k == len(batches) - 1):
-                    losses = measure(batch)
-                    loss = dist.world * (
-                        losses.noisy.sum() / n_noisy + used * losses.clean.sum() / n_clean
-                    )
-                    loss.backward()
-                local += losses.totals(batch)
-                slots += _slot_sums(losses.noisy.detach(), batch)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            done = step + 1
-            totals = dist.sum(local)
-            if cfg.alpha == "auto":  # the next step's
-                alpha = auto_alpha(float(totals[0]) / n_noisy, float(totals[1]) / n_clean)
-
-            # Log: slot CE is averaged over every MASK slot of the global batch.
-            ce_noisy, ce_clean = float(totals[0]) / n_noisy, float(totals[1]) / n_clean
-            loss_value = ce_noisy + used * ce_clean
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                sums, slot_n = dist.sum(slots)
-                log(
-                    {
-                        "event": "train",
-                        "step": step,
-                        "stride": N,
-                        "lr": cfg.lr_at_step(step),
-                        "loss": loss_value,
-                        "ce_noisy": ce_noisy,
-                        "ce_clean": ce_clean,
-                        "alpha": used,
-                        "slot_ce": (sums / slot_n.clamp(min=1)).tolist(),
-                        "elapsed_s": time.monotonic() - t0,
-                    }
-                )
-            progress.update(bar, advance=1, info=f"N={N} clean {ce_clean:.3f} noisy {ce_noisy:.3f}")
-
-            # Evaluate and checkpoint now and then; stop early if the wall budget is spent
-            # (rank 0's clock decides, for every rank).
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                run_eval(done, cfg.eval_problems)
-            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                if cfg.fsdp or dist.rank == 0:
-                    save(out / f"checkpoint-{done:06d}")
-                saved_at = done
-            over = dist.rank == 0 and (time.monotonic() - t0) / 60 > cfg.max_minutes
-            if dist.any(over, device):
-                log({"event": "budget", "step": done, "elapsed_s": time.monotonic() - t0})
-                break
-
-    # The trained model is saved first: an evaluation cut short by a signal loses only itself.
-    train_wall = time.monotonic() - t0
-    final = out / "final"
-    if cfg.fsdp or dist.rank == 0:
-        save(final, resumable=False)
-    report = None
-    if cfg.final_eval_problems:
-        try:
-            with stop.abortable():
-                report = run_eval(done, cfg.final_eval_problems)
-        except KeyboardInterrupt:
-            raise Interrupted(
-                f"during the final evaluation; the trained model is saved in {final} "
-                f"(brisk train eval --checkpoint {final} evaluates it)"
-            ) from None
-    log({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
-    if metrics is not None:
-        metrics.close()
-        records = metrics.records
-    dist.barrier()
-    return TrainResult(final, records, report, train_wall)
+    def write(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        write_checkpoint(directory, self.model, self.tokens.tokenizer, self.cfg, weights)

@@ -13,27 +13,15 @@ from typing import Any
 
 import torch
 
-from brisk.runtime.train.evaluate import EvalReport
 from brisk.runtime.train.fields import MaskToken
 
 __all__ = [
-    "TrainResult",
     "TrainingTokens",
     "adamw",
     "carry_mask",
     "cpu_settings",
     "init_tokens",
 ]
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What ``brisk train base`` and ``brisk train ar`` return."""
-
-    checkpoint: Path  # the final save_pretrained directory
-    history: list[dict[str, Any]]  # every record written to metrics.jsonl
-    report: EvalReport | None  # held-out evaluation after training (None if disabled)
-    wall_s: float  # training wall time, evaluation and final save excluded
 
 
 def adamw(model: Any, lr: float, weight_decay: float) -> torch.optim.AdamW:

@@ -33,35 +33,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
-from brisk._interrupt import stop_signals
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.runtime.train.corrector_config import CorrectorTrainConfig
 from brisk.runtime.train.event_store import EventStore
-from brisk.runtime.train.resume import (
-    METRICS,
-    STATE,
-    MetricsLog,
-    config_changes,
-    interrupted_at,
-    load_state,
-    restore_rng,
-    rng_state,
-    start_checkpoint,
-)
+from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
+from brisk.runtime.train.resume import config_changes
 
 if TYPE_CHECKING:
     from brisk.runtime.backbone import Backbone
 
-__all__ = ["EventBatch", "HeadLoss", "TrainResult", "event_batch", "head_loss", "train_corrector"]
+__all__ = [
+    "CorrectorRecipe",
+    "EventBatch",
+    "HeadFit",
+    "HeadLoss",
+    "event_batch",
+    "head_loss",
+    "train_corrector",
+]
 
 
 @dataclass(frozen=True)
@@ -159,14 +157,13 @@ def event_batch(
 
 
 @dataclass(frozen=True)
-class TrainResult:
-    checkpoint: Path  # final/
-    steps: int
+class HeadFit:
+    """A corrector run's outcome: its events and the held-out loss before and after."""
+
     train_events: int
     val_events: int
     val_loss: float  # held-out loss of the final head
     val_loss_init: float  # held-out loss of the untrained (identity) head
-    wall_s: float
 
 
 def split_requests(store: EventStore, cfg: CorrectorTrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -223,19 +220,6 @@ def validation(
         totals["base_agree"] += float(((verifier == 0) & m).sum())
         n += k
     return {f"val_{k}": v / max(n, 1) for k, v in totals.items()} | {"val_positions": n}
-
-
-def _save(
-    head: Corrector, cfg: CorrectorTrainConfig, path: Path, state: dict[str, Any] | None = None
-) -> Path:
-    from brisk._atomic import building_dir
-
-    with building_dir(path) as tmp:
-        head.save_pretrained(tmp)
-        (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        if state is not None:
-            torch.save(state, tmp / STATE)
-    return path
 
 
 def load_backbone(
@@ -296,17 +280,11 @@ def train_corrector(
     store: EventStore | None = None,
     *,
     resume: bool = True,
-) -> TrainResult:
-    """Train a head on ``cfg.events`` (module docstring); ``backbone`` / ``store`` may be passed
-    in already loaded (tests, experiments). With ``resume`` (the library's default, which the
-    experiments rely on) an interrupted run in ``cfg.out_dir`` is continued, else a directory
-    holding a run is refused (:func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or
-    SIGTERM ends it between steps with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from safetensors.torch import load_file
-
-    from brisk.runtime.train.common import cpu_settings
-
+) -> TrainResult[HeadFit]:
+    """Train a head on ``cfg.events`` (module docstring) through the harness
+    (:func:`~brisk.runtime.train.harness.train`: resume by default, SIGINT or SIGTERM ends it
+    between steps with a checkpoint); ``backbone`` / ``store`` may be passed in already loaded
+    (tests, experiments)."""
     if store is None:
         if not cfg.events:
             raise ValueError("events: corrector training needs an event store")
@@ -318,114 +296,100 @@ def train_corrector(
             store, device=cfg.device, dtype=cfg.dtype, mask_token_id=cfg.mask_token_id
         )
     store.check_backbone(backbone)
-    out = Path(cfg.out_dir)
-    begin = start_checkpoint(out, resume, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    train_idx, val_idx = split_requests(store, cfg)
-    with cpu_settings(cfg.threads), stop_signals() as stop:
-        torch.manual_seed(cfg.seed)
-        head = Corrector(head_config(backbone, store, cfg)).float().to(backbone.device)
-        optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        rng = np.random.default_rng(cfg.seed)  # each epoch's order of the training events
-        per_epoch = math.ceil(len(train_idx) / cfg.batch_size)
-        total = per_epoch * cfg.epochs
-        eval_every = cfg.eval_every or per_epoch
+    return train(CorrectorRecipe(cfg, backbone, store), show_progress, resume=resume)
 
-        # Resume: head, optimizer, RNG states, the epoch's order and the log as they were at
-        # the checkpoint; a new run starts with the untrained head's held-out loss.
-        state = load_state(begin) if begin is not None else {}
-        store_id = {k: v for k, v in store.meta.items() if k != "checkpoint"}
-        changes = config_changes(state["store"], store_id) if begin is not None else []
+
+class CorrectorRecipe(Recipe[CorrectorTrainConfig, HeadFit]):
+    """The head on the store's events, epoch after epoch in a shuffled order, the backbone
+    frozen; validated on held-out requests every ``eval_every`` steps (module docstring)."""
+
+    label = "corrector"
+
+    def __init__(self, cfg: CorrectorTrainConfig, backbone: Backbone, store: EventStore) -> None:
+        super().__init__(cfg)
+        self.backbone, self.store = backbone, store
+        self.train_idx, self.val_idx = split_requests(store, cfg)
+        self.per_epoch = math.ceil(len(self.train_idx) / cfg.batch_size)
+        self.rng = np.random.default_rng(cfg.seed)  # each epoch's order of the training events
+        self.order = self.train_idx
+        self.store_id = {k: v for k, v in store.meta.items() if k != "checkpoint"}
+
+    @property
+    def total(self) -> int:
+        return self.per_epoch * self.cfg.epochs
+
+    def build(self, run: Run) -> None:
+        config = head_config(self.backbone, self.store, self.cfg)
+        self.model = Corrector(config).float().to(self.backbone.device)
+        if run.start is not None:
+            self.model.load_state_dict(load_file(run.start / "model.safetensors"))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.store_id,
+            "order": self.order,
+            "order_rng": self.rng.bit_generator.state,
+            "init": self.init,
+            "last": self.last,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        changes = config_changes(state["store"], self.store_id)
         if changes:
             raise ValueError(
-                f"--resume: {begin} was trained on another event store than "
-                f"{store.path} ({'; '.join(changes)})"
+                f"--resume: {self.cfg.out_dir} was trained on another event store than "
+                f"{self.store.path} ({'; '.join(changes)})"
             )
-        metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
-        if begin is not None:
-            head.load_state_dict(load_file(begin / "model.safetensors"))
-            optimizer.load_state_dict(state["optimizer"])
-            rng.bit_generator.state = state["order_rng"]
-            restore_rng(state["rng"])
-            step, order, init, last = state["step"], state["order"], state["init"], state["last"]
-        else:
-            step, order = 0, train_idx
-            init = last = validation(head, backbone, store, val_idx, cfg)
-            metrics.write({"step": 0, **init})
-        start = time.perf_counter() - state.get("elapsed_s", 0.0)
+        self.rng.bit_generator.state = state["order_rng"]
+        self.order, self.init, self.last = state["order"], state["init"], state["last"]
 
-        def save(path: Path) -> Path:
-            return _save(
-                head,
-                cfg,
-                path,
-                {
-                    "step": step,
-                    "store": store_id,
-                    "optimizer": optimizer.state_dict(),
-                    "order": order,
-                    "order_rng": rng.bit_generator.state,
-                    "rng": rng_state(),
-                    "init": init,
-                    "last": last,
-                    "metrics_bytes": metrics.size,
-                    "elapsed_s": time.perf_counter() - start,
-                },
-            )
+    def validate(self) -> dict[str, float]:
+        return validation(self.model, self.backbone, self.store, self.val_idx, self.cfg)
 
-        columns = (
-            TextColumn("corrector"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]:.4f}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, disable=not show_progress) as progress:
-            bar = progress.add_task("train", total=total, completed=step, loss=float("nan"))
-            while step < total:
-                # Stop between steps on SIGINT/SIGTERM, with a checkpoint of the step reached.
-                if stop.requested:
-                    raise interrupted_at(step, total, out / f"checkpoint-{step:06d}", save, metrics)
-                epoch, k = divmod(step, per_epoch)
-                if k == 0:
-                    order = rng.permutation(train_idx)
-                lo = k * cfg.batch_size
-                batch = event_batch(
-                    store, order[lo : lo + cfg.batch_size], cfg.K, cfg.target, backbone.device
-                )
-                loss, _ = batch.loss(head, backbone, cfg.beta)
-                optimizer.zero_grad(set_to_none=True)
-                loss.loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-                optimizer.step()
-                step += 1
-                progress.update(bar, advance=1, loss=float(loss.loss.detach()))
-                if step % cfg.log_every == 0 or step == total:
-                    metrics.write(
-                        {
-                            "step": step,
-                            "epoch": epoch,
-                            "loss": float(loss.loss.detach()),
-                            "ce": float(loss.ce.detach()),
-                            "kl": float(loss.kl.detach()),
-                            "positions": loss.positions,
-                            "grad_norm": float(grad_norm),
-                            "gate": float(torch.sigmoid(head.alpha.detach())),
-                        }
-                    )
-                if step % eval_every == 0 or step == total:
-                    last = validation(head, backbone, store, val_idx, cfg)
-                    metrics.write({"step": step, "epoch": epoch, **last})
-                if cfg.save_every and step % cfg.save_every == 0:
-                    save(out / f"checkpoint-{step:06d}")
-        metrics.close()
-        final = _save(head, cfg, out / "final")
-    return TrainResult(
-        final,
-        step,
-        len(train_idx),
-        len(val_idx),
-        last["val_loss"],
-        init["val_loss"],
-        time.perf_counter() - start,
-    )
+    def begin(self, run: Run) -> None:
+        if run.start is None:  # a new run starts with the untrained head's held-out loss
+            self.init = self.last = self.validate()
+            run.log({"event": "eval", "step": 0, **self.init})
+
+    def step(self, run: Run, step: int) -> StepRecord:
+        cfg = self.cfg
+        epoch, k = divmod(step, self.per_epoch)
+        if k == 0:
+            self.order = self.rng.permutation(self.train_idx)
+        lo = k * cfg.batch_size
+        index = self.order[lo : lo + cfg.batch_size]
+        batch = event_batch(self.store, index, cfg.K, cfg.target, self.backbone.device)
+        loss, _ = batch.loss(self.model, self.backbone, cfg.beta)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        value = float(loss.loss.detach())
+        fields = {
+            "epoch": epoch,
+            "loss": value,
+            "ce": float(loss.ce.detach()),
+            "kl": float(loss.kl.detach()),
+            "positions": loss.positions,
+            "grad_norm": float(grad_norm),
+            "gate": float(torch.sigmoid(self.model.alpha.detach())),
+        }
+        return StepRecord(fields, f"loss {value:.4f}")
+
+    def evaluate(self, run: Run, done: int, finished: bool) -> None:
+        if done % (self.cfg.eval_every or self.per_epoch) == 0 or finished:
+            self.last = self.validate()
+            epoch = (done - 1) // self.per_epoch
+            run.log({"event": "eval", "step": done, "epoch": epoch, **self.last})
+
+    def write(self, directory: Path, weights: dict[str, Tensor] | None) -> None:
+        self.model.save_pretrained(directory)
+        text = json.dumps(self.cfg.to_dict(), indent=2) + "\n"
+        (directory / self.config_file).write_text(text)
+
+    def finish(self, run: Run, final: Path) -> HeadFit:
+        n_train, n_val = len(self.train_idx), len(self.val_idx)
+        return HeadFit(n_train, n_val, self.last["val_loss"], self.init["val_loss"])

@@ -47,31 +47,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from brisk._interrupt import Interrupted, StopSignals, stop_signals
-from brisk.runtime.drafter import DFlashDrafter, drafter_config, load_drafter, save_drafter
-from brisk.runtime.loader import training_placement
-from brisk.runtime.train.common import adamw, cpu_settings
-from brisk.runtime.train.distributed import (
-    SHARDED,
-    Dist,
-    Precision,
-    autocast,
-    full_state_dict,
-    grad_sync,
-    load_sharded,
-    micro_batches,
-    save_sharded,
-)
+from brisk.runtime.drafter import DFlashDrafter, drafter_config, load_drafter, write_drafter
+from brisk.runtime.train.common import adamw
+from brisk.runtime.train.distributed import Dist, Precision, autocast, grad_sync, micro_batches
 from brisk.runtime.train.drafter import (
     BlockLosses,
     Blocks,
@@ -87,17 +72,8 @@ from brisk.runtime.train.drafter_config import DrafterTrainConfig
 from brisk.runtime.train.drafter_eval import evaluate_drafter, task_prompts
 from brisk.runtime.train.drafter_features import TargetFeatures
 from brisk.runtime.train.evaluate import encode_example
+from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
 from brisk.runtime.train.proposal_data import Example, ExampleStream
-from brisk.runtime.train.resume import (
-    METRICS,
-    STATE,
-    MetricsLog,
-    interrupted_at,
-    load_state,
-    restore_rng,
-    rng_state,
-    start_checkpoint,
-)
 from brisk.runtime.train.selfgen import (
     checkpoint_hash,
     read_dataset,
@@ -106,19 +82,11 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import ProfileTracker
 
-__all__ = ["DrafterResult", "load_target", "train_drafter"]
+__all__ = ["DrafterRecipe", "load_target", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
 # a micro-batch: its ids, its blocks and (with a feature cache) its target features
 Chunk = tuple[torch.Tensor, Blocks, torch.Tensor | None]
-
-
-@dataclass(frozen=True)
-class DrafterResult:
-    checkpoint: Path
-    records: list[dict[str, Any]]
-    evaluation: dict[str, Any] | None
-    wall_s: float
 
 
 def load_target(
@@ -171,255 +139,176 @@ def _examples(cfg: DrafterTrainConfig) -> list[Example]:
 
 def train_drafter(
     cfg: DrafterTrainConfig, show_progress: bool = True, *, resume: bool = True
-) -> DrafterResult:
-    """Train into ``cfg.out_dir`` (module docstring); ``resume`` continues an interrupted run.
-    SIGINT or SIGTERM ends it with a checkpoint and :class:`~brisk._interrupt.Interrupted`."""
-    with cpu_settings(cfg.threads), stop_signals() as stop:
-        return _train(cfg, show_progress, resume, stop)
+) -> TrainResult[dict[str, Any] | None]:
+    """Train into ``cfg.out_dir`` through the harness (module docstring;
+    :func:`~brisk.runtime.train.harness.train`: resume by default, SIGINT or SIGTERM ends it with
+    a checkpoint); the outcome is the held-out evaluation (None without held-out prompts)."""
+    return train(DrafterRecipe(cfg), show_progress, resume=resume)
 
 
-def _train(
-    cfg: DrafterTrainConfig, show_progress: bool, resume: bool, stop: StopSignals
-) -> DrafterResult:
-    dist = Dist.from_env(fsdp=cfg.fsdp)
-    mine = dist.rows(cfg.batch_size)  # this rank's rows of every global batch
-    device, precision_name = training_placement(cfg.device, cfg.precision, distributed=dist.group)
-    out, M = Path(cfg.out_dir), cfg.M
-    start = start_checkpoint(out, resume, cfg, CONFIG_FILE)
-    dist.barrier()  # every rank reads the directory before rank 0 writes to it
-    target, tokenizer, mask_id = load_target(
-        cfg.target, device=device, mask_token_id=cfg.mask_token_id
-    )
-    examples = _examples(cfg)
-    try:  # the held-out prompts, or why there are none: before the first step
-        held_out = (
-            task_prompts(cfg.dataset, cfg.eval_problems, tokenizer) if cfg.eval_problems else []
+class DrafterRecipe(Recipe[DrafterTrainConfig, dict[str, Any] | None]):
+    """A drafter against its frozen target, each step on anchors sampled in a batch of the
+    target's responses, counted in trained targets (module docstring)."""
+
+    unit = "tokens"
+
+    def __init__(self, cfg: DrafterTrainConfig) -> None:
+        super().__init__(cfg)
+        self.label = f"drafter {cfg.weighting}"
+        self.tokens = 0
+        self.tracker = ProfileTracker(cfg.M, cfg.profile_decay)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # the anchors' draws (CPU)
+
+    @property
+    def total(self) -> int:
+        return self.cfg.token_budget
+
+    def completed(self, step: int) -> int:
+        return self.tokens
+
+    def build(self, run: Run) -> None:
+        cfg, device = self.cfg, run.device
+        self.target, self.tokenizer, self.mask_id = load_target(
+            cfg.target, device=device, mask_token_id=cfg.mask_token_id
         )
-    except ValueError as err:
-        raise ValueError(f"--eval-problems: {str(err).removeprefix('dataset: ')}") from None
-    limit = target.config.max_position_embeddings
-    torch.manual_seed(cfg.seed)  # the drafter's initial weights: the same on every rank
-    random.seed(cfg.seed)
-    if start is not None:
-        drafter = load_drafter(start, device=device)
-    else:
-        config = drafter_config(
-            target.config,
-            num_layers=cfg.num_layers,
-            block_size=cfg.block_size,
-            mask_token_id=mask_id,
-            target_layer_ids=list(cfg.target_layer_ids) or None,
-        )
-        drafter = DFlashDrafter(config)
-    drafter.to(device)
-    cache = _feature_cache(cfg, examples, tokenizer, target, drafter, limit, dist, show_progress)
-    n_params = sum(p.numel() for p in drafter.parameters())
-    net = _prepare(DrafterStep(drafter, cfg.activation_checkpointing), dist, cfg, precision_name)
-    optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)  # after sharding: DTensors under FSDP
-    tracker = ProfileTracker(M, cfg.profile_decay)
-    stream = ExampleStream(examples, cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)  # the anchors' draws (CPU)
-    state = load_state(start) if start is not None else {}
-    step, tokens = 0, 0
-    if start is not None:
-        if cfg.fsdp:
-            load_sharded(start, net, optimizer)
+        self.examples = _examples(cfg)
+        try:  # the held-out prompts, or why there are none: before the first step
+            n = cfg.eval_problems
+            self.held_out = task_prompts(cfg.dataset, n, self.tokenizer) if n else []
+        except ValueError as err:
+            raise ValueError(f"--eval-problems: {str(err).removeprefix('dataset: ')}") from None
+        self.limit = self.target.config.max_position_embeddings
+        torch.manual_seed(cfg.seed)  # the drafter's initial weights: the same on every rank
+        random.seed(cfg.seed)
+        if run.start is not None:
+            self.drafter = load_drafter(run.start, device=device)
         else:
-            optimizer.load_state_dict(state["optimizer"])
-        tracker.load_state_dict(state["tracker"])
-        stream = ExampleStream(examples, cfg.seed, **state["cursor"])
-        generator.set_state(state["generator"])
-        restore_rng(state["rng"])
-        step, tokens = state["step"], state["tokens"]
-    # bf16: the frozen target computes under autocast too (it has no master weights to keep)
-    precision = autocast(cast(Precision, precision_name), False, device)
+            config = drafter_config(
+                self.target.config,
+                num_layers=cfg.num_layers,
+                block_size=cfg.block_size,
+                mask_token_id=self.mask_id,
+                target_layer_ids=list(cfg.target_layer_ids) or None,
+            )
+            self.drafter = DFlashDrafter(config)
+        self.drafter.to(device)
+        self.cache = _feature_cache(
+            cfg, self.examples, self.tokenizer, self.target, self.drafter, self.limit, run
+        )
+        step = DrafterStep(self.drafter, cfg.activation_checkpointing)
+        self.model = _prepare(step, run.dist, cfg, run.precision)  # what a step calls
+        # after sharding: DTensors under FSDP
+        self.optimizer = adamw(self.drafter, cfg.lr, cfg.weight_decay)
+        self.stream = ExampleStream(self.examples, cfg.seed)
+        # bf16: the frozen target computes under autocast too (it has no master weights)
+        self.precision = autocast(cast(Precision, run.precision), False, device)
+        self.mine = run.dist.rows(cfg.batch_size)  # this rank's rows of every global batch
 
-    # The log (rank 0), as it was at the checkpoint: the records of later steps go.
-    metrics = None
-    if dist.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
-        if start is None:
-            metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    history: list[dict[str, Any]] = metrics.records if metrics is not None else []
-    log = metrics.write if metrics is not None else history.append
-
-    def write_config(directory: Path) -> None:
-        (directory / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-
-    def save(path: Path, resumable: bool = True) -> Path:
-        """The drafter in the DFlash format at ``path``, atomically, with (``resumable``) the
-        trainer state: called by rank 0 alone, or under FSDP by every rank (the plain weights
-        gathered to rank 0, every rank's model and optimizer shards into ``sharded/``)."""
-        state: dict[str, Any] = {
-            "step": step,
-            "tokens": tokens,
-            "tracker": tracker.state_dict(),
-            "cursor": stream.cursor,
-            "generator": generator.get_state(),
-            "rng": rng_state(),
-            "metrics_bytes": metrics.size if metrics is not None else 0,
-            "elapsed_s": time.monotonic() - t0,
-            "world_size": dist.world,
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "tracker": self.tracker.state_dict(),
+            "cursor": self.stream.cursor,
+            "generator": self.generator.get_state(),
         }
-        weights = full_state_dict(net, cfg.fsdp)  # a collective under FSDP
-        shards = path.with_name(f".{path.name}.shards")
-        if cfg.fsdp and resumable:
-            if dist.rank == 0:
-                shutil.rmtree(shards, ignore_errors=True)
-                shards.mkdir(parents=True)
-            dist.barrier()
-            save_sharded(shards, net, optimizer)
-        elif resumable:
-            state["optimizer"] = optimizer.state_dict()
 
-        def extra(directory: Path) -> None:
-            write_config(directory)
-            if resumable:
-                torch.save(state, directory / STATE)
-            if cfg.fsdp and resumable:
-                (shards / SHARDED).rename(directory / SHARDED)
-                shards.rmdir()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tracker.load_state_dict(state["tracker"])
+        self.stream = ExampleStream(self.examples, self.cfg.seed, **state["cursor"])
+        self.generator.set_state(state["generator"])
+        self.tokens = state["tokens"]
 
-        if dist.rank == 0:
-            plain = drafter if weights is None else _plain(drafter, weights)
-            save_drafter(plain, path, extra=extra)
-        if cfg.fsdp:
-            dist.barrier()
-        return path
+    def begin(self, run: Run) -> None:
+        self.model.train()
 
-    progress = Progress(
-        TextColumn(f"drafter {cfg.weighting}"),
-        BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        disable=not show_progress or dist.rank != 0,
-    )
-    t0 = time.monotonic() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
-    saved_at = step if start is not None else -1  # the step of the newest checkpoint on disk
-    net.train()
-    with progress:
-        bar = progress.add_task("train", total=cfg.token_budget, completed=tokens, info="")
-        while tokens < cfg.token_budget:
-            # Stop between steps on SIGINT/SIGTERM, every rank at the same step (the flag is
-            # all-reduced), with a checkpoint of the step reached (module docstring).
-            if dist.any(stop.requested, device):
-                err = Interrupted(f"at step {step}")
-                here = out / f"checkpoint-{step:06d}"
-                if cfg.fsdp and step > 0 and step != saved_at:
-                    save(here)
-                if metrics is not None:
-                    where = f"{tokens:,}/{cfg.token_budget:,} tokens"
-                    err = interrupted_at(step, where, here, save, metrics)
-                dist.barrier()
-                raise err
+    def step(self, run: Run, step: int) -> StepRecord:
+        cfg, dist, M, tracker = self.cfg, run.dist, self.cfg.M, self.tracker
+        # The global batch and its anchors, the same on every rank; this rank's rows of it, in
+        # micro-batches, each cut to its longest row.
+        taken = self.stream.take(cfg.batch_size)
+        ids, supervised, lengths = _batch(taken, self.tokenizer, self.limit)
+        a, keep = sample_anchors(supervised, cfg.anchors, self.generator)
+        blocks = make_blocks(ids, supervised, a, keep, M, self.mask_id)
+        count = int(blocks.valid.sum())  # the global batch's trained targets
+        rows = list(range(cfg.batch_size))[self.mine]
+        chunks = [
+            _chunk(ids, blocks, part, lengths, run.device, self.cache, [taken[r][0] for r in part])
+            for part in micro_batches(rows, cfg.micro_batch_size)
+        ]
+        lr = cfg.lr_at(self.tokens / cfg.token_budget)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
-            # Batch: the global batch and its anchors, the same on every rank; this rank's rows
-            # of it, in micro-batches, each cut to its longest row.
-            taken = stream.take(cfg.batch_size)
-            ids, supervised, lengths = _batch(taken, tokenizer, limit)
-            a, keep = sample_anchors(supervised, cfg.anchors, generator)
-            blocks = make_blocks(ids, supervised, a, keep, M, mask_id)
-            count = int(blocks.valid.sum())  # the global batch's trained targets
-            rows = list(range(cfg.batch_size))[mine]
-            chunks = [
-                _chunk(ids, blocks, part, lengths, device, cache, [taken[r][0] for r in part])
-                for part in micro_batches(rows, cfg.micro_batch_size)
-            ]
-            lr = cfg.lr_at(tokens / cfg.token_budget)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+        def forward(chunk: Chunk) -> BlockLosses:
+            with self.precision:
+                return block_losses(self.target, self.drafter, self.model, *chunk)
 
-            def forward(chunk: Chunk) -> BlockLosses:
-                with precision:
-                    return block_losses(target, drafter, net, *chunk)
+        # brisk weights come from the tracker once it holds this step's acceptance
+        # (all-reduced): several micro-batches are counted by a forward without gradients
+        # first, a single one between its forward and its backward.
+        brisk = cfg.weighting == "brisk"
+        probe = brisk and len(chunks) > 1
+        if probe:
+            counted = torch.zeros(M + 1, dtype=torch.float64)
+            with torch.no_grad():
+                for chunk in chunks:
+                    counted += accept_histogram(forward(chunk).lengths, M)
+            tracker.update(histogram_profile(dist.sum(counted), M))
 
-            # brisk weights come from the tracker once it holds this step's acceptance
-            # (all-reduced): several micro-batches are counted by a forward without gradients
-            # first, a single one between its forward and its backward.
-            brisk = cfg.weighting == "brisk"
-            probe = brisk and len(chunks) > 1
-            if probe:
-                counted = torch.zeros(M + 1, dtype=torch.float64)
-                with torch.no_grad():
-                    for chunk in chunks:
-                        counted += accept_histogram(forward(chunk).lengths, M)
-                tracker.update(histogram_profile(dist.sum(counted), M))
-
-            # Step: each micro-batch's share of Σ w·CE / (global trained targets); gradients
-            # are reduced across ranks once, after the last micro-batch.
-            optimizer.zero_grad(set_to_none=True)
-            local = torch.zeros(1 + 3 * M + M + 1, dtype=torch.float64)
-            for k, chunk in enumerate(chunks):
-                with grad_sync(net, k == len(chunks) - 1):
-                    losses = forward(chunk)
-                    histogram = accept_histogram(losses.lengths, M)
-                    if brisk and not probe:
-                        tracker.update(histogram_profile(dist.sum(histogram), M))
-                    w = position_weights(
-                        cfg.weighting,
-                        losses,
-                        tracker=tracker,
-                        alpha=cfg.alpha,
-                        gamma=cfg.gamma,
-                    )
-                    vf = losses.valid.to(losses.ce.dtype)
-                    share = (w * losses.ce * vf).sum()
-                    loss: Any = dist.world * (share / max(count, 1))
-                    loss.backward()
-                local += _stats(share, losses, vf, w, histogram)
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-            optimizer.step()
-            summed = dist.sum(local)
-            if not brisk:  # the weights did not need it: the step's profile, for the log
-                tracker.update(histogram_profile(summed[1 + 3 * M :], M))
-            step, tokens = step + 1, tokens + count
-            loss_value = float(summed[0]) / max(count, 1)
-
-            if step % cfg.log_every == 0 or tokens >= cfg.token_budget:
-                ce_sums, trained, weight_sums = summed[1 : 1 + 3 * M].view(3, M)
-                blocks_n = cfg.batch_size * blocks.anchors.shape[1]
-                log(
-                    {
-                        "event": "train",
-                        "step": step,
-                        "tokens": tokens,
-                        "lr": lr,
-                        "loss": loss_value,
-                        "ce": (ce_sums / trained.clamp(min=1)).tolist(),
-                        "weights": (weight_sums / blocks_n).tolist(),
-                        "accept_rates": tracker.posterior_mean().tolist(),
-                        "elapsed_s": time.monotonic() - t0,
-                    }
+        # Each micro-batch's share of Σ w·CE / (global trained targets); gradients are reduced
+        # across ranks once, after the last micro-batch.
+        self.optimizer.zero_grad(set_to_none=True)
+        local = torch.zeros(1 + 3 * M + M + 1, dtype=torch.float64)
+        for k, chunk in enumerate(chunks):
+            with grad_sync(self.model, k == len(chunks) - 1):
+                losses = forward(chunk)
+                histogram = accept_histogram(losses.lengths, M)
+                if brisk and not probe:
+                    tracker.update(histogram_profile(dist.sum(histogram), M))
+                w = position_weights(
+                    cfg.weighting, losses, tracker=tracker, alpha=cfg.alpha, gamma=cfg.gamma
                 )
-            progress.update(
-                bar, completed=min(tokens, cfg.token_budget), info=f"loss {loss_value:.3f}"
-            )
-            due = cfg.save_every and step % cfg.save_every == 0 and tokens < cfg.token_budget
-            if due and (dist.rank == 0 or cfg.fsdp):
-                save(out / f"checkpoint-{step:06d}")
-                saved_at = step
+                vf = losses.valid.to(losses.ce.dtype)
+                share = (w * losses.ce * vf).sum()
+                loss: Any = dist.world * (share / max(count, 1))
+                loss.backward()
+            local += _stats(share, losses, vf, w, histogram)
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        summed = dist.sum(local)
+        if not brisk:  # the weights did not need it: the step's profile, for the log
+            tracker.update(histogram_profile(summed[1 + 3 * M :], M))
+        self.tokens += count
+        loss_value = float(summed[0]) / max(count, 1)
+        ce_sums, trained, weight_sums = summed[1 : 1 + 3 * M].view(3, M)
+        blocks_n = cfg.batch_size * blocks.anchors.shape[1]
+        fields = {
+            "tokens": self.tokens,
+            "lr": lr,
+            "loss": loss_value,
+            "ce": (ce_sums / trained.clamp(min=1)).tolist(),
+            "weights": (weight_sums / blocks_n).tolist(),
+            "accept_rates": tracker.posterior_mean().tolist(),
+        }
+        return StepRecord(fields, f"loss {loss_value:.3f}")
 
-    net.eval()
-    wall = time.monotonic() - t0
-    final = out / "final"
-    if dist.rank == 0 or cfg.fsdp:
-        save(final, resumable=False)
-    evaluation = None
-    if metrics is not None:  # rank 0: the plain drafter (under FSDP: the one just saved)
-        plain = load_drafter(final, device=device) if cfg.fsdp else drafter
-        evaluation = None
-        if held_out:
-            evaluation = evaluate_drafter(
-                held_out, target, tokenizer, plain.eval(), cfg.eval_max_new_tokens
-            )
-        if evaluation is not None:
-            log({"event": "eval", "step": step, **evaluation})
-        log({"event": "end", "step": step, "tokens": tokens, "train_wall_s": wall})
-        metrics.close()
-    dist.barrier()
-    return DrafterResult(final, history, evaluation, wall)
+    def write(self, directory: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        plain = self.drafter if weights is None else _plain(self.drafter, weights)
+        write_drafter(plain, directory)
+        (directory / CONFIG_FILE).write_text(json.dumps(self.cfg.to_dict(), indent=2))
+
+    def finish(self, run: Run, final: Path) -> dict[str, Any] | None:
+        """Rank 0 decodes the held-out prompts greedily with the plain drafter (under FSDP:
+        the one just saved) and its target."""
+        self.model.eval()
+        if run.dist.rank != 0 or not self.held_out:
+            return None
+        plain = load_drafter(final, device=run.device) if self.cfg.fsdp else self.drafter
+        evaluation = evaluate_drafter(
+            self.held_out, self.target, self.tokenizer, plain.eval(), self.cfg.eval_max_new_tokens
+        )
+        run.log({"event": "eval", "step": run.step, **evaluation})
+        return evaluation
 
 
 def _feature_cache(
@@ -429,8 +318,7 @@ def _feature_cache(
     target: Any,
     drafter: DFlashDrafter,
     limit: int,
-    dist: Dist,
-    show_progress: bool,
+    run: Run,
 ) -> TargetFeatures | None:
     """The target's features of every example (``cfg.feature_cache``; None without one): built
     by rank 0 when absent while the other ranks wait, then opened by every rank."""
@@ -448,11 +336,11 @@ def _feature_cache(
         "ids": ids,
     }
     root = Path(cfg.feature_cache)
-    if dist.rank == 0:
+    if run.dist.rank == 0:
         TargetFeatures.open_or_build(
-            root, parts, sequences, target, layers, show_progress=show_progress
+            root, parts, sequences, target, layers, show_progress=run.show_progress
         )
-    dist.barrier()
+    run.dist.barrier()
     return TargetFeatures.open_or_build(root, parts, sequences, target, layers, build=False)
 
 

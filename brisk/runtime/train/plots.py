@@ -28,7 +28,8 @@ def plot_weight_evolution(metrics: str | Path, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(metrics).read_text().splitlines() if line]
+    logged = [json.loads(line) for line in Path(metrics).read_text().splitlines() if line]
+    records = [r for r in logged if r.get("event") == "train"]
     if not records:
         raise ValueError(f"{metrics}: no training records to plot")
     steps = np.array([r["step"] for r in records])

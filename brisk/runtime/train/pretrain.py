@@ -29,36 +29,26 @@ from __future__ import annotations
 
 import random
 import sys
-import time
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file
 from torch import Tensor
 
-from brisk._interrupt import Interrupted, StopSignals, stop_signals
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.train.common import TrainResult, adamw, cpu_settings
+from brisk.runtime.train.common import adamw
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
+from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
 from brisk.runtime.train.idlm import IGNORE, token_ce
 from brisk.runtime.train.pretrain_config import PretrainConfig
-from brisk.runtime.train.resume import (
-    METRICS,
-    MetricsLog,
-    interrupted_at,
-    load_state,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    start_checkpoint,
-)
+from brisk.runtime.train.resume import write_checkpoint
 
 __all__ = [
     "ARBatch",
+    "PretrainRecipe",
     "ar_batch",
     "ar_loss",
     "causal_loss",
@@ -124,131 +114,68 @@ def encode(example: Any, tokenizer: Any) -> list[int]:
 
 def train_ar(
     cfg: PretrainConfig, show_progress: bool = True, *, resume: bool = True
-) -> TrainResult:
-    """Pre-train into ``cfg.out_dir``; ``resume`` continues an interrupted run there (the rules of
-    :func:`~brisk.runtime.train.resume.start_checkpoint`). SIGINT or SIGTERM ends it with a
-    checkpoint and :class:`~brisk._interrupt.Interrupted`."""
-    with cpu_settings(cfg.threads), stop_signals() as stop:
-        return _train(cfg, show_progress, resume, stop)
+) -> TrainResult[EvalReport | None]:
+    """Pre-train into ``cfg.out_dir`` through the harness
+    (:func:`~brisk.runtime.train.harness.train`: resume by default, SIGINT or SIGTERM ends it
+    with a checkpoint); the outcome is the final evaluation (None if disabled)."""
+    return train(PretrainRecipe(cfg), show_progress, resume=resume)
 
 
-def _train(
-    cfg: PretrainConfig, show_progress: bool, resume: bool, stop: StopSignals
-) -> TrainResult:
-    out = Path(cfg.out_dir)
-    start = start_checkpoint(out, resume, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    done = 0
+class PretrainRecipe(Recipe[PretrainConfig, EvalReport | None]):
+    """Next-token cross-entropy over whole examples of the corpus, the cosine schedule of
+    ``brisk train base``."""
 
-    # Model and data: a fresh model of the preset; the corpus stream is a function of the seed,
-    # so a resumed run skips the step · batch_size examples already drawn.
-    model, tokenizer = cfg.model.build()
-    pad_id = tokenizer.pad_token_id
-    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
+    label = "train ar"
 
-    state = load_state(start) if start is not None else {}
-    metrics = MetricsLog(out / METRICS, keep=state.get("metrics_bytes", 0))
-    if start is not None:
-        model.load_state_dict(load_file(start / "model.safetensors"))
-        optimizer.load_state_dict(state["optimizer"])
-        restore_rng(state["rng"])
-        done = state["step"]
-    else:
-        n_params = sum(p.numel() for p in model.parameters())
-        metrics.write({"event": "start", "params": n_params, "config": cfg.to_dict()})
-    corpus = cfg.corpus.build(split="train", n=1, seed=cfg.seed).corpus(cfg.seed)
-    heldout = heldout_texts(cfg)
-    if heldout == []:  # a corpus that holds out files, none of them this time
-        print(
-            "brisk: the corpus holds no held-out document (its split keeps every file for "
-            "training): no held-out loss is logged",
-            file=sys.stderr,
-        )
-    limit = cfg.model.max_positions
-    stream = islice(corpus, done * cfg.batch_size, None)
+    def build(self, run: Run) -> None:
+        cfg = self.cfg
+        random.seed(cfg.seed)
+        # A fresh model of the preset, with a resumed run's weights.
+        self.model, self.tokenizer = cfg.model.build()
+        if run.start is not None:
+            self.model.load_state_dict(load_file(run.start / "model.safetensors"))
+        self.optimizer = adamw(self.model, cfg.lr, cfg.weight_decay)
+        if heldout_texts(cfg) == []:  # a corpus that holds out files, none of them this time
+            print(
+                "brisk: the corpus holds no held-out document (its split keeps every file for "
+                "training): no held-out loss is logged",
+                file=sys.stderr,
+            )
 
-    def save(path: Path) -> Path:
-        return save_checkpoint(
-            model,
-            tokenizer,
-            cfg,
-            path,
-            state={
-                "step": done,
-                "optimizer": optimizer.state_dict(),
-                "rng": rng_state(),
-                "metrics_bytes": metrics.size,
-                "elapsed_s": time.monotonic() - t0,
-            },
-        )
+    def begin(self, run: Run) -> None:
+        # The corpus stream is a function of the seed: a resumed run skips the examples drawn.
+        corpus = self.cfg.corpus.build(split="train", n=1, seed=self.cfg.seed).corpus(self.cfg.seed)
+        self.stream = islice(corpus, run.step * self.cfg.batch_size, None)
+        self.model.train()
 
-    progress = Progress(
-        TextColumn("train ar"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-    )
-    t0 = time.monotonic() - state.get("elapsed_s", 0.0)
-    with progress:
-        bar = progress.add_task("train", total=cfg.steps, completed=done, info="")
-        model.train()
-        for step in range(done, cfg.steps):
-            if stop.requested:
-                raise interrupted_at(step, cfg.steps, out / f"checkpoint-{step:06d}", save, metrics)
+    def step(self, run: Run, step: int) -> StepRecord:
+        cfg, limit = self.cfg, self.cfg.model.max_positions
+        pairs = [next(self.stream) for _ in range(cfg.batch_size)]  # (example, response)
+        seqs = [encode_example(ex.prompt, response, self.tokenizer)[0] for ex, response in pairs]
+        seqs = [s[:limit] for s in seqs]  # a document past the positions: its first window
+        batch = ar_batch(seqs, self.tokenizer.pad_token_id)
+        lr = cfg.lr_at_step(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = ar_loss(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return StepRecord({"lr": lr, "loss": loss.item()}, f"loss {loss.item():.3f}")
 
-            # Step: next-token CE over whole examples, cosine schedule as `train base`.
-            pairs = [next(stream) for _ in range(cfg.batch_size)]  # (example, response)
-            seqs = [encode_example(ex.prompt, response, tokenizer)[0] for ex, response in pairs]
-            seqs = [s[:limit] for s in seqs]  # a document past the positions: its first window
-            batch = ar_batch(seqs, pad_id)
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr_at_step(step)
-            loss = ar_loss(model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            done = step + 1
+    def finish(self, run: Run, final: Path) -> EvalReport | None:
+        report = None
+        if self.cfg.final_eval_problems:
+            report = final_evaluation(self.cfg, self.model, self.tokenizer)
+            run.log({"event": "eval", "step": run.step, **report.to_dict()})
+        scored = heldout_loss(self.cfg, self.model, self.tokenizer)
+        if scored is not None:
+            run.log({"event": "heldout", "step": run.step, **scored})
+        return report
 
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                metrics.write(
-                    {
-                        "event": "train",
-                        "step": step,
-                        "lr": cfg.lr_at_step(step),
-                        "loss": loss.item(),
-                        "elapsed_s": time.monotonic() - t0,
-                    }
-                )
-            progress.update(bar, advance=1, info=f"loss {loss.item():.3f}")
-            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                save(out / f"checkpoint-{done:06d}")
-            if (time.monotonic() - t0) / 60 > cfg.max_minutes:
-                metrics.write({"event": "budget", "step": done, "elapsed_s": time.monotonic() - t0})
-                break
-
-    train_wall = time.monotonic() - t0
-    final = save_checkpoint(model, tokenizer, cfg, out / "final")
-    report = None
-    if cfg.final_eval_problems:
-        try:
-            with stop.abortable():
-                report = final_evaluation(cfg, model, tokenizer)
-        except KeyboardInterrupt:
-            raise Interrupted(
-                f"during the final evaluation; the model is saved in {final}"
-            ) from None
-        metrics.write({"event": "eval", "step": done, **report.to_dict()})
-    scored = heldout_loss(cfg, model, tokenizer) if heldout else None
-    if scored is not None:
-        metrics.write({"event": "heldout", "step": done, **scored})
-    metrics.write({"event": "end", "train_wall_s": train_wall, "wall_s": time.monotonic() - t0})
-    metrics.close()
-    return TrainResult(final, metrics.records, report, train_wall)
+    def write(self, directory: Path, weights: dict[str, Tensor] | None) -> None:
+        write_checkpoint(directory, self.model, self.tokenizer, self.cfg, weights)
 
 
 def heldout_texts(cfg: PretrainConfig) -> list[str] | None:

@@ -38,6 +38,7 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "start_checkpoint",
+    "write_checkpoint",
 ]
 
 STATE = "trainer_state.pt"
@@ -133,12 +134,25 @@ def save_checkpoint(
     emptied. A write that fails (a full disk) leaves the previous checkpoint at ``path`` and no
     temporary directory."""
     with building_dir(path, keep=keep) as tmp:
-        model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_checkpoint(tmp, model, tokenizer, cfg, weights)
         if state is not None:
             torch.save(state, tmp / STATE)
     return path
+
+
+def write_checkpoint(
+    directory: Path,
+    model: Any,
+    tokenizer: Any,
+    cfg: Config,
+    weights: dict[str, torch.Tensor] | None = None,
+    config_file: str = "train_config.json",
+) -> None:
+    """Write model (``weights`` instead of its own state dict when given: an FSDP model's
+    gathered ones), tokenizer and ``cfg`` (as ``config_file``) into ``directory``."""
+    model.save_pretrained(directory, state_dict=weights)
+    tokenizer.save_pretrained(directory)
+    (directory / config_file).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

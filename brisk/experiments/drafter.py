@@ -10,7 +10,7 @@ request at a time both. Per job: tokens per target forward (TPF), E[L], the acce
 position, the measured draft cost, tokens/s of both loops and their ratio. The summary gives each
 arm's means over seeds with 95 % Student-t intervals, the pooled per-position acceptance with
 Jeffreys intervals, and the paper's directions (BRISK against each other weighting, paired per
-seed: :func:`~brisk.runtime.experiment.table.paired_change`).
+seed: :func:`~brisk.experiments.table.paired_change`).
 
 **Head on and off** (``[head] arms``): for each listed arm × seed, the corrector on that
 drafter's drafts. The drafter decodes ``head.problems`` of the task's *training* prompts as
@@ -27,104 +27,28 @@ tok/s of each against plain AR.
 The experiment resumes by being rerun: a job with an ``eval.json`` is read back (and its head
 stage, when the config asks for one it lacks, run and added); a training cut short continues
 from its newest checkpoint, an event collection after its last complete batch.
+
+Its config is :mod:`brisk.experiments.drafter_config`, its tables
+:mod:`brisk.experiments.drafter_table`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.configs import Config
-from brisk.runtime.experiment.common import experiment_step, job_dir, run_jobs, with_mask
-from brisk.runtime.train.drafter_config import WEIGHTINGS, DrafterTrainConfig
-from brisk.runtime.train.fields import MaskId, counts, one_of, positive
+from brisk.experiments.common import experiment_step, job_dir, run_jobs, with_mask
+from brisk.experiments.drafter_config import DrafterExperimentConfig
+from brisk.experiments.drafter_table import summary_markdown
 from brisk.theory import AcceptanceProfile
 
-__all__ = ["DrafterEval", "DrafterExperimentConfig", "DrafterHead", "run_drafter_experiment"]
-
-
-@dataclass(frozen=True)
-class DrafterEval(Config):
-    """``[eval]``: the held-out prompts every job decodes, and how."""
-
-    problems: int = 68
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # the target's; drafts greedy (0) or from the drafter's Top-K
-    top_k: int = 16
-
-    def __post_init__(self) -> None:
-        if self.problems < 1 or self.max_new_tokens < 1 or self.top_k < 1:
-            raise ValueError("eval: problems, max_new_tokens and top_k must be ≥ 1")
-        if not self.temperature >= 0:
-            raise ValueError(f"eval.temperature: must be ≥ 0, got {self.temperature!r}")
-        super().__post_init__()
-
-
-@dataclass(frozen=True)
-class DrafterHead(Config):
-    """``[head]``: which arms' drafters also get a corrector (none by default), its events and
-    its training."""
-
-    arms: tuple[str, ...] = ()
-    problems: int = 256  # training prompts of the dataset's task decoded for the head's events
-    size: str = "small"  # the head's widths: small, or the paper's
-    K: int = 16  # candidates per position (≤ eval.top_k, the events' Top-K)
-    epochs: int = 4
-    batch_size: int = 64
-    lr: float = 1e-3
-
-    def __post_init__(self) -> None:
-        try:
-            counts(self, "problems", "K", "epochs", "batch_size")
-            one_of(self, "size", ("small", "paper"))
-            positive(self, "lr")
-        except ValueError as err:
-            raise ValueError(f"head.{err}") from None
-        super().__post_init__()
-
-
-@dataclass(frozen=True)
-class DrafterExperimentConfig(MaskId):
-    """Where it writes, the target and its regenerated data, the arms (weightings), the seeds,
-    the jobs run at once, the training every job shares and the evaluation; the target's MASK
-    id where it has none (``mask_token_id``, or ``[train]``'s)."""
-
-    out_dir: str = "runs/drafter_experiment"
-    target: str = ""
-    dataset: str = ""
-    arms: tuple[str, ...] = WEIGHTINGS
-    seeds: tuple[int, ...] = (0, 1, 2)
-    workers: int = 2
-    train: DrafterTrainConfig = field(default_factory=DrafterTrainConfig)
-    eval: DrafterEval = field(default_factory=DrafterEval)
-    head: DrafterHead = field(default_factory=DrafterHead)
-
-    def __post_init__(self) -> None:
-        for name in self.arms:
-            if name not in WEIGHTINGS:
-                raise ValueError(f"arms: unknown arm {name!r} (known: {', '.join(WEIGHTINGS)})")
-        for name in self.head.arms:
-            if name not in self.arms:
-                raise ValueError(f"head.arms: {name!r} is not one of the experiment's arms")
-        if self.head.arms and self.eval.top_k < self.head.K:
-            raise ValueError(
-                f"head.K: {self.head.K} candidates, but the events keep eval.top_k = "
-                f"{self.eval.top_k}"
-            )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: need distinct seeds, got {self.seeds!r}")
-        if self.workers < 1:
-            raise ValueError(f"workers: must be ≥ 1, got {self.workers!r}")
-        for name in ("target", "dataset"):
-            if not getattr(self, name):
-                raise ValueError(f"{name}: the experiment needs one")
-        super().__post_init__()
+__all__ = ["DrafterExperimentConfig", "run_drafter_experiment"]
 
 
 def _job(cfg: DrafterExperimentConfig, arm: str, seed: int) -> dict[str, Any]:
@@ -332,8 +256,8 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
         )
         result = train_corrector(head_cfg, False, heads, store, resume=True)  # type: ignore[arg-type]
         trained = {
-            "val_loss": result.val_loss,
-            "val_loss_init": result.val_loss_init,
+            "val_loss": result.outcome.val_loss,
+            "val_loss_init": result.outcome.val_loss_init,
             "wall_s": result.wall_s,
         }
         atomic_write_text(trained_file, json.dumps(trained, indent=2))
@@ -393,178 +317,3 @@ def run_drafter_experiment(
     (out / "summary.md").write_text(table)
     console.print(table)
     return summary
-
-
-def summary_markdown(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) -> str:
-    """The experiment's tables: per arm (means over seeds [95 % t interval]), the pooled
-    acceptance per position, and the paper's direction for each other weighting."""
-    from brisk.mechanism.stats import Interval
-    from brisk.runtime.experiment.table import paired_change
-
-    M = cfg.train.block_size - 1
-    e = cfg.eval
-    law = "greedy" if e.temperature == 0 else f"T = {e.temperature}, drafts from the Top-{e.top_k}"
-    lines = [
-        f"# Drafter weightings on one target ({len(cfg.seeds)} seeds, block {M + 1}, {law}, "
-        f"{evals[0]['problems']} held-out prompts, {cfg.train.token_budget:,} trained tokens)",
-        "",
-        "| weighting | TPF (tokens / target forward) | E[L] | draft cost ρ | tok/s ÷ plain AR "
-        "| SD = AR | seeds |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for arm in cfg.arms:
-        rows = [ev for ev in evals if ev["arm"] == arm]
-        cells = [
-            Interval.of([r[k] for r in rows]).format(1.0, d)
-            for k, d in (("tpf", 3), ("mean_accept", 3), ("draft_cost", 2), ("speedup", 3))
-        ]
-        same = _same_cell(rows)
-        lines.append(f"| {arm} | {' | '.join(cells)} | {same} | {len(rows)} |")
-    lines += [
-        "",
-        "Cells: mean over seeds [95 % Student-t interval]. tok/s: brisk's speculative loop and "
-        "the target's plain AR decoding, one request at a time each, in the same process. "
-        "SD = AR: outputs that are the plain AR decoding's token for token, of all decoded "
-        "(every one at T = 0).",
-        "",
-        "Acceptance a_i per position, pooled over seeds [95 % Jeffreys interval]:",
-        "",
-        "| weighting | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
-        "|---|" + "---|" * M,
-    ]
-    lines += _acceptance_rows(cfg.arms, evals, M)
-    values = {(ev["arm"], int(ev["seed"])): float(ev["tpf"]) for ev in evals}
-    lines += [
-        "",
-        "The paper's direction (BRISK weights train the better drafter), paired per seed: the "
-        "mean log-ratio of TPF [95 % Student-t interval], as a change.",
-        "",
-        "| comparison | change of TPF [95 % CI] | seeds | verdict |",
-        "|---|---:|---:|---|",
-    ]
-    for other in [a for a in cfg.arms if a != "brisk" and "brisk" in cfg.arms]:
-        change = paired_change(values, "brisk", other)
-        if change is None:
-            continue
-        cell, verdict = _change_cell(values, "brisk", other)
-        lines.append(f"| brisk ÷ {other} | {cell} | {change.k} | {verdict} |")
-    headed = [ev for ev in evals if "head" in ev]
-    if headed:
-        lines += ["", *head_table(cfg, headed)]
-    return "\n".join(lines) + "\n"
-
-
-def _same_cell(rows: list[dict[str, Any]]) -> str:
-    """``k/n`` outputs equal to plain AR's over ``rows`` ("–" for records from before it was
-    counted)."""
-    if any("same_as_ar" not in r for r in rows):
-        return "–"
-    return f"{sum(r['same_as_ar'] for r in rows)}/{sum(r['problems'] for r in rows)}"
-
-
-def _acceptance_rows(arms: tuple[str, ...], records: list[dict[str, Any]], M: int) -> list[str]:
-    """One table row per arm: a_i pooled over its records' counts (``arm``, ``reached``,
-    ``accepted``) with 95 % Jeffreys intervals; "–" where no block reached position i."""
-    lines = []
-    for arm in arms:
-        rows = [r for r in records if r["arm"] == arm]
-        if not rows:
-            continue
-        reached = np.sum([r["reached"] for r in rows], axis=0).astype(np.int64)
-        accepted = np.sum([r["accepted"] for r in rows], axis=0).astype(np.int64)
-        profile = AcceptanceProfile(reached, accepted)
-        low, high = profile.interval()
-        rates = profile.rates()
-        cells = [
-            f"{rates[i]:.3f} [{low[i]:.3f}, {high[i]:.3f}]" if reached[i] else "–" for i in range(M)
-        ]
-        lines.append(f"| {arm} | {' | '.join(cells)} |")
-    return lines
-
-
-def _change_cell(values: dict[tuple[str, int], float], num: str, den: str) -> tuple[str, str]:
-    """A paired change as a cell, and its verdict."""
-    from brisk.runtime.experiment.table import paired_change
-
-    change = paired_change(values, num, den)
-    if change is None:
-        return "–", "–"
-    cell = f"{100 * change.mean:+.1f} %"
-    if change.k > 1:
-        cell += f" [{100 * change.low:+.1f}, {100 * change.high:+.1f}]"
-    verdict = (
-        "above zero"
-        if change.k > 1 and change.low > 0
-        else "below zero"
-        if change.k > 1 and change.high < 0
-        else "not distinguishable from zero"
-    )
-    return cell, verdict
-
-
-def head_table(cfg: DrafterExperimentConfig, evals: list[dict[str, Any]]) -> list[str]:
-    """Head off and on per arm: TPF, E[L], tok/s against plain AR (all three measured in one
-    window), the head's change of TPF paired per seed, and whether head-on greedy output was
-    head-off's."""
-    from brisk.mechanism.stats import Interval
-
-    h = evals[0]["head"].get("config", cfg.head.to_dict())  # what the stage ran with
-    prompts = sorted({ev["head"].get("event_prompts", h["problems"]) for ev in evals})
-    lines = [
-        f"Head on and off (the corrector drafting over the drafter's Top-{h['K']}; {h['size']} "
-        f"head trained on each drafter's events on {'/'.join(map(str, prompts))} training "
-        "prompts):",
-        "",
-        "| weighting | TPF off | TPF on | change of TPF [95 % CI] | verdict | E[L] on "
-        "| tok/s ÷ AR, off | tok/s ÷ AR, on | same output | seeds |",
-        "|---|---|---|---:|---|---|---|---|---|---|",
-    ]
-    for arm in cfg.arms:
-        rows = [ev["head"] for ev in evals if ev["arm"] == arm]
-        if not rows:
-            continue
-        seeds = [int(ev["seed"]) for ev in evals if ev["arm"] == arm]
-        values = {("on", s): r["tpf"] for s, r in zip(seeds, rows, strict=True)}
-        values |= {("off", s): r["tpf_off"] for s, r in zip(seeds, rows, strict=True)}
-        cell, verdict = _change_cell(values, "on", "off")
-        means = [
-            Interval.of([r[k] for r in rows]).format(1.0, d)
-            for k, d in (
-                ("tpf_off", 3),
-                ("tpf", 3),
-                ("mean_accept", 3),
-                ("speedup_off", 3),
-                ("speedup", 3),
-            )
-        ]
-        same = sum(bool(r["identical_output"]) for r in rows)
-        lines.append(
-            f"| {arm} | {means[0]} | {means[1]} | {cell} | {verdict} | {means[2]} | {means[3]} "
-            f"| {means[4]} | {same}/{len(rows)} | {len(rows)} |"
-        )
-    M = cfg.train.block_size - 1
-    lines += [
-        "",
-        "Same output: head-on decoding output exactly head-off's tokens (required at T = 0, "
-        "where both are the target's greedy decoding).",
-        "",
-        "Acceptance a_i per position with the head on, pooled over seeds [95 % Jeffreys interval]:",
-        "",
-        "| weighting | " + " | ".join(f"a_{i + 1}" for i in range(M)) + " |",
-        "|---|" + "---|" * M,
-        *_acceptance_rows(cfg.arms, [{"arm": ev["arm"], **ev["head"]} for ev in evals], M),
-    ]
-    on = {(ev["arm"], int(ev["seed"])): float(ev["head"]["tpf"]) for ev in evals}
-    others = [a for a in cfg.arms if a != "brisk" and any(arm == a for arm, _ in on)]
-    if any(arm == "brisk" for arm, _ in on) and others:
-        lines += [
-            "",
-            "The weightings with the head on, paired per seed:",
-            "",
-            "| comparison | change of TPF [95 % CI] | verdict |",
-            "|---|---:|---|",
-        ]
-        for other in others:
-            cell, verdict = _change_cell(on, "brisk", other)
-            lines.append(f"| brisk + head ÷ {other} + head | {cell} | {verdict} |")
-    return lines

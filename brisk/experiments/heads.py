@@ -51,10 +51,10 @@ def train_head(tcfg: CorrectorTrainConfig) -> tuple[Any, dict[str, Any]]:
             trained,
             json.dumps(
                 {
-                    "val_loss": r.val_loss,
-                    "val_loss_init": r.val_loss_init,
+                    "val_loss": r.outcome.val_loss,
+                    "val_loss_init": r.outcome.val_loss_init,
                     "steps": r.steps,
-                    "train_events": r.train_events,
+                    "train_events": r.outcome.train_events,
                     "train_s": r.wall_s,
                 }
             ),

@@ -1,6 +1,6 @@
 """The corrector ablation's configuration (``brisk experiment corrector --config FILE``): its
 arms (:data:`ARMS`) and the experiment's config, which holds the corrector commands' own
-configs (:mod:`brisk.runtime.experiment.corrector` runs it)."""
+configs (:mod:`brisk.experiments.corrector` runs it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisk.runtime.experiment.common import EvalSection, ExperimentPlan
+from brisk.experiments.common import EvalSection, ExperimentPlan
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The head-on row of the proposal ablation: the paper's full method, proposal training plus the
 prefix-conditioned corrector, on the best arm's backbone (``[head]`` of
-:class:`~brisk.runtime.experiment.proposal_config.ExperimentConfig`).
+:class:`~brisk.experiments.proposal_config.ExperimentConfig`).
 
 **The best arm** (:func:`choose_arm`): among the trained rows at the largest budget (every trained
 row when the config has no budgets), those whose mean accuracy over seeds is at most δ below the
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.runtime.experiment.common import evaluate_held_out, job_dir, with_mask
-from brisk.runtime.experiment.heads import collect_once, train_head
-from brisk.runtime.experiment.proposal_config import ExperimentConfig
+from brisk.experiments.common import evaluate_held_out, job_dir, with_mask
+from brisk.experiments.heads import collect_once, train_head
+from brisk.experiments.proposal_config import ExperimentConfig
 
 if TYPE_CHECKING:
-    from brisk.runtime.experiment.evaluate import ArmSummary
+    from brisk.experiments.evaluate import ArmSummary
 
 __all__ = ["ACCURACY_SLACK", "choose_arm", "head_job", "row_name"]
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from brisk.experiments.evaluate import ArmSummary
 from brisk.mechanism.runs import COMPLETE_CYCLES, WHOLE_RUN
 from brisk.mechanism.stats import Interval
-from brisk.runtime.experiment.evaluate import ArmSummary
 
 __all__ = ["DIRECTIONS", "directions_table", "markdown_table", "paired_change", "plot_summaries"]
 

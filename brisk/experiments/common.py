@@ -246,7 +246,7 @@ def evaluate_held_out(
     from ``checkpoint`` with decode seed ``seed`` (head on with ``corrector``), every verify
     round logged to ``run/blocks``; a signal stops it at once (rerun whole: only ``eval.json``
     marks a job done)."""
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.experiments.evaluate import evaluate_checkpoint
 
     e = held_out.section
     problems, grader = held_out_problems(held_out.world, e.problems, e.problem_seed, e.task)

@@ -1,6 +1,6 @@
 """The proposal-training ablation's configuration (``brisk experiment proposal --config FILE``):
 its arms (:data:`ARMS`), the ``[head]`` section of the head-on row and the experiment's config,
-which holds the training commands' own configs (:mod:`brisk.runtime.experiment.proposal` runs
+which holds the training commands' own configs (:mod:`brisk.experiments.proposal` runs
 it).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from brisk.experiments.common import EvalSection, ExperimentPlan, HeldOut
 from brisk.runtime.configs import Config
-from brisk.runtime.experiment.common import EvalSection, ExperimentPlan, HeldOut
 from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
 from brisk.runtime.train.proposal_config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions

@@ -10,7 +10,7 @@ Steps, each skipped when its output already exists (so a rerun resumes):
    every verify round logged); the base arm is evaluated with the same decode seeds;
 4. with a ``[head]`` section (:class:`HeadSection`), the head-on row, the paper's full method
    (proposal training + the prefix-conditioned corrector): the best arm is chosen from the
-   arms' results, by this rule (:func:`~brisk.runtime.experiment.headon.choose_arm`): among
+   arms' results, by this rule (:func:`~brisk.experiments.headon.choose_arm`): among
    the trained arms at the largest budget (every trained arm without budgets), those whose mean
    accuracy over seeds is at most δ below the base arm's, δ = the largest of 2 accuracy points
    and the two arms' 95 % t-interval half-widths; of those, the highest mean whole-run TPF
@@ -20,7 +20,7 @@ Steps, each skipped when its output already exists (so a rerun resumes):
    head with seed s (``[head.train]``) and evaluates head on with the arms' evaluation (same
    held-out problems, decode seeds, stride, temperature): the row ``<arm>+head`` of the table
    and of ``summary.json`` (``arms``, ``evals``; the choice and why under ``head``), done when
-   its ``eval.json`` exists (:mod:`brisk.runtime.experiment.headon`);
+   its ``eval.json`` exists (:mod:`brisk.experiments.headon`);
 5. the table across seeds (markdown shaped like tab:ablation_breakdown, JSON, a plot), the
    weight-evolution figure of the BRISK arm, and ``brisk mechanism report`` on the logs of the
    arm with the highest whole-run TPF.
@@ -29,7 +29,7 @@ Jobs run ``workers`` at a time in separate processes with one torch thread each 
 independent; nothing distributed). SIGINT or SIGTERM stops the step under way at its next safe
 point (a training run with a checkpoint, the data after its last whole part, an evaluation at
 once) and ends the command with one line saying what stays; rerunning it continues
-(:mod:`brisk.runtime.experiment.common`). Outputs under ``out_dir``: ``data/``,
+(:mod:`brisk.experiments.common`). Outputs under ``out_dir``: ``data/``,
 ``arms/<arm>/seed<s>/`` (checkpoint, metrics, ``eval.json``, ``blocks/``), with ``[head]``
 ``head/<arm>/seed<s>/`` (``events/``, the head's ``final/``, ``train.json``, ``eval.json``,
 ``blocks/``), ``summary.md``,
@@ -46,7 +46,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.runtime.experiment.common import (
+from brisk.experiments.common import (
     ensure_checkpoint,
     evaluate_held_out,
     experiment_step,
@@ -55,8 +55,8 @@ from brisk.runtime.experiment.common import (
     run_jobs,
     with_mask,
 )
-from brisk.runtime.experiment.headon import choose_arm, head_job, row_name
-from brisk.runtime.experiment.proposal_config import (
+from brisk.experiments.headon import choose_arm, head_job, row_name
+from brisk.experiments.proposal_config import (
     ARMS,
     Arm,
     ExperimentConfig,
@@ -65,7 +65,7 @@ from brisk.runtime.experiment.proposal_config import (
     budget_label,
     split_job,
 )
-from brisk.runtime.experiment.theory import ArmTheory, arm_theory, theory_markdown
+from brisk.experiments.theory import ArmTheory, arm_theory, theory_markdown
 
 __all__ = ["ARMS", "Arm", "ExperimentConfig", "HeadSection", "epoch_tokens", "run_experiment"]
 
@@ -150,7 +150,7 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
 def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
     from rich.console import Console
 
-    from brisk.runtime.experiment.evaluate import CheckpointEval
+    from brisk.experiments.evaluate import CheckpointEval
     from brisk.runtime.train.selfgen import generate_dataset
 
     console = Console(stderr=True, quiet=not show_progress)
@@ -222,7 +222,7 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
 
 
 def _as_eval(d: dict[str, Any]) -> Any:
-    from brisk.runtime.experiment.evaluate import CheckpointEval
+    from brisk.experiments.evaluate import CheckpointEval
 
     return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
@@ -230,9 +230,9 @@ def _as_eval(d: dict[str, Any]) -> Any:
 def _head_on(
     cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], console: Any, t0: float
 ) -> dict[str, Any]:
-    """Choose the best arm (:func:`~brisk.runtime.experiment.headon.choose_arm`) and run its
+    """Choose the best arm (:func:`~brisk.experiments.headon.choose_arm`) and run its
     head-on job of every seed in the worker pool; returns the choice and the jobs' results."""
-    from brisk.runtime.experiment.evaluate import summarize
+    from brisk.experiments.evaluate import summarize
 
     names = cfg.job_names()
     summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names for s in cfg.seeds])}
@@ -262,8 +262,8 @@ def _summarize(
     tokens_per_epoch: int,
     head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from brisk.runtime.experiment.evaluate import summarize
-    from brisk.runtime.experiment.table import directions_table, markdown_table, plot_summaries
+    from brisk.experiments.evaluate import summarize
+    from brisk.experiments.table import directions_table, markdown_table, plot_summaries
 
     out = Path(cfg.out_dir)
     names = cfg.job_names()

@@ -18,7 +18,7 @@ Steps, each skipped when its output already exists (so a rerun resumes):
 Jobs run ``workers`` at a time in separate processes with one torch thread each. SIGINT or
 SIGTERM stops the step under way at its next safe point (a training run with a checkpoint, the
 collection after its last whole batch, an evaluation at once) and ends the command with one line
-saying what stays; rerunning it continues (:mod:`brisk.runtime.experiment.common`). Outputs under
+saying what stays; rerunning it continues (:mod:`brisk.experiments.common`). Outputs under
 ``out_dir``: ``events/``, ``arms/<arm>/seed<s>/`` (head checkpoint, metrics, ``train.json``,
 ``eval.json``, ``shadow/``), ``summary.md``, ``summary.json``, ``arms.png``, ``rescue.png``,
 ``val_loss.png``, ``mechanism/``.
@@ -37,8 +37,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.mechanism.stats import Interval
-from brisk.runtime.experiment.common import (
+from brisk.experiments.common import (
     ensure_checkpoint,
     experiment_step,
     held_out_problems,
@@ -47,14 +46,15 @@ from brisk.runtime.experiment.common import (
     run_jobs,
     with_mask,
 )
-from brisk.runtime.experiment.corrector_config import (
+from brisk.experiments.corrector_config import (
     ARMS,
     PAPER_ARM,
     CorrectorArm,
     CorrectorExperimentConfig,
     arm_named,
 )
-from brisk.runtime.experiment.heads import collect_once, train_head
+from brisk.experiments.heads import collect_once, train_head
+from brisk.mechanism.stats import Interval
 
 __all__ = ["ARMS", "CorrectorArm", "CorrectorExperimentConfig", "run_corrector_experiment"]
 
@@ -89,7 +89,7 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.runtime.experiment.evaluate import evaluate_checkpoint
+    from brisk.experiments.evaluate import evaluate_checkpoint
 
     torch.set_num_threads(1)
     arm = arm_named(arm_name)
@@ -214,7 +214,7 @@ def _summarize(
     t0: float,
     console: Any,
 ) -> dict[str, Any]:
-    from brisk.runtime.experiment.evaluate import CheckpointEval, summarize
+    from brisk.experiments.evaluate import CheckpointEval, summarize
 
     out = Path(cfg.out_dir)
 
@@ -359,7 +359,7 @@ def _plots(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from brisk.runtime.experiment.table import plot_summaries
+    from brisk.experiments.table import plot_summaries
 
     plot_summaries([summaries[a] for a in cfg.arms], out / "arms.png")
     if mech:
