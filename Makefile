@@ -207,13 +207,24 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # brisk's suite in .venv, then the SGLang contract tests and `brisk bench serve` in .venv-serving.
-test: lint typecheck docs
-	$(BIN)/pytest -n 2 --durations=25
+# No test of the main suite uses .venv-serving, so it is built in the background meanwhile (from
+# nothing ≈ 80 s of pip, one core at most, beside ruff, mypy, mkdocs and the suite), its output
+# in $(SLOG), printed if it fails. Either failing fails `make test`; Ctrl-C stops both.
+SLOG := $(VENV)/serving-venv.log
+test: $(STAMP)
+	@echo "$(MAKE) serving-venv > $(SLOG) (in the background)"; \
+	$(MAKE) --no-print-directory serving-venv > $(SLOG) 2>&1 & serving=$$!; \
+	trap 'kill $$serving 2>/dev/null; exit 130' INT TERM; \
+	$(MAKE) --no-print-directory lint typecheck docs && \
+	  echo "$(BIN)/pytest -n 2 --durations=25" && $(BIN)/pytest -n 2 --durations=25; suite=$$?; \
+	wait $$serving; built=$$?; \
+	if [ $$built -ne 0 ]; then cat $(SLOG); echo "make serving-venv failed (exit $$built): $(SLOG)"; fi; \
+	[ $$suite -eq 0 ] && [ $$built -eq 0 ]
 	$(MAKE) test-serving
 
 # A test file per worker: each file's servers (module fixtures) start in one process.
 test-serving: $(SSTAMP)
-	$(SBIN)/pytest -n 2 --dist loadfile tests/serving
+	$(SBIN)/pytest -n 2 --dist loadfile --durations=25 tests/serving
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/theory_bench.py

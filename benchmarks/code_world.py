@@ -5,8 +5,8 @@
 Reads what ``make code-world`` left under ``--runs`` (the AR and converted runs' metrics, the
 decodes of the held-out functions at N = 4 and 8, greedy and T = 1, with block logs) and adds:
 
-- the held-out causal loss of both models (:func:`brisk.runtime.train.pretrain.causal_loss` on
-  every document of the held-out files, the converted base read causally);
+- the held-out causal loss of both models (:func:`brisk.runtime.train.pretrain.recipe.causal_loss`
+  on every document of the held-out files, the converted base read causally);
 - ``brisk mechanism report`` of each block log (``<runs>/report_N<N>_T<T>``);
 - HumanEval: ``brisk decode problems --task humaneval`` and ``brisk decode`` at N = 8, greedy,
   each prompt's budget what fits the model (greedy ISD is greedy AR: pass@1 of the model).
@@ -80,7 +80,7 @@ def trained(run: Path) -> tuple[Any, Any]:
 
 def heldout_figures(cfg: Any, run: Path) -> dict[str, Any]:
     """The held-out loss ``brisk train ar`` logs (:func:`heldout_loss`), of ``run``'s model."""
-    from brisk.runtime.train.pretrain import heldout_loss
+    from brisk.runtime.train.pretrain.recipe import heldout_loss
 
     model, tokenizer = trained(run)
     h = heldout_loss(cfg, model, tokenizer)
@@ -92,7 +92,7 @@ def ar_compile_rate(cfg: Any, run: Path) -> dict[str, Any]:
     """The causal LM's greedy completions of the held-out functions, graded ``compiles``:
     ``brisk train ar``'s final evaluation (:func:`final_evaluation`), on the problems as they
     are now."""
-    from brisk.runtime.train.pretrain import final_evaluation
+    from brisk.runtime.train.pretrain.recipe import final_evaluation
 
     report = final_evaluation(cfg, *trained(run))
     return {"accuracy": report.accuracy, "n": report.n_problems, "errors": report.grader_errors}
@@ -174,7 +174,7 @@ def main() -> int:
     args = parser.parse_args()
     runs: Path = args.runs
     result: dict[str, Any] = {"runs": str(runs)}
-    from brisk.runtime.train.pretrain_config import PretrainConfig
+    from brisk.runtime.train.pretrain.config import PretrainConfig
 
     cfg = PretrainConfig.load(runs / "ar" / "final" / "train_config.json")
     for name in ("ar", "base"):

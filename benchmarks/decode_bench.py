@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from brisk.runtime.backbone import HFBackbone, cache_keyword
 from brisk.runtime.isd import ISDOptions, decode
 from brisk.runtime.loader import load_model
-from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig
 
 
 def prompts_of(model_dir: Path, n: int, tokenizer: Any) -> list[list[int]]:

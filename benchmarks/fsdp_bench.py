@@ -6,7 +6,7 @@ Run under torchrun (one process per GPU; gloo on CPU)::
         --device cuda --precision bf16 --attention flex-compiled --checkpointing --L 4096
 
 Each step is brisk's training step (:mod:`brisk.runtime.train.distributed` and the I-DLM loss of
-:mod:`brisk.runtime.train.proposal`): ``--batch`` random sequences of ``L`` tokens (a quarter
+:mod:`brisk.runtime.train.proposal.recipe`): ``--batch`` random sequences of ``L`` tokens (a quarter
 prompt, ``M = 7``) laid out as ``[x_t | x_0]`` (2L positions), the mask as a dense tensor or its
 FlexAttention BlockMask, forward, loss over the global counts, backward, gradient clipping and an
 AdamW step on the FSDP2-sharded model. The model is set up as the training loops do it

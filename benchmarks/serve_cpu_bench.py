@@ -59,7 +59,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brisk.runtime.serving.launch import ServerProcess, server_launch, start_server
+from brisk.runtime.serving.launch import server_launch
+from brisk.runtime.serving.process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "runs/paper/base/final"

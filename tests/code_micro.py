@@ -4,25 +4,31 @@ the serving suite (``tests/serving/test_code_server.py``).
 
 :func:`build_code_world` writes two configs and runs ``brisk train ar`` then ``brisk train base
 --init`` (≈ 30 s here, one thread each), the tokenizer cached inside the world's directory;
-:func:`build_code_ar` runs the first alone (the AR model, a drafter's target). The
-corpus is small on purpose. Its training files are ``operator.py``, ``stat.py`` and
-``genericpath.py``: 73 short, regular functions of at most 400 characters, which both streams of
-a 2-layer model learn by heart in a few hundred steps. Its held-out files are
-``email/__init__.py``, ``secrets.py`` and ``copyreg.py``: 12 documented functions. So a greedy
-ISD decode at stride 4 both rejects drafts (the held-out prompts: a micro model does not
-generalize, its MASK slots miss) and accepts whole blocks (the training functions' prompts:
-slots and verifier agree on the memorized bodies); a prompt file of both splits exercises cold
-starts, partial and full acceptance.
+:func:`build_code_ar` runs the first alone (the AR model, a drafter's target).
+:func:`code_ar_once` trains that AR model once per test run for every module that starts from it
+(:mod:`tests.session_cache`), and ``build_code_world(world, ar=...)`` and :func:`copy_code_ar` copy
+it into a world instead of training it again. The corpus is small on purpose. Its training files
+are ``operator.py``, ``stat.py`` and ``genericpath.py``: 73 short, regular functions of at most
+400 characters, which both streams of a 2-layer model learn by heart in a few hundred steps. Its
+held-out files are ``email/__init__.py``, ``secrets.py`` and ``copyreg.py``: 12 documented
+functions. So a greedy ISD decode at stride 4 both rejects drafts (the held-out prompts: a micro
+model does not generalize, its MASK slots miss) and accepts whole blocks (the training functions'
+prompts: slots and verifier agree on the memorized bodies); a prompt file of both splits
+exercises cold starts, partial and full acceptance.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = [
     "HELDOUT",
@@ -33,6 +39,8 @@ __all__ = [
     "brisk_decode",
     "build_code_ar",
     "build_code_world",
+    "code_ar_once",
+    "copy_code_ar",
     "problem_rows",
     "read_jsonl",
     "write_jsonl",
@@ -128,23 +136,47 @@ def brisk(world: Path, *args: object, timeout: float = TIMEOUT_S) -> str:
     return done.stdout
 
 
+def _ar_toml(world: Path) -> str:
+    include = json.dumps([*TRAIN, *HELDOUT])
+    return AR.format(out=world / "ar", include=include) + MODEL.format(include=include)
+
+
 def build_code_ar(world: Path) -> Path:
     """The micro code world's AR model under ``world`` (``brisk train ar``: ``ar.toml``, the run
     ``ar/``, the tokenizer cache ``cache/``); returns its ``final`` checkpoint, a Qwen3 causal LM
     with the byte-level BPE tokenizer (the AR target of the drafter tests)."""
     world.mkdir(parents=True, exist_ok=True)
-    include = json.dumps([*TRAIN, *HELDOUT])
-    model = MODEL.format(include=include)
-    (world / "ar.toml").write_text(AR.format(out=world / "ar", include=include) + model)
+    (world / "ar.toml").write_text(_ar_toml(world))
     brisk(world, "train", "ar", "--config", world / "ar.toml", "--no-progress")
     return world / "ar" / "final"
 
 
-def build_code_world(world: Path) -> Path:
+def code_ar_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The world directory :func:`build_code_ar` filled, trained once per test run (≈ 10 s, one
+    thread): every module and xdist worker that asks shares it, read-only (keyed by the AR and
+    model configs and the corpus files)."""
+    from tests.session_cache import built_once
+
+    key = {"ar": AR, "model": MODEL, "files": [*TRAIN, *HELDOUT]}
+    return built_once(tmp_path_factory, "code-ar", key, build_code_ar)
+
+
+def copy_code_ar(ar_world: Path, world: Path) -> Path:
+    """``ar_world``'s AR run and tokenizer cache copied under ``world`` as :func:`build_code_ar`
+    lays them out (``ar.toml`` naming ``world``'s run); returns ``world``'s ``ar/final``."""
+    world.mkdir(parents=True, exist_ok=True)
+    for name in ("ar", "cache"):
+        shutil.copytree(ar_world / name, world / name)
+    (world / "ar.toml").write_text(_ar_toml(world))
+    return world / "ar" / "final"
+
+
+def build_code_world(world: Path, ar: Path | None = None) -> Path:
     """The micro code world under ``world``: ``ar.toml`` / ``base.toml``, the runs ``ar/`` and
     ``base/`` (each with ``metrics.jsonl``), the tokenizer cache ``cache/``; returns the I-DLM
-    base's ``final`` checkpoint."""
-    ar = build_code_ar(world)
+    base's ``final`` checkpoint. With ``ar`` (:func:`code_ar_once`) the AR run is that one,
+    copied, not trained again."""
+    ar = build_code_ar(world) if ar is None else copy_code_ar(ar, world)
     include = json.dumps([*TRAIN, *HELDOUT])
     base = world / "base"
     (world / "base.toml").write_text(

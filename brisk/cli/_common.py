@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import UnionType
 from typing import (
@@ -19,11 +21,16 @@ from typing import (
     get_type_hints,
 )
 
+from brisk._interrupt import INTERRUPTED
+
 if TYPE_CHECKING:
+    from brisk.runtime.configs import Config
     from brisk.runtime.tasks.spec import TaskSpec
+    from brisk.runtime.train.harness import Recipe, TrainResult
 
 T = TypeVar("T")
 R = TypeVar("R")
+C = TypeVar("C", bound="Config")
 
 
 def comma_separated(cast: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -62,6 +69,37 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ValueError(message.removeprefix("argument "))
+
+
+def flag_error(
+    err: ValueError, names: Collection[str] | None = None, flags: Mapping[str, str] | None = None
+) -> ValueError:
+    """``err`` naming its flag where the runtime named an option or argument: ``name: …`` →
+    ``--name: …`` (``batch_size`` → ``--batch-size``; ``flags`` maps a name to another flag,
+    ``out_dir`` → ``out``), for a ``name`` among ``names`` (None: any); else ``err`` itself.
+
+    >>> flag_error(ValueError("max_new_tokens: need an integer ≥ 1, got 0"))
+    ValueError('--max-new-tokens: need an integer ≥ 1, got 0')
+    """
+    name, sep, rest = str(err).partition(":")
+    if not (sep and name.isidentifier() and (names is None or name in names)):
+        return err
+    return ValueError(f"--{(flags or {}).get(name, name).replace('_', '-')}:{rest}")
+
+
+@contextmanager
+def flag_errors(
+    names: Collection[str] | None = None, flags: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Inside: a ``ValueError`` naming an option or argument names its flag
+    (:func:`flag_error`)."""
+    try:
+        yield
+    except ValueError as err:
+        named = flag_error(err, names, flags)
+        if named is err:
+            raise
+        raise named from None
 
 
 def with_overrides(cfg: T, overrides: dict[str, object], flags: dict[str, str] | None = None) -> T:
@@ -156,10 +194,13 @@ def problem_decode_options(cls: Callable[..., T], args: argparse.Namespace) -> T
     return options
 
 
-def run_problem_decode(cls: Callable[..., T], args: argparse.Namespace, run: Callable[[T], R]) -> R:
-    """``run(options)`` for a decode over a task's problems: the options of
-    :func:`problem_decode_options`, the thread count set, transformers quiet, and a task's
-    errors naming their flags."""
+def run_problem_decode(
+    cls: Callable[..., T], args: argparse.Namespace, run: Callable[..., R], **extra: Any
+) -> R:
+    """``run(checkpoint, out, options, show_progress, resume=, device=, dtype=, **extra)`` for a
+    decode over a task's problems (``brisk train selfgen``, ``brisk train corrector collect``):
+    the options of :func:`problem_decode_options`, the thread count set, transformers quiet,
+    and a task's errors naming their flags."""
     import torch
 
     from brisk._hf import quiet_transformers
@@ -169,7 +210,16 @@ def run_problem_decode(cls: Callable[..., T], args: argparse.Namespace, run: Cal
     torch.set_num_threads(args.threads)
     quiet_transformers()
     with task_flag_errors():
-        return run(options)
+        return run(
+            args.checkpoint,
+            args.out,
+            options,
+            not args.no_progress,
+            resume=args.resume,
+            device=args.device,
+            dtype=args.dtype,
+            **extra,
+        )
 
 
 def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own world") -> None:
@@ -210,10 +260,12 @@ def add_config_arguments(
     rename: dict[str, str] | None = None,
     dest_prefix: str = "cfg_",
     negatable: bool = True,
+    defaults: Mapping[str, str] | None = None,
 ) -> None:
     """One flag per scalar field of the config dataclass ``cls`` (nested configs excluded), its
     help the field's documentation (:func:`brisk.runtime.configs.field_docs`) and its default
-    ``None``, "not given" (a config file or the dataclass supplies the value). Spelling:
+    ``None``, "not given" (a config file or the dataclass supplies the value; ``defaults`` says
+    in words what the command does instead where it does not take the field's). Spelling:
     ``batch_size`` → ``--batch-size`` (``rename`` maps a field to another flag name, e.g.
     ``out_dir`` → ``out``); booleans take ``--x`` / ``--no-x`` (``--x`` alone unless
     ``negatable``: a command without a config file, whose booleans all default to False, has
@@ -233,6 +285,8 @@ def add_config_arguments(
         help_ = f"{text} (default: {default!r})" if text else f"default: {default!r}"
         if "default:" in text:  # the field says its default itself (one that depends)
             help_ = text
+        if f.name in (defaults or {}):
+            help_ = f"{text} (default: {(defaults or {})[f.name]})"
         kwargs: dict[str, Any] = {"dest": dest_prefix + f.name, "default": None, "help": help_}
         if tp is bool and negatable:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -285,3 +339,37 @@ def config_overrides(
     as tuples)."""
     given = {f.name: getattr(args, dest_prefix + f.name, None) for f in dataclasses.fields(cls)}
     return {k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None}
+
+
+def _on_ranks(train: Callable[[], R]) -> R | int:
+    """``train()`` on this rank (one process: rank 0). Rank 0 gets its result to print, and an
+    interrupt propagates there (it says what was saved); any other rank ends quietly, with 0, or
+    with INTERRUPTED when interrupted."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train()
+    except KeyboardInterrupt:
+        if rank == 0:
+            raise
+        return INTERRUPTED
+    return result if rank == 0 else 0
+
+
+def run_recipe(
+    args: argparse.Namespace,
+    config_class: type[C],
+    recipe: Callable[[C], Recipe[C, Any]],
+    check: Callable[[C], None] | None = None,
+) -> TrainResult[Any] | int:
+    """A ``brisk train`` recipe command: its config from ``--config`` and the flags, checked
+    (``check``), trained through the harness on this rank (:func:`_on_ranks`): rank 0's result,
+    or another rank's exit status."""
+    from brisk._hf import quiet_transformers
+    from brisk.runtime.train.harness import train
+
+    overrides = config_overrides(args, config_class)
+    cfg = config_from_args(config_class, args.config, overrides, {"out_dir": "out"})
+    if check is not None:
+        check(cfg)
+    quiet_transformers()
+    return _on_ranks(lambda: train(recipe(cfg), not args.no_progress, resume=args.resume))

@@ -10,7 +10,8 @@ import importlib.util
 from pathlib import Path
 
 from brisk._atomic import atomic_write_text
-from brisk.cli._common import comma_separated
+from brisk.cli._common import add_config_arguments, comma_separated, flag_errors
+from brisk.runtime.decode_options import LoopOptions
 
 __all__ = ["register"]
 
@@ -210,8 +211,10 @@ def _register_requests(commands: argparse._SubParsersAction[argparse.ArgumentPar
         "--tokenizer", type=Path, required=True, help="the served model's tokenizer directory"
     )
     s.add_argument("--prompts", type=Path, required=True, help='JSON Lines {"prompt", ...}')
-    s.add_argument("--max-new-tokens", type=int, default=256)
-    s.add_argument("--temperature", type=float, default=0.0)
+    # each request's budget and temperature, as brisk's loops take them
+    add_config_arguments(
+        s, LoopOptions, exclude=("top_k", "eos_token_id"), dest_prefix="ask_", negatable=False
+    )
     s.add_argument("--seed", type=int, default=0, help="request r samples with seed + r")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     s.add_argument("--out", type=Path, required=True, help="the answer file (JSON Lines)")
@@ -219,16 +222,15 @@ def _register_requests(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _requests(args: argparse.Namespace) -> int:
-    from brisk.runtime.decoding import PartialRows, check_output_file, read_prompts, write_jsonl
+    from brisk.cli._common import config_overrides, with_overrides
     from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.prompts import PartialRows, check_output_file, read_prompts, write_jsonl
     from brisk.runtime.serving.answers import server_answers
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens: must be at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature: must be at least 0, got {args.temperature}")
+    ask = with_overrides(LoopOptions(), config_overrides(args, LoopOptions, "ask_"))
     check_output_file(args.out, "--out")
-    requests = read_prompts(args.prompts)
+    with flag_errors({"prompts"}):
+        requests = read_prompts(args.prompts)
     tokenizer = load_tokenizer(args.tokenizer, where="--tokenizer")
     partial = PartialRows(args.out)  # the answers so far, kept if the server fails midway
     try:
@@ -236,8 +238,8 @@ def _requests(args: argparse.Namespace) -> int:
             args.url,
             requests,
             tokenizer,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
+            max_new_tokens=ask.max_new_tokens,
+            temperature=ask.temperature,
             seed=args.seed,
             timeout_s=args.timeout,
             on_answer=partial.add,

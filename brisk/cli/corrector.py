@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
     add_problem_decode_arguments,
-    config_from_args,
-    config_overrides,
     run_problem_decode,
 )
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
+
+if TYPE_CHECKING:
+    from brisk.runtime.train.corrector.recipe import CorrectorRecipe
 
 __all__ = ["register_train"]
 
@@ -55,24 +56,11 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
 @exits_on_interrupt
 def run_collect(args: argparse.Namespace) -> int:
-    from brisk.runtime.train.corrector_events import collect_from_checkpoint
+    from brisk.runtime.train.corrector.events import collect_from_checkpoint
 
     if args.drafter is not None and args.cfg_stride is None:
         args.cfg_stride = _block_size(args.drafter)
-    store = run_problem_decode(
-        CollectOptions,
-        args,
-        lambda options: collect_from_checkpoint(
-            args.checkpoint,
-            args.out,
-            options,
-            not args.no_progress,
-            resume=args.resume,
-            device=args.device,
-            dtype=args.dtype,
-            drafter=args.drafter,
-        ),
-    )
+    store = run_problem_decode(CollectOptions, args, collect_from_checkpoint, drafter=args.drafter)
     print(
         f"{len(store)} events from {store.meta['requests']} responses "
         f"({store.correct.mean():.1%} of events from correct ones), M = {store.M}, "
@@ -95,23 +83,11 @@ def _block_size(drafter: Path) -> int | None:
 
 @exits_on_interrupt
 def run_train(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, CorrectorTrainConfig)
-    cfg = config_from_args(CorrectorTrainConfig, args.config, overrides, {"out_dir": "out"})
-    if not cfg.events:
-        raise ValueError(
-            "--events: corrector training needs an event store (train corrector collect makes one)"
-        )
-    from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.event_store import EventStore
+    from brisk.cli._common import run_recipe
 
-    try:
-        store = EventStore.open(cfg.events)
-    except ValueError as err:
-        raise ValueError(f"--events: {err}") from None
-    quiet_transformers()
-    result = train_corrector(
-        cfg, show_progress=not args.no_progress, store=store, resume=args.resume
-    )
+    result = run_recipe(args, CorrectorTrainConfig, _recipe)
+    if isinstance(result, int):
+        return result
     fit = result.outcome
     print(
         f"trained {result.steps} steps on {fit.train_events:,} events in "
@@ -119,3 +95,19 @@ def run_train(args: argparse.Namespace) -> int:
         f"{fit.val_loss:.4f}; head {result.checkpoint}"
     )
     return 0
+
+
+def _recipe(cfg: CorrectorTrainConfig) -> CorrectorRecipe:
+    """The corrector recipe on ``cfg.events``, whose faults name ``--events``."""
+    from brisk.runtime.train.corrector.recipe import corrector_recipe
+    from brisk.runtime.train.corrector.store import EventStore
+
+    if not cfg.events:
+        raise ValueError(
+            "--events: corrector training needs an event store (train corrector collect makes one)"
+        )
+    try:
+        store = EventStore.open(cfg.events)
+    except ValueError as err:
+        raise ValueError(f"--events: {err}") from None
+    return corrector_recipe(cfg, store=store)

@@ -9,10 +9,11 @@ with one prompt per line. ``brisk decode problems`` writes a task's problems in 
 by default the checkpoint's own world's held-out ones, or any task (``--task FILE --fields …
 --format chat --grader math``), rendered for the checkpoint's tokenizer.
 
-The work is :mod:`brisk.runtime.decoding`'s (reading the prompts, loading, decoding, grading,
-the partial file, the summary figures); this module parses the flags, one per field of
-:class:`~brisk.runtime.decode_options.ISDOptions` for the decode's options, and prints. Every
-argument is checked before the model loads; bad input ends as one line naming the argument (and
+The work is :mod:`brisk.runtime.decoding`'s (loading, decoding, grading, the partial file, the
+summary figures) and :mod:`brisk.runtime.prompts`' (the prompt and answer files); this module
+parses the flags, one per field of :class:`~brisk.runtime.decode_options.ISDOptions` for the
+decode's options, names the flag of an option or argument the runtime refuses, and prints. Every
+argument is checked before the model loads; bad input ends as one line naming the flag (and
 file and line) with exit code 2. Every row holds the prompt's and the output's token ids
 (``prompt_ids``, ``output_ids``) and its ``decoder``.
 
@@ -21,12 +22,13 @@ With ``--drafter`` the block is the drafter's (``--stride`` is refused), so is t
 float32 (``--dtype`` other than float32 is refused), one request at a time (``--batch-size`` has
 no say), with greedy drafts at T = 0 and Top-K draws at T > 0 (``--top-k``); ``--corrector``
 drafts over the drafter's Top-K; ``--shadow`` and ``--score-blocks`` (ISD's diagnostics) are
-refused. ``--out`` is written atomically in prompt order when decoding
-ends; meanwhile each finished completion is appended to ``.<name>.partial`` beside it, so a run
-killed outright keeps them. Ctrl-C stops decoding, closes the block log (its parts are written
-atomically, so every part on disk stays valid), writes the completions finished so far to
-``--out``, prints one line and exits with 130; SIGTERM does the same, and a second signal cannot
-cut the saving short (:mod:`brisk._interrupt`).
+refused (:func:`~brisk.runtime.decoding.prepare_decode` refuses what it can tell from the
+values; a flag given is this module's to refuse). ``--out`` is written atomically in prompt
+order when decoding ends; meanwhile each finished completion is appended to ``.<name>.partial``
+beside it, so a run killed outright keeps them. Ctrl-C stops decoding, closes the block log (its
+parts are written atomically, so every part on disk stays valid), writes the completions
+finished so far to ``--out``, prints one line and exits with 130; SIGTERM does the same, and a
+second signal cannot cut the saving short (:mod:`brisk._interrupt`).
 
 torch, transformers and the runtime are imported inside the run functions, so ``brisk --help``
 stays fast.
@@ -35,6 +37,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -45,9 +48,22 @@ from brisk.cli._common import (
     add_config_arguments,
     add_placement_arguments,
     add_task_arguments,
+    flag_errors,
     with_overrides,
 )
 from brisk.runtime.decode_options import ISDOptions
+
+# What the runtime names in its errors and brisk decode has a flag for: the options' fields and
+# prepare_decode's arguments, each the flag of its name (``log_blocks`` → ``--log-blocks``).
+_NAMED = {f.name for f in dataclasses.fields(ISDOptions)} | {
+    "prompts",
+    "corrector",
+    "drafter",
+    "plain",
+    "log_blocks",
+    "dtype",
+    "mask_token_id",
+}
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -134,28 +150,20 @@ def _positive(value: int, flag: str) -> None:
 
 
 def _check_drafter_flags(args: argparse.Namespace) -> None:
-    """The flags that mean nothing with ``--drafter``, refused in one line each."""
+    """``--drafter`` names a directory, and ``--stride`` is not given beside it (the block size
+    is the drafter's; the values that mean nothing for a drafter, prepare_decode refuses)."""
     if not args.drafter.is_dir():
         raise ValueError(f"--drafter: {args.drafter} is not a drafter directory")
-    refused = (
-        ("--stride", args.isd_stride is not None, "the block size is the drafter's"),
-        ("--mask-token-id", args.mask_token_id is not None, "the MASK id is the drafter's"),
-        ("--shadow", args.isd_shadow, "ISD's diagnostic; --corrector drafts over the drafter's"),
-        ("--score-blocks", args.isd_score_blocks, "ISD's diagnostic"),
-    )
-    for flag, given, why in refused:
-        if given:
-            raise ValueError(f"{flag}: not with --drafter ({why})")
-    if args.dtype not in (None, "", "auto", "float32", "fp32"):
-        raise ValueError(f"--dtype: {args.dtype} not with --drafter (its loop runs in float32)")
+    if args.isd_stride is not None:
+        raise ValueError("--stride: not with --drafter (the block size is the drafter's)")
 
 
 def run_problems(args: argparse.Namespace) -> int:
     from brisk.cli._common import task_from_args
-    from brisk.runtime.decoding import check_output_file, write_jsonl
     from brisk.runtime.loader import load_tokenizer
+    from brisk.runtime.prompts import check_output_file, write_jsonl
     from brisk.runtime.tasks.spec import task_flag_errors
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
 
     _positive(args.n, "--n")
     if not (args.checkpoint / "config.json").is_file():
@@ -188,7 +196,7 @@ def _options(args: argparse.Namespace) -> ISDOptions:
     """The decode's options from the flags, and everything else that can be checked without
     the model."""
     from brisk.cli._common import config_overrides
-    from brisk.runtime.decoding import check_output_file
+    from brisk.runtime.prompts import check_output_file
     from brisk.runtime.tasks.graders import resolve_grader
 
     if args.grader:
@@ -216,8 +224,6 @@ def _options(args: argparse.Namespace) -> ISDOptions:
         for flag, value in refused:
             if value is not None:
                 raise ValueError(f"{flag}: not with --plain (plain decoding has no MASK slots)")
-    if options.shadow and args.corrector is None:
-        raise ValueError("--shadow: needs --corrector (the head to run beside the base)")
     if args.out is not None:
         check_output_file(args.out, "--out")
     log = args.log_blocks
@@ -231,14 +237,16 @@ def run_decode(args: argparse.Namespace) -> int:
     options = _options(args)
     import torch
 
-    from brisk.runtime.decoding import decode_requests, prepare_decode, read_prompt_lines
+    from brisk.runtime.decoding import decode_requests, prepare_decode
+    from brisk.runtime.prompts import read_prompt_lines
 
-    lines = read_prompt_lines(args.prompts)
+    with flag_errors(_NAMED):
+        lines = read_prompt_lines(args.prompts)
     requests = [{**r, "sample": k} for _, r in lines for k in range(args.samples)]
     labels = [f"{args.prompts} line {n}" for n, _ in lines for _ in range(args.samples)]
     with stop_signals() as stop:
         try:
-            with stop.abortable():  # loading: nothing to keep
+            with stop.abortable(), flag_errors(_NAMED):  # loading: nothing to keep
                 if args.threads:
                     torch.set_num_threads(args.threads)
                 job = prepare_decode(
@@ -263,6 +271,9 @@ def run_decode(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return INTERRUPTED
+        note = job.fit.note("--max-new-tokens")
+        if note is not None:
+            print(f"brisk: {note}", file=sys.stderr)
         progress = _progress(len(requests), show=not args.no_progress and sys.stderr.isatty())
         try:
             with progress:

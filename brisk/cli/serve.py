@@ -2,27 +2,38 @@
 
 The command line and environment come from :func:`brisk.runtime.serving.launch.server_launch`
 (``--device cpu`` adds SGLang's CPU-engine flags and brisk's CPU stand-ins; ``--stride N``
-decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and the other ISD
-flags, one per field of :class:`~brisk.runtime.serving.options.BriskISDOptions`, set its
-options: ``--corrector`` adds the head; ``--drafter DIR`` serves a DFlash drafter verified by
-the model instead, algorithm ``BRISK_DRAFTER``, with ``--temperature``, ``--top-k`` and
-``--seed``); arguments after ``--`` go to SGLang unchanged and override. ``--device`` and
-``--dtype`` default to what ``brisk decode`` takes (:func:`brisk.runtime.loader.placement`: the
-GPU in bfloat16 where CUDA exists, else the CPU in float32), said once on stderr. The launcher
-replaces this process, so Ctrl-C and signals reach SGLang directly.
+decodes with ISD, speculative algorithm ``BRISK_ISD`` of brisk's plugin, and the ISD flags, one
+per field of :class:`~brisk.runtime.serving.options.BriskISDOptions` (``--stride`` among them),
+set its options: ``--corrector`` adds the head; ``--drafter DIR`` serves a DFlash drafter
+verified by the model instead, algorithm ``BRISK_DRAFTER``, with the flags of the fields its
+options share, ``--temperature``, ``--top-k`` and ``--seed``). The options, checked here with
+one line naming a bad flag, reach SGLang as the plugin's config
+(:mod:`brisk.runtime.serving.options`: the model config's ``brisk`` key, in SGLang's own
+``--json-model-override-args``); arguments after ``--`` go to SGLang unchanged and override.
+``--device`` and ``--dtype`` default to what ``brisk decode`` takes
+(:func:`brisk.runtime.loader.placement`: the GPU in bfloat16 where CUDA exists, else the CPU in
+float32), said once on stderr. The launcher replaces this process, so Ctrl-C and signals reach
+SGLang directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Literal
 
-from brisk.cli._common import add_config_arguments, add_mask_argument, config_overrides
-from brisk.runtime.serving.options import BriskISDOptions, OptionError
+from brisk.cli._common import (
+    add_config_arguments,
+    add_mask_argument,
+    config_overrides,
+    flag_errors,
+)
+from brisk.runtime.serving.drafter_options import BriskDrafterOptions
+from brisk.runtime.serving.options import BriskISDOptions, ServedOptions
 
 __all__ = ["register"]
 
@@ -66,23 +77,22 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     isd = s.add_argument_group(
         "ISD (SGLang algorithm BRISK_ISD)",
-        "--stride turns ISD on; the other options need it. Every request must ask for the "
-        "server's temperature.",
-    )
-    isd.add_argument(
-        "--stride",
-        type=int,
-        default=None,
-        help="decode with ISD at stride N (default: plain autoregressive decoding)",
+        "--stride turns ISD on; the other options need it (--drafter takes --temperature, "
+        "--top-k and --seed). Every request must ask for the server's temperature.",
     )
     add_config_arguments(
-        isd, BriskISDOptions, exclude=("stride",), dest_prefix="isd_", negatable=False
+        isd,
+        BriskISDOptions,
+        dest_prefix="isd_",
+        negatable=False,
+        defaults={"stride": "plain autoregressive decoding"},
     )
     s.set_defaults(run=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from brisk.runtime.serving.launch import port_in_use, server_launch
+    from brisk.runtime.serving.launch import server_launch
+    from brisk.runtime.serving.process import port_in_use
 
     extra = list(args.sglang_args)
     if extra[:1] == ["--"]:
@@ -98,10 +108,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if not args.dry_run and port_in_use(args.host, args.port):
         raise ValueError(f"--port: {args.host}:{args.port} is already in use")
-    isd, drafter = _isd_options(args), _drafter_options(args)
+    plugin = _plugin_config(args)
     device, dtype = _placement(args)
-    extra = _with_mask(args, extra)
-    try:
+    with flag_errors({"model", "drafter"}):  # the checkpoint's architecture or drafter
         launch = server_launch(
             args.model,
             args.port,
@@ -109,12 +118,10 @@ def _serve(args: argparse.Namespace) -> int:
             dtype=dtype,
             host=args.host,
             extra_args=extra,
-            isd=isd,
-            drafter=drafter,
+            isd=plugin if args.drafter is None else None,
+            drafter=plugin if args.drafter is not None else None,
+            overrides=_mask(args),
         )
-    except ValueError as err:  # the checkpoint's architecture or drafter, or flags passed through
-        named = str(err).startswith(("model:", "drafter:"))
-        raise ValueError(f"--{err}" if named else str(err)) from None
     print(launch.shell(), file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
@@ -136,68 +143,48 @@ def _placement(args: argparse.Namespace) -> tuple[Literal["cpu", "cuda"], str]:
     return ("cuda" if where.device.type == "cuda" else "cpu"), where.dtype_name
 
 
-def _with_mask(args: argparse.Namespace, extra: list[str]) -> list[str]:
-    """SGLang's arguments with ``--mask-token-id`` checked as every command checks it
+def _mask(args: argparse.Namespace) -> dict[str, object] | None:
+    """``--mask-token-id`` checked as every command checks it
     (:func:`brisk.runtime.loader.checkpoint_mask_id`: inside the vocabulary, no special token
-    the model uses) and passed as the config's ``mask_token_id``, merged into the
-    ``--json-model-override-args`` passed through (if any)."""
+    the model uses), as the model config's ``mask_token_id``."""
     if args.mask_token_id is None:
-        return extra
-    import json
-
-    from brisk.runtime.loader import checkpoint_mask_id
-    from brisk.runtime.serving.launch import OVERRIDE_FLAG, _model_overrides_passed
-
-    mask_id = checkpoint_mask_id(args.model, args.mask_token_id)
-    rest, asked = _model_overrides_passed(extra)
-    return [*rest, OVERRIDE_FLAG, json.dumps({**asked, "mask_token_id": mask_id})]
-
-
-def _isd_options(args: argparse.Namespace) -> dict[str, object] | None:
-    """``BRISK_ISD``'s options from the flags (those given, for ``$BRISK_ISD_CONFIG``), checked
-    here (one line naming the flag) so a bad value never reaches SGLang's start-up."""
-    given = config_overrides(args, BriskISDOptions, "isd_")
-    if args.stride is None:
-        if given and args.drafter is None:  # with --drafter, _drafter_options takes them
-            raise ValueError(f"--{_flag(next(iter(given)))}: needs --stride (ISD decoding)")
         return None
-    isd: dict[str, object] = {"stride": args.stride, **given}
+    from brisk.runtime.loader import checkpoint_mask_id
+
+    return {"mask_token_id": checkpoint_mask_id(args.model, args.mask_token_id)}
+
+
+def _plugin_config(args: argparse.Namespace) -> dict[str, object] | None:
+    """The options of the algorithm the flags ask for, those given (the server reads the rest
+    from the options' defaults): ``BRISK_ISD``'s with ``--stride``, ``BRISK_DRAFTER``'s with
+    ``--drafter`` (the drafter and the flags of the fields its options have); None for plain
+    decoding. Checked here, one line naming the flag, so a bad value never reaches SGLang's
+    start-up."""
+    given = config_overrides(args, BriskISDOptions, "isd_")
     for name in ("corrector", "log_blocks"):  # SGLang's processes may resolve them elsewhere
         if name in given:
-            isd[name] = str(Path(given[name]).resolve())
-    try:
-        BriskISDOptions.from_mapping(isd)
-    except OptionError as err:
-        name, _, rest = str(err).partition(":")
-        raise ValueError(f"--{_flag(name)}:{rest}") from None
-    return isd
-
-
-def _drafter_options(args: argparse.Namespace) -> dict[str, object] | None:
-    """``BRISK_DRAFTER``'s options: ``--drafter`` and, of the ISD flags, the temperature, Top-K
-    and seed, which mean there what they mean for ISD (one line naming a flag that does not
-    apply or a bad value)."""
-    if args.drafter is None:
+            given[name] = str(Path(given[name]).resolve())
+    cls: type[ServedOptions] = BriskISDOptions
+    if args.drafter is not None:
+        if "stride" in given:
+            raise ValueError(
+                "--drafter: a server decodes with ISD (--stride) or a drafter, not both"
+            )
+        served = [f.name for f in dataclasses.fields(BriskDrafterOptions) if f.name != "drafter"]
+        other = [name for name in given if name not in served]
+        if other:
+            flags = [_flag(name) for name in served]
+            apply = f"{', '.join(flags[:-1])} and {flags[-1]}"
+            raise ValueError(f"{_flag(other[0])}: an ISD option; with --drafter only {apply} apply")
+        cls, given = BriskDrafterOptions, {"drafter": str(args.drafter), **given}
+    elif "stride" not in given:
+        if given:
+            raise ValueError(f"{_flag(next(iter(given)))}: needs --stride (ISD decoding)")
         return None
-    from brisk.runtime.serving.drafter_options import BriskDrafterOptions
-
-    if args.stride is not None:
-        raise ValueError("--drafter: a server decodes with ISD (--stride) or a drafter, not both")
-    given = config_overrides(args, BriskISDOptions, "isd_")
-    other = [name for name in given if name not in ("temperature", "top_k", "seed")]
-    if other:
-        raise ValueError(
-            f"--{_flag(other[0])}: an ISD option; with --drafter only --temperature, --top-k "
-            "and --seed apply"
-        )
-    options: dict[str, object] = {"drafter": str(args.drafter), **given}
-    try:
-        BriskDrafterOptions.from_mapping(options)
-    except OptionError as err:
-        name, _, rest = str(err).partition(":")
-        raise ValueError(f"--{_flag(name)}:{rest}") from None
-    return options
+    with flag_errors():
+        cls.from_mapping(given)
+    return given
 
 
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    return "--" + name.replace("_", "-")

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from brisk._hf import quiet_transformers
-from brisk._interrupt import INTERRUPTED, exits_on_interrupt
+from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
     add_config_arguments,
     add_mask_argument,
@@ -24,14 +21,13 @@ from brisk.cli._common import (
     config_from_args,
     config_overrides,
     run_problem_decode,
+    run_recipe,
 )
-from brisk.runtime.train.config import BaseTrainConfig
-from brisk.runtime.train.drafter_config import DrafterTrainConfig
-from brisk.runtime.train.pretrain_config import PretrainConfig
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig
+from brisk.runtime.train.drafter.config import DrafterTrainConfig
+from brisk.runtime.train.pretrain.config import PretrainConfig
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
-
-R = TypeVar("R")
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -166,30 +162,11 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     e.set_defaults(run=run_eval)
 
 
-def _on_ranks(train: Callable[[], R]) -> R | int:
-    """``train()`` on this rank (one process: rank 0). Rank 0 gets its result to print, and an
-    interrupt propagates there (it says what was saved); any other rank ends quietly, with 0, or
-    with INTERRUPTED when interrupted."""
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        result = train()
-    except KeyboardInterrupt:
-        if rank == 0:
-            raise
-        return INTERRUPTED
-    return result if rank == 0 else 0
-
-
 @exits_on_interrupt
 def run_base(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, BaseTrainConfig)
-    cfg = config_from_args(BaseTrainConfig, args.config, overrides, {"out_dir": "out"})
-    from brisk.runtime.train.base import train_base
+    from brisk.runtime.train.base.recipe import BaseRecipe
 
-    quiet_transformers()
-    result = _on_ranks(
-        lambda: train_base(cfg, show_progress=not args.no_progress, resume=args.resume)
-    )
+    result = run_recipe(args, BaseTrainConfig, BaseRecipe)
     if isinstance(result, int):
         return result
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
@@ -200,27 +177,33 @@ def run_base(args: argparse.Namespace) -> int:
 
 @exits_on_interrupt
 def run_ar(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, PretrainConfig)
-    cfg = config_from_args(PretrainConfig, args.config, overrides, {"out_dir": "out"})
     if args.export_corpus is not None:
-        from brisk.worlds.arithmetic.broad import export_corpus
+        return _export_corpus(args)
+    from brisk.runtime.train.pretrain.recipe import PretrainRecipe
 
-        if args.examples < 1:
-            raise ValueError(f"--examples: must be an integer ≥ 1, got {args.examples}")
-        if args.export_corpus.is_dir():
-            raise ValueError(f"--export-corpus: {args.export_corpus} is a directory")
-        if cfg.corpus.name != "broad":
-            raise ValueError(f"--export-corpus: writes the broad corpus, not {cfg.corpus.name!r}")
-        export_corpus(cfg.corpus.settings, args.export_corpus, args.examples, args.export_seed)
-        print(f"wrote {args.examples} examples to {args.export_corpus}")
-        return 0
-    from brisk.runtime.train.pretrain import train_ar
-
-    quiet_transformers()
-    result = train_ar(cfg, show_progress=not args.no_progress, resume=args.resume)
+    result = run_recipe(args, PretrainConfig, PretrainRecipe)
+    if isinstance(result, int):
+        return result
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.outcome is not None:
         _print_report(result.outcome)
+    return 0
+
+
+def _export_corpus(args: argparse.Namespace) -> int:
+    """``brisk train ar --export-corpus FILE``: the broad corpus's examples, not a run."""
+    from brisk.worlds.arithmetic.broad import export_corpus
+
+    overrides = config_overrides(args, PretrainConfig)
+    cfg = config_from_args(PretrainConfig, args.config, overrides, {"out_dir": "out"})
+    if args.examples < 1:
+        raise ValueError(f"--examples: must be an integer ≥ 1, got {args.examples}")
+    if args.export_corpus.is_dir():
+        raise ValueError(f"--export-corpus: {args.export_corpus} is a directory")
+    if cfg.corpus.name != "broad":
+        raise ValueError(f"--export-corpus: writes the broad corpus, not {cfg.corpus.name!r}")
+    export_corpus(cfg.corpus.settings, args.export_corpus, args.examples, args.export_seed)
+    print(f"wrote {args.examples} examples to {args.export_corpus}")
     return 0
 
 
@@ -228,19 +211,7 @@ def run_ar(args: argparse.Namespace) -> int:
 def run_selfgen(args: argparse.Namespace) -> int:
     from brisk.runtime.train.selfgen import generate_dataset
 
-    result = run_problem_decode(
-        SelfGenOptions,
-        args,
-        lambda options: generate_dataset(
-            args.checkpoint,
-            args.out,
-            options,
-            not args.no_progress,
-            resume=args.resume,
-            device=args.device,
-            dtype=args.dtype,
-        ),
-    )
+    result = run_problem_decode(SelfGenOptions, args, generate_dataset)
     print(
         f"{result.rows} responses ({result.correct / max(result.rows, 1):.1%} correct) in "
         f"{result.out}; {result.parts_written} parts written, {result.parts_skipped} resumed"
@@ -253,20 +224,18 @@ def run_selfgen(args: argparse.Namespace) -> int:
     return 0
 
 
-@exits_on_interrupt
-def run_proposal(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, ProposalTrainConfig)
-    cfg = config_from_args(ProposalTrainConfig, args.config, overrides, {"out_dir": "out"})
+def _check_init(cfg: ProposalTrainConfig) -> None:
     if not cfg.init:
         raise ValueError("--init: proposal training needs a checkpoint to start from")
     if not (Path(cfg.init) / "config.json").is_file():
         raise ValueError(f"--init: {cfg.init} is not a checkpoint (no config.json)")
-    from brisk.runtime.train.proposal import train_proposal
 
-    quiet_transformers()
-    result = _on_ranks(
-        lambda: train_proposal(cfg, resume=args.resume, show_progress=not args.no_progress)
-    )
+
+@exits_on_interrupt
+def run_proposal(args: argparse.Namespace) -> int:
+    from brisk.runtime.train.proposal.recipe import ProposalRecipe
+
+    result = run_recipe(args, ProposalTrainConfig, ProposalRecipe, _check_init)
     if isinstance(result, int):
         return result
     print(
@@ -276,27 +245,26 @@ def run_proposal(args: argparse.Namespace) -> int:
     return 0
 
 
-@exits_on_interrupt
-def run_drafter(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, DrafterTrainConfig)
-    cfg = config_from_args(DrafterTrainConfig, args.config, overrides, {"out_dir": "out"})
+def _check_target(cfg: DrafterTrainConfig) -> None:
     if not cfg.target:
         raise ValueError("--target: drafter training needs the AR target checkpoint")
-    from brisk.runtime.train.drafter_loop import train_drafter
 
-    quiet_transformers()
-    result = _on_ranks(
-        lambda: train_drafter(cfg, show_progress=not args.no_progress, resume=args.resume)
-    )
+
+@exits_on_interrupt
+def run_drafter(args: argparse.Namespace) -> int:
+    from brisk.runtime.train.drafter.recipe import DrafterRecipe
+
+    result = run_recipe(args, DrafterTrainConfig, DrafterRecipe, _check_target)
     if isinstance(result, int):
         return result
     print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
     if result.outcome is not None:
         e = result.outcome
+        M = DrafterTrainConfig.load(result.checkpoint / "train_config.json").M
         print(
             f"greedy speculative decoding of {e['problems']} held-out prompts: "
             f"TPF {e['tpf']:.3f} (tokens per target forward), E[L] {e['mean_accept']:.3f} "
-            f"of {cfg.M}, draft forward {e['draft_cost']:.2f}× a verify forward"
+            f"of {M}, draft forward {e['draft_cost']:.2f}× a verify forward"
         )
     return 0
 
@@ -307,7 +275,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from brisk.cli._common import task_from_args
     from brisk.runtime.loader import load_model
     from brisk.runtime.tasks.spec import task_flag_errors
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
     from brisk.runtime.train.evaluate import evaluate
 
     for flag, value in (("--problems", args.problems), ("--threads", args.threads)):

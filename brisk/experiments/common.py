@@ -41,6 +41,7 @@ __all__ = [
     "EvalSection",
     "ExperimentPlan",
     "HeldOut",
+    "begin_experiment",
     "ensure_checkpoint",
     "evaluate_held_out",
     "experiment_step",
@@ -113,12 +114,23 @@ class ExperimentPlan(MaskId):
         super().__post_init__()
 
 
+def begin_experiment(cfg: Config, show_progress: bool) -> tuple[Any, Path]:
+    """The experiment's console (on stderr, quiet without progress) and its output directory,
+    created, holding ``experiment.json`` (the config it runs)."""
+    from rich.console import Console
+
+    out = Path(cfg.out_dir)  # type: ignore[attr-defined]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    return Console(stderr=True, quiet=not show_progress), out
+
+
 def ensure_checkpoint(checkpoint: str, base_config: str, console: Any, show_progress: bool) -> None:
     """Train the base model of ``base_config`` into ``checkpoint`` unless it exists already."""
     if (Path(checkpoint) / "config.json").is_file():
         return
-    from brisk.runtime.train.base import train_base
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
+    from brisk.runtime.train.base.recipe import train_base
 
     console.print(f"training the base model ({base_config}) → {checkpoint}")
     cfg = BaseTrainConfig.load(base_config).replace(out_dir=str(Path(checkpoint).parent))

@@ -38,6 +38,7 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.experiments.common import (
+    begin_experiment,
     ensure_checkpoint,
     experiment_step,
     held_out_problems,
@@ -157,12 +158,8 @@ def run_corrector_experiment(
 
 def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
     import torch
-    from rich.console import Console
 
-    console = Console(stderr=True, quiet=not show_progress)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    console, out = begin_experiment(cfg, show_progress)
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisk.experiments.common import EvalSection, ExperimentPlan
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
 
 __all__ = [
     "ARMS",

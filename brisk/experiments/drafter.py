@@ -15,9 +15,9 @@ seed: :func:`~brisk.experiments.table.paired_change`).
 **Head on and off** (``[head] arms``): for each listed arm × seed, the corrector on that
 drafter's drafts. The drafter decodes ``head.problems`` of the task's *training* prompts as
 deployed (the eval's temperature and draft law, head off), recording the corrector's events
-(:func:`~brisk.runtime.train.corrector_events.collect_draft_events`); a head is trained on them
-(:func:`~brisk.runtime.train.corrector.train_corrector`, every response: the drafter's data is
-the target's own law, not graded); then the held-out prompts are decoded three ways in one
+(:func:`~brisk.runtime.train.corrector.events.collect_draft_events`); a head is trained on them
+(:func:`~brisk.runtime.train.corrector.recipe.train_corrector`, every response: the drafter's
+data is the target's own law, not graded); then the held-out prompts are decoded three ways in one
 window, in one process: head off, head on (the head drafting over the drafter's Top-K) and the
 plain AR target, so the tok/s ratios compare like with like. At T = 0 head on must output the
 same tokens as head off (both are the target's greedy decoding); the job records whether it
@@ -43,7 +43,13 @@ from typing import Any
 import numpy as np
 
 from brisk._atomic import atomic_write_text
-from brisk.experiments.common import experiment_step, job_dir, run_jobs, with_mask
+from brisk.experiments.common import (
+    begin_experiment,
+    experiment_step,
+    job_dir,
+    run_jobs,
+    with_mask,
+)
 from brisk.experiments.drafter_config import DrafterExperimentConfig
 from brisk.experiments.drafter_table import summary_markdown
 from brisk.theory import AcceptanceProfile
@@ -94,8 +100,8 @@ class _Pair:
     def load(cls, cfg: DrafterExperimentConfig, run: Path, arm: str, seed: int) -> _Pair:
         from brisk.runtime.drafter import SDOptions, load_drafter
         from brisk.runtime.loader import placement
-        from brisk.runtime.train.drafter_eval import task_prompts
-        from brisk.runtime.train.drafter_loop import load_target, train_drafter
+        from brisk.runtime.train.drafter.evaluate import task_prompts
+        from brisk.runtime.train.drafter.recipe import load_target, train_drafter
 
         train = with_mask(cfg, cfg.train).replace(
             target=cfg.target,
@@ -198,11 +204,11 @@ def _head_stage(cfg: DrafterExperimentConfig, pair: _Pair, run: Path, seed: int)
     from brisk._interrupt import stop_signals
     from brisk.runtime.corrector import Corrector
     from brisk.runtime.drafter import position_limit, target_heads
-    from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-    from brisk.runtime.train.corrector_events import collect_draft_events
-    from brisk.runtime.train.drafter_eval import task_prompts
-    from brisk.runtime.train.event_store import EventStore
+    from brisk.runtime.train.corrector.config import CorrectorTrainConfig
+    from brisk.runtime.train.corrector.events import collect_draft_events
+    from brisk.runtime.train.corrector.recipe import train_corrector
+    from brisk.runtime.train.corrector.store import EventStore
+    from brisk.runtime.train.drafter.evaluate import task_prompts
     from brisk.runtime.train.selfgen import checkpoint_hash, tokenizer_hash
 
     h, heads = cfg.head, target_heads(pair.target)
@@ -292,11 +298,7 @@ def run_drafter_experiment(
 ) -> dict[str, Any]:
     """Every arm × seed (module docstring), then the summary: ``summary.json`` and
     ``summary.md`` under ``cfg.out_dir``."""
-    from rich.console import Console
-
-    console = Console(quiet=not show_progress)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    console, out = begin_experiment(cfg, show_progress)
     jobs = [(arm, seed) for arm in cfg.arms for seed in cfg.seeds]
     t0 = time.monotonic()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from brisk.runtime.configs import Config
-from brisk.runtime.train.drafter_config import WEIGHTINGS, DrafterTrainConfig
+from brisk.runtime.train.drafter.config import WEIGHTINGS, DrafterTrainConfig
 from brisk.runtime.train.fields import MaskId, counts, one_of, positive
 
 __all__ = ["DrafterEval", "DrafterExperimentConfig", "DrafterHead"]

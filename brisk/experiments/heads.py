@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
 
 __all__ = ["collect_once", "train_head"]
 
@@ -25,8 +25,8 @@ def collect_once(
 ) -> Any:
     """The event store of ``backbone`` at ``events`` (``brisk train corrector collect``), unless
     it is complete already (then None); a collection cut short continues from its last whole
-    batch. Returns the :class:`~brisk.runtime.train.corrector_events.EventStore` it wrote."""
-    from brisk.runtime.train.corrector_events import collect_from_checkpoint
+    batch. Returns the :class:`~brisk.runtime.train.corrector.events.EventStore` it wrote."""
+    from brisk.runtime.train.corrector.events import collect_from_checkpoint
 
     if (Path(events) / "_events.json").exists():
         return None
@@ -41,7 +41,7 @@ def train_head(tcfg: CorrectorTrainConfig) -> tuple[Any, dict[str, Any]]:
     :class:`~brisk.runtime.corrector.Corrector` and what the training reported
     (``train.json``, kept for a rerun that finds the head trained: ``{}`` if it was lost)."""
     from brisk.runtime.corrector import Corrector
-    from brisk.runtime.train.corrector import train_corrector
+    from brisk.runtime.train.corrector.recipe import train_corrector
 
     run = Path(tcfg.out_dir)
     trained = run / "train.json"

@@ -47,6 +47,7 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.experiments.common import (
+    begin_experiment,
     ensure_checkpoint,
     evaluate_held_out,
     experiment_step,
@@ -75,7 +76,7 @@ def epoch_tokens(cfg: ExperimentConfig, data_dir: str | Path) -> int:
     training step counts: every response token and the EOS)."""
     from brisk.runtime.loader import load_tokenizer
     from brisk.runtime.train.evaluate import encode_example
-    from brisk.runtime.train.proposal_data import load_examples
+    from brisk.runtime.train.proposal.data import load_examples
 
     pcfg = cfg.train.replace(
         init=cfg.base, dataset=str(data_dir), data="selfgen-correct", stride=cfg.stride
@@ -108,7 +109,7 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.runtime.train.proposal import train_proposal
+    from brisk.runtime.train.proposal.recipe import train_proposal
 
     torch.set_num_threads(1)
     arm_name, epochs = split_job(name)
@@ -148,15 +149,10 @@ def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[st
 
 
 def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
-    from rich.console import Console
-
     from brisk.experiments.evaluate import CheckpointEval
     from brisk.runtime.train.selfgen import generate_dataset
 
-    console = Console(stderr=True, quiet=not show_progress)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    console, out = begin_experiment(cfg, show_progress)
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 

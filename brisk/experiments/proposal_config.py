@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from brisk.experiments.common import EvalSection, ExperimentPlan, HeldOut
 from brisk.runtime.configs import Config
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
 __all__ = [

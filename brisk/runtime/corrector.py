@@ -309,8 +309,6 @@ class Corrector(nn.Module):
                 f"cand_ids: expected [B, {self.config.M}, {K}] beside cand_logits of the same "
                 f"shape, got {tuple(cand_ids.shape)} and {tuple(cand_logits.shape)}"
             )
-        if temperature > 0 and u is None:
-            raise ValueError("u: uniforms [B, M] are required when temperature > 0")
         dtype = self.w_c.weight.dtype
         cand_logits = cand_logits.to(dtype)
         out = self._run(

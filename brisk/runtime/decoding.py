@@ -1,17 +1,16 @@
 """Decoding a prompt file with ISD: what ``brisk decode`` runs, as library functions.
 
-A prompt file is JSON Lines, one request per object ``{"prompt": str, "answer": ..., "grader":
-str, "id": ...}`` (all but the prompt optional), or plain text with one prompt per line
-(:func:`read_prompts`). Then:
+The prompt file is read by :func:`brisk.runtime.prompts.read_prompts` (JSON Lines, one request
+per object, or plain text with one prompt per line). Then:
 
 - :func:`prepare_decode` loads the checkpoint (:func:`brisk.runtime.loader.load_model`, the one
   loader) and the corrector, encodes the prompts (:mod:`brisk.runtime.prompts`), fits the
-  options to the model's positions (:func:`brisk.runtime.loader.fit_budget`) and opens the
-  block log: every check done before anything is decoded. With ``drafter`` (a DFlash drafter
-  directory, :mod:`brisk.runtime.drafter`) the checkpoint is the AR target that verifies the
-  drafter's blocks: the stride is the drafter's block, the MASK id its config's (the target
-  needs none), the loop runs in float32, and the corrector, if any, drafts over the drafter's
-  Top-K;
+  options to the model's positions (:func:`brisk.runtime.decode_options.fit_budget`) and opens
+  the block log: every check done before anything is decoded. With ``drafter`` (a DFlash
+  drafter directory, :mod:`brisk.runtime.drafter`) the checkpoint is the AR target that
+  verifies the drafter's blocks: the stride is the drafter's block, the MASK id its config's
+  (the target needs none), the loop runs in float32, and the corrector, if any, drafts over the
+  drafter's Top-K;
 - :func:`decode_requests` decodes (ISD's batched loop, or speculative decoding one request at a
   time), and as each request finishes makes its row (the decoder, the prompt's and the
   output's token ids, completion text, forwards, tokens, TPF, accepted-length histogram and,
@@ -23,28 +22,27 @@ str, "id": ...}`` (all but the prompt optional), or plain text with one prompt p
 - :func:`summarize` gives the figures ``brisk decode`` prints beside the run's TPF lines:
   mean output length, rejection and answer accuracy with the grader's error count.
 
-Errors are one ``ValueError`` naming ``brisk decode``'s flag, as the loader's do.
+Errors are one ``ValueError`` naming the argument or option that is wrong (``drafter: …``,
+``max_new_tokens: …``; the loader's name its ``where``), which ``brisk decode`` names by its
+flags.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector
+from brisk.runtime.decode_options import Budgets, fit_budget
 from brisk.runtime.drafter import (
     DFlashDrafter,
     SDOptions,
@@ -58,10 +56,9 @@ from brisk.runtime.drafter import (
 )
 from brisk.runtime.isd import DecodeResult, ISDOptions, RequestOutput, decode
 from brisk.runtime.isd.blocklog import BlockLogger
-from brisk.runtime.loader import LoadedModel, fit_budget, load_model, placement
-from brisk.runtime.prompts import completion_text, encode_prompt
-from brisk.runtime.tasks.graders import grade_all, resolve_grader
-from brisk.runtime.tasks.sources import read_json_lines, read_lines
+from brisk.runtime.loader import LoadedModel, load_model, placement
+from brisk.runtime.prompts import PartialRows, completion_text, encode_prompt, write_jsonl
+from brisk.runtime.tasks.graders import grade_all
 from brisk.theory.profile import AcceptanceProfile
 
 __all__ = [
@@ -69,68 +66,13 @@ __all__ = [
     "DecodeJob",
     "DecodeSummary",
     "Decoded",
-    "PartialRows",
-    "check_output_file",
     "decode_requests",
     "prepare_decode",
-    "read_prompt_lines",
-    "read_prompts",
     "rejection",
     "summarize",
-    "write_jsonl",
 ]
 
 DEFAULT_GRADER = "gsm8k"  # normalized answer matching: for rows with an answer and no grader
-
-
-def read_prompts(path: Path) -> list[dict[str, Any]]:
-    """Requests from ``path``; anything malformed is an error naming the file and line."""
-    return [item for _, item in read_prompt_lines(path)]
-
-
-def read_prompt_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """:func:`read_prompts` with each request's line number in the file."""
-    if not path.exists():
-        raise ValueError(f"--prompts: {path} does not exist")
-    if not path.is_file():
-        raise ValueError(f"--prompts: {path} is not a file")
-    try:
-        if path.suffix in {".jsonl", ".json"}:
-            items = read_json_lines(path)
-        else:
-            items = [(number, {"prompt": line}) for number, line in read_lines(path)]
-    except ValueError as err:
-        raise ValueError(f"--prompts: {err}") from None
-    for number, item in items:
-        where = f"--prompts: {path} line {number}"
-        if "prompt" not in item:
-            raise ValueError(f'{where}: no "prompt" field (keys: {", ".join(item) or "none"})')
-        if "grader" in item:
-            try:
-                resolve_grader(item["grader"])
-            except ValueError as err:
-                raise ValueError(f'{where}: "grader": {err}') from None
-        if not isinstance(item["prompt"], str):
-            raise ValueError(f'{where}: "prompt" must be a string, got {item["prompt"]!r}')
-    if not items:
-        raise ValueError(f"--prompts: {path} holds no prompts")
-    return items
-
-
-def check_output_file(path: Path, flag: str) -> None:
-    """Fail before any work if ``path`` cannot be written as a file."""
-    if path.is_dir():
-        raise ValueError(f"{flag}: {path} is a directory")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ValueError(f"{flag}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{flag}: directory {parent} is not writable")
-
-
-def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Write all rows, atomically: readers see the old file or the whole new one."""
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 @dataclass(frozen=True)
@@ -146,10 +88,15 @@ class DecodeJob:
     corrector: Corrector | None
     corrector_path: Path | None
     logger: BlockLogger | None
-    budgets: list[int]  # each prompt's token budget (options.max_new_tokens: the largest)
+    fit: Budgets  # each prompt's token budget (options.max_new_tokens: the largest)
     drafter: DFlashDrafter | None = None  # proposes for the AR model ``backbone`` wraps
     drafter_path: Path | None = None
     plain: bool = False  # the model's own autoregressive decoding, the speed baseline
+
+    @property
+    def budgets(self) -> list[int]:
+        """Each prompt's token budget."""
+        return self.fit.per_prompt
 
     @property
     def decoder(self) -> str:
@@ -183,23 +130,34 @@ def prepare_decode(
     """Load ``model`` and ``corrector`` (and ``drafter``: module docstring), encode the
     requests' prompts and check the options against them: the EOS becomes the tokenizer's, and
     a budget not given (``budget_given``) is lowered, prompt by prompt, to what fits the model's
-    positions (said on stderr); a prompt too long is named by its label in ``labels`` (where
-    each request came from). The block log opens last, so a failed check leaves no directory
-    behind. ``plain``: the model's own autoregressive decoding, one token per forward, one
-    request at a time (:func:`~brisk.runtime.drafter.plain_decode`): no MASK id, no block log,
-    no corrector, no drafter."""
+    positions (``DecodeJob.fit.note()`` says so); a prompt too long is named by its label in
+    ``labels`` (where each request came from). The block log opens last, so a failed check
+    leaves no directory behind. ``plain``: the model's own autoregressive decoding, one token
+    per forward, one request at a time (:func:`~brisk.runtime.drafter.plain_decode`): no MASK
+    id, no block log, no corrector, no drafter."""
     draft = None
     if plain:
         given = (
-            ("--drafter", drafter is not None),
-            ("--corrector", corrector is not None),
-            ("--log-blocks", log_blocks is not None),
-            ("--shadow", options.shadow),
-            ("--score-blocks", options.score_blocks),
+            ("drafter", drafter is not None),
+            ("corrector", corrector is not None),
+            ("log_blocks", log_blocks is not None),
+            ("shadow", options.shadow),
+            ("score_blocks", options.score_blocks),
         )
-        for flag, on in given:
+        for name, on in given:
             if on:
-                raise ValueError(f"{flag}: not with --plain (plain decoding has no blocks)")
+                raise ValueError(f"{name}: not with plain decoding (it has no blocks)")
+    if drafter is not None:
+        refused = (
+            ("shadow", options.shadow, "ISD's diagnostic; the corrector drafts over its Top-K"),
+            ("score_blocks", options.score_blocks, "ISD's diagnostic"),
+            ("mask_token_id", mask_token_id is not None, "the MASK id is the drafter's"),
+        )
+        for name, on, why in refused:
+            if on:
+                raise ValueError(f"{name}: not with a drafter ({why})")
+    if options.shadow and corrector is None:
+        raise ValueError("shadow: needs a corrector (the head to run beside the base)")
     if drafter is None:
         loaded = load_model(
             model,
@@ -210,12 +168,8 @@ def prepare_decode(
             need_mask=not plain,
         )
     else:
-        if options.shadow or options.score_blocks or mask_token_id is not None:
-            raise ValueError(
-                "drafter: shadow, score_blocks and mask_token_id are ISD's, not a drafter's"
-            )
         loaded, draft = _load_pair(model, drafter, device, dtype, trust_remote_code)
-        options = dataclasses.replace(options, stride=draft.spec.block_size)
+        options = options.replace(stride=draft.spec.block_size)
     head = None
     if corrector is not None:
         try:
@@ -223,30 +177,30 @@ def prepare_decode(
                 corrector, backbone=loaded.backbone, device=loaded.placement.device
             )
         except ValueError as err:
-            raise _named("--corrector", err) from None
+            raise _named("corrector", err) from None
         if draft is not None:
             try:
-                check_head(loaded.model, draft, head, _sd_options(options))
+                check_head(loaded.model, draft, head, SDOptions.deployed(options))
             except ValueError as err:
-                raise _named("--corrector", err) from None
+                raise _named("corrector", err) from None
         elif head.config.M != options.M:
             raise ValueError(
-                f"--stride: the corrector at {corrector} was trained for stride N = "
-                f"{head.config.M + 1} (M = {head.config.M}), got --stride {options.stride}"
+                f"stride: the corrector at {corrector} was trained for stride N = "
+                f"{head.config.M + 1} (M = {head.config.M}), got stride {options.stride}"
             )
-    options = dataclasses.replace(options, eos_token_id=loaded.tokenizer.eos_token_id)
+    options = options.replace(eos_token_id=loaded.tokenizer.eos_token_id)
     prompts = [encode_prompt(loaded.tokenizer, r["prompt"]) for r in requests]
     fitted = fit_budget(
         # plain decoding spends no block: the smallest stride's 2 spare positions stand in
-        dataclasses.replace(options, stride=2) if plain else options,
+        options.replace(stride=2) if plain else options,
         loaded.backbone.max_positions,
         prompts,
         budget_given=budget_given,
         labels=labels,
         # its block: 2M spare; plain decoding's budget alone is what a long prompt leaves
-        stride_flag="--drafter" if draft is not None else ("--prompts" if plain else "--stride"),
+        stride_name="drafter" if draft is not None else ("prompts" if plain else "stride"),
     )
-    options = dataclasses.replace(options, max_new_tokens=fitted.options.max_new_tokens)
+    options = options.replace(max_new_tokens=fitted.options.max_new_tokens)
     logger = None
     if log_blocks is not None:
         K = head.config.K if head is not None else min(options.top_k, loaded.backbone.vocab_size)
@@ -254,7 +208,7 @@ def prepare_decode(
         try:
             logger = BlockLogger(log_blocks, options.M, K, decoder=decoder)
         except ValueError as err:
-            raise _named("--log-blocks", err) from None
+            raise _named("log_blocks", err) from None
     return DecodeJob(
         list(requests),
         prompts,
@@ -264,19 +218,10 @@ def prepare_decode(
         head,
         corrector,
         logger,
-        fitted.per_prompt,
+        fitted,
         draft,
         drafter,
         plain,
-    )
-
-
-def _sd_options(options: ISDOptions) -> SDOptions:
-    """The speculative loop's options: greedy drafts at T = 0, Top-K draws at T > 0 (what a
-    block log holds, and what a head drafts by)."""
-    draft = "greedy" if options.temperature == 0 else "top-k"
-    return SDOptions(
-        options.temperature, draft, options.top_k, options.max_new_tokens, options.eos_token_id
     )
 
 
@@ -287,11 +232,11 @@ def _load_pair(
     against each other, both in float32: the drafter first, so a broken drafter is named
     before the target loads."""
     if dtype not in (None, "", "auto", "float32", "fp32"):
-        raise ValueError(f"--dtype: a drafter's loop runs in float32, got {dtype}")
+        raise ValueError(f"dtype: a drafter's loop runs in float32, got {dtype}")
     try:
         draft = load_drafter(drafter, device=placement(device, "float32").device).eval()
     except ValueError as err:
-        raise _named("--drafter", err) from None
+        raise _named("drafter", err) from None
     config = drafter / "config.json"
     # The target never reads a MASK id (the drafter's is its own, checked against the target's
     # vocabulary by check_pair), so one it defines none of is loaded as it is, as SGLang's
@@ -307,15 +252,16 @@ def _load_pair(
         check_pair(loaded.model, draft)
     except ValueError as err:
         detail = str(err).removeprefix("drafter: ")
-        raise ValueError(f"--drafter: {config}: {detail} (--model {model})") from None
+        raise ValueError(f"drafter: {config}: {detail} (model {model})") from None
     draft.requires_grad_(False)
     return loaded, draft
 
 
-def _named(flag: str, err: ValueError) -> ValueError:
-    """``err`` naming ``flag`` instead of the argument the runtime named (``path: …``)."""
+def _named(name: str, err: ValueError) -> ValueError:
+    """``err`` naming the argument ``name`` instead of the one the runtime named (``path:
+    …``)."""
     head, sep, rest = str(err).partition(": ")
-    return ValueError(f"{flag}: {rest}" if sep and head.isidentifier() else f"{flag}: {err}")
+    return ValueError(f"{name}: {rest}" if sep and head.isidentifier() else f"{name}: {err}")
 
 
 @dataclass(frozen=True)
@@ -369,7 +315,7 @@ def decode_requests(
                 outputs = plain_decode(
                     job.backbone.model,
                     job.prompts,
-                    _sd_options(job.options),
+                    job.options,
                     seeds=seeds,
                     budgets=job.budgets,
                     on_finish=on_finish,
@@ -392,7 +338,7 @@ def decode_requests(
                     job.backbone.model,
                     job.drafter,
                     job.prompts,
-                    _sd_options(job.options),
+                    SDOptions.deployed(job.options),
                     seeds=seeds,
                     logger=job.logger,
                     head=job.corrector,
@@ -440,28 +386,6 @@ def _row(job: DecodeJob, r: int, output: RequestOutput | SDOutput, grader: str) 
         if graded.errors:
             row["grader_error"] = graded.first_error
     return row
-
-
-class PartialRows:
-    """Finished rows appended to ``.<name>.partial`` beside ``out``, in finish order."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out.with_name(f".{out.name}.partial")
-        self.file: IO[str] | None = self.path.open("w")
-
-    def add(self, row: dict[str, Any]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
-    def remove(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,14 @@ template's), one line naming ``--mask-token-id`` otherwise
 without a MASK token takes ``--mask-token-id`` (an id it never uses), or, trained from with
 ``--add-mask-token``, gets a row of its own.
 
-**The fit check** (:func:`fit_budget`): the stride and the token budget against the model's
-positions, before anything decodes; a budget not given is fitted to each prompt.
+The stride and the token budget are fitted to the model's positions by
+:func:`brisk.runtime.decode_options.fit_budget`, beside the requests every loop checks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,16 +44,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.isd.options import ISDOptions
 
 __all__ = [
     "DTYPES",
-    "Budgets",
     "LoadedModel",
     "Placement",
     "checkpoint_mask_id",
     "default_placement",
-    "fit_budget",
     "load_model",
     "load_tokenizer",
     "placement",
@@ -350,62 +345,6 @@ def check_json_files(directory: Path, where: str = "--model") -> None:
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """The options fitted to a model (:func:`fit_budget`) and each prompt's token budget; the
-    options' ``max_new_tokens`` is the largest budget."""
-
-    options: ISDOptions
-    per_prompt: list[int]
-
-
-def fit_budget(
-    options: ISDOptions,
-    max_positions: int | None,
-    prompts: Sequence[Sequence[int]],
-    *,
-    budget_given: bool = True,
-    stride_flag: str = "--stride",
-    budget_flag: str = "--max-new-tokens",
-    labels: Sequence[str] | None = None,
-) -> Budgets:
-    """The stride and the token budget against the model's ``max_positions``: every prompt
-    keeps ``options.max_new_tokens`` where it, that budget and the 2M slots of a verify round
-    fit. Where they do not, a budget not given (``budget_given``) is lowered for that prompt
-    alone to what fits after it (said on stderr), so a long prompt does not cut the others'
-    budgets; a budget given is a ``ValueError`` naming the flag and the longest prompt by its
-    label in ``labels`` (where it came from, e.g. ``prompts.jsonl line 7``; default
-    ``prompt i``, from 0), as is a prompt after which not even one token and 2M fit."""
-    M, limit, budget = options.M, max_positions, options.max_new_tokens
-    lengths = [len(p) for p in prompts]
-    longest = max(lengths)
-    if limit is None or longest + budget + 2 * M <= limit:
-        return Budgets(options, [budget] * len(prompts))
-    at = lengths.index(longest)
-    which = labels[at] if labels is not None else f"prompt {at}"
-    if longest + 1 + 2 * M > limit:
-        raise ValueError(
-            f"{stride_flag}: N = {options.stride} needs 2M = {2 * M} positions after the longest "
-            f"prompt ({which}: {longest} tokens); the model has {limit} positions"
-        )
-    fits = limit - longest - 2 * M
-    if budget_given:
-        raise ValueError(
-            f"{budget_flag}: the longest prompt ({which}: {longest} tokens) + {budget} "
-            f"new tokens + 2M = {2 * M} (stride {options.stride}) exceed the model's {limit} "
-            f"positions; at most {fits} new tokens fit"
-        )
-    per_prompt = [min(budget, limit - n - 2 * M) for n in lengths]
-    lowered = sum(b < budget for b in per_prompt)
-    print(
-        f"brisk: {lowered} of {len(prompts)} prompts decode fewer than {budget} new tokens, "
-        f"what fits the model's {limit} positions after each and 2M = {2 * M} (the longest, "
-        f"{which}: {longest} tokens, at most {fits}; {budget_flag} sets one budget for all)",
-        file=sys.stderr,
-    )
-    return Budgets(dataclasses.replace(options, max_new_tokens=max(per_prompt)), per_prompt)
 
 
 def training_placement(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from brisk.runtime.train.selfgen import SelfGenOptions
+from tests.session_cache import built_once
 
 # Small enough for the suite: 40 problems × 2 samples of the trivial task at stride 4.
 MICRO_SELFGEN = SelfGenOptions(problems=40, samples=2, stride=4, max_new_tokens=24, chunk=16)
@@ -30,22 +31,31 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def micro_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A micro I-DLM base on the trivial task (150 steps, ~10 s): it answers some problems."""
-    from brisk.runtime.train.base import train_base
-    from brisk.runtime.train.config import BaseTrainConfig
+    """A micro I-DLM base on the trivial task (150 steps, ~10 s): it answers some problems.
+    Trained once per run (:func:`tests.session_cache.built_once`: one xdist worker trains it,
+    the other reads it); a test that writes beside it copies it first."""
+    from brisk.runtime.train.base.config import BaseTrainConfig
+    from brisk.runtime.train.base.recipe import train_base
 
-    out = tmp_path_factory.mktemp("micro_base")
-    cfg = BaseTrainConfig.smoke(str(out)).replace(steps=150)
-    return train_base(cfg, show_progress=False).checkpoint
+    cfg = BaseTrainConfig.smoke("").replace(steps=150)
+
+    def build(out: Path) -> None:
+        checkpoint = train_base(cfg.replace(out_dir=str(out)), show_progress=False).checkpoint
+        assert checkpoint == out / "final", checkpoint
+
+    return built_once(tmp_path_factory, "micro_base", cfg.to_dict(), build) / "final"
 
 
 @pytest.fixture(scope="session")
 def micro_dataset(micro_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The micro base's self-generated data (``MICRO_SELFGEN``), made once per run as it is."""
     from brisk.runtime.train.selfgen import generate_dataset
 
-    out = tmp_path_factory.mktemp("selfgen") / "data"
-    generate_dataset(micro_base, out, MICRO_SELFGEN, show_progress=False)
-    return out
+    def build(out: Path) -> None:
+        generate_dataset(micro_base, out / "data", MICRO_SELFGEN, show_progress=False)
+
+    key = {"base": str(micro_base), "selfgen": MICRO_SELFGEN.to_dict()}
+    return built_once(tmp_path_factory, "micro_dataset", key, build) / "data"
 
 
 @pytest.fixture(scope="session")
@@ -56,9 +66,9 @@ def micro_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object
 
     from brisk.runtime.corrector import Corrector
     from brisk.runtime.isd import ISDOptions
-    from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-    from brisk.runtime.train.corrector_events import collect_events
+    from brisk.runtime.train.corrector.config import CorrectorTrainConfig
+    from brisk.runtime.train.corrector.events import collect_events
+    from brisk.runtime.train.corrector.recipe import train_corrector
     from tests.runtime.test_isd import micro_backbone
 
     backbone = micro_backbone()

@@ -106,7 +106,7 @@ def test_a_model_without_a_mask_token_gets_one() -> None:
 def test_brisk_train_base_converts_a_causal_lm_without_a_mask_token(tmp_path: Path) -> None:
     """The I-DLM conversion recipe on a user's model and data: a causal LM without a MASK token
     (--init, --add-mask-token) trained on a JSON-lines file of prompts and responses."""
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
     from brisk.worlds.arithmetic.tasks import ArithmeticTask
 
     tokenizer = tokenizer_without_mask()

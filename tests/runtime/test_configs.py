@@ -13,8 +13,8 @@ import pytest
 
 from brisk.runtime.presets import NamedModel, preset_names
 from brisk.runtime.tasks.task import NamedTask, checkpoint_task, task_names
-from brisk.runtime.train.config import BaseTrainConfig
-from brisk.runtime.train.pretrain_config import PretrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig
+from brisk.runtime.train.pretrain.config import PretrainConfig
 from brisk.runtime.train.resume import STATE, start_checkpoint
 from brisk.worlds.arithmetic.broad import BroadConfig
 from brisk.worlds.arithmetic.model import TinyModelConfig
@@ -106,7 +106,7 @@ def test_the_runtime_never_imports_the_world_a_lookup_loads_it() -> None:
     it (and still neither torch nor transformers)."""
     probe = (
         "import sys\n"
-        "import brisk.runtime.train.config, brisk.runtime.tasks.spec, brisk.runtime.presets\n"
+        "import brisk.runtime.train.base.config, brisk.runtime.tasks.spec, brisk.runtime.presets\n"
         "before = [m for m in sys.modules if m.startswith('brisk.worlds')]\n"
         "from brisk.runtime.tasks import get_task\n"
         "problems = get_task('arithmetic', preset='tiny', n=2, seed=1).problems()\n"

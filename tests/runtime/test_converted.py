@@ -55,12 +55,12 @@ def test_converted_base_micro(tmp_path: Path) -> None:
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.isd import ISDOptions, decode
     from brisk.runtime.prompts import encode_prompt
-    from brisk.runtime.train.base import train_base
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
+    from brisk.runtime.train.base.recipe import train_base
     from brisk.runtime.train.evaluate import greedy_decode
     from brisk.runtime.train.headroom import measure_headroom, read_samples
-    from brisk.runtime.train.pretrain import train_ar
-    from brisk.runtime.train.pretrain_config import PretrainConfig
+    from brisk.runtime.train.pretrain.config import PretrainConfig
+    from brisk.runtime.train.pretrain.recipe import train_ar
 
     # Stage 1: AR pre-training on the broad corpus around the trivial world.
     ar_cfg = PretrainConfig.smoke(str(tmp_path / "ar")).replace(corpus=CORPUS, steps=80)
@@ -122,8 +122,8 @@ def test_ar_resume_is_exact(tmp_path: Path) -> None:
 
     from safetensors.torch import load_file
 
-    from brisk.runtime.train.pretrain import train_ar
-    from brisk.runtime.train.pretrain_config import PretrainConfig
+    from brisk.runtime.train.pretrain.config import PretrainConfig
+    from brisk.runtime.train.pretrain.recipe import train_ar
 
     cfg = PretrainConfig.smoke(str(tmp_path / "a")).replace(corpus=CORPUS, steps=12, save_every=6)
     whole = train_ar(cfg, show_progress=False, resume=False)
@@ -148,7 +148,7 @@ def test_causal_loss_of_a_uniform_model_is_log_v_per_scored_token() -> None:
     import math
 
     from brisk.runtime.presets import build_model
-    from brisk.runtime.train.pretrain import causal_loss
+    from brisk.runtime.train.pretrain.recipe import causal_loss
     from brisk.worlds.arithmetic.model import TinyModelConfig
 
     tokenizer = char_tokenizer()

@@ -285,7 +285,7 @@ def test_isd_with_the_kernel_equals_isd_with_the_naive_head(micro_base: Path, T:
     from brisk.runtime.backbone import HFBackbone
     from brisk.runtime.isd import decode
     from brisk.runtime.prompts import encode_prompts, isd_options
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
     from brisk.worlds.arithmetic.task import make_split
 
     backbone = HFBackbone.from_pretrained(micro_base, device=DEVICE)

@@ -15,10 +15,10 @@ import torch
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.corrector import Corrector
 from brisk.runtime.isd import DecodeResult
-from brisk.runtime.train.corrector import event_batch, head_loss, train_corrector
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import collect_from_checkpoint
-from brisk.runtime.train.event_store import EventStore
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector.events import collect_from_checkpoint
+from brisk.runtime.train.corrector.recipe import event_batch, head_loss, train_corrector
+from brisk.runtime.train.corrector.store import EventStore
 from tests.runtime.conftest import micro_prompts
 
 MICRO_COLLECT = CollectOptions(problems=60, samples=5, stride=4, top_k=8, max_new_tokens=24)
@@ -170,7 +170,7 @@ def test_evaluation_times_the_head(
     """A head trained on the tiny world's events loads with from_pretrained and decodes; its
     own time is measured apart from the rest."""
     from brisk.experiments.evaluate import evaluate_checkpoint
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
     from brisk.worlds.arithmetic.task import make_split
 
     cfg = CorrectorTrainConfig(

@@ -276,10 +276,10 @@ def test_a_drafter_for_another_target_is_one_line_and_exit_2(
     ("flags", "message"),
     [
         (["--stride", "4"], "--stride: not with --drafter (the block size is the drafter's)"),
-        (["--mask-token-id", "3"], "--mask-token-id: not with --drafter"),
-        (["--shadow"], "--shadow: not with --drafter"),
-        (["--score-blocks"], "--score-blocks: not with --drafter"),
-        (["--dtype", "bfloat16"], "--dtype: bfloat16 not with --drafter"),
+        (["--mask-token-id", "3"], "--mask-token-id: not with a drafter"),
+        (["--shadow"], "--shadow: not with a drafter"),
+        (["--score-blocks"], "--score-blocks: not with a drafter"),
+        (["--dtype", "bfloat16"], "--dtype: a drafter's loop runs in float32, got bfloat16"),
     ],
     ids=["stride", "mask", "shadow", "score-blocks", "dtype"],
 )

@@ -1,19 +1,27 @@
 """The decode's options are declared once (``brisk.runtime.decode_options``): ``brisk decode``'s
-ISD flags, the server's options and ``brisk serve``'s ISD flags are derived from the same
-fields, defaults and checks."""
+ISD flags, the speculative loop's options, the servers' options and ``brisk serve``'s flags are
+derived from the same fields, defaults and checks."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import pytest
 
 from brisk.cli import decode, serve
 from brisk.cli._common import config_overrides, with_overrides
 from brisk.runtime.configs import field_docs
-from brisk.runtime.decode_options import DecodeOptions, ISDOptions
+from brisk.runtime.decode_options import (
+    DecodeOptions,
+    ISDOptions,
+    LoopOptions,
+    SamplingOptions,
+    SDOptions,
+)
+from brisk.runtime.serving.drafter_options import BriskDrafterOptions
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 
@@ -102,14 +110,52 @@ def test_one_check_for_the_shared_fields(bad: dict[str, object]) -> None:
     assert str(served.value) == str(offline.value)
 
 
-def test_the_server_decodes_with_its_shared_fields() -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1},
+        {"temperature": math.inf},
+        {"top_k": 0},
+        {"top_k": 2.0},
+    ],
+)
+def test_every_decoder_checks_the_sampling_fields_alike(bad: dict[str, object]) -> None:
+    """The speculative loop and the drafter's server refuse a bad temperature or K with ISD's
+    line: one check, in :class:`SamplingOptions`."""
+    with pytest.raises(ValueError, match=f"^{next(iter(bad))}: ") as isd:
+        ISDOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"^{next(iter(bad))}: ") as sd:
+        SDOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(OptionError) as drafter:
+        BriskDrafterOptions(drafter="x", **bad)  # type: ignore[arg-type]
+    assert str(sd.value) == str(drafter.value) == str(isd.value)
+    with pytest.raises(ValueError, match=r"^max_new_tokens: need an integer ≥ 1, got 0$"):
+        SDOptions(max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"^draft: one of greedy, sample, top-k, got 'x'$"):
+        SDOptions(draft="x")  # type: ignore[arg-type]
+
+
+def test_every_decoder_extends_the_shared_fields(tmp_path: Path) -> None:
+    """Each decoder's options are the shared ones and its own, with the same defaults; the
+    server's ISD options are the step's options themselves."""
+    (tmp_path / "config.json").write_text("{}")  # a drafter checkpoint, as the options see it
     shared = {f.name for f in fields(DecodeOptions)}
     assert shared == {"stride", "temperature", "top_k", "shadow"}
+    assert {f.name for f in fields(SamplingOptions)} == {"temperature", "top_k"}
+    assert {f.name for f in fields(SDOptions)} == {f.name for f in fields(LoopOptions)} | {"draft"}
     served = BriskISDOptions(stride=6, temperature=0.5, top_k=3, seed=7)
-    isd = served.decode_options(top_k=5)  # a corrector's K
-    assert isd == ISDOptions(stride=6, temperature=0.5, top_k=5)
-    assert (served.M, served.block_size, isd.M) == (5, 11, 5)
-    assert BriskISDOptions().decode_options() == ISDOptions()  # the same defaults
+    assert isinstance(served, DecodeOptions)
+    assert (served.M, served.block_size) == (5, 11)
+    for cls in (ISDOptions, SDOptions, BriskISDOptions, BriskDrafterOptions):
+        default = cls(drafter=str(tmp_path)) if cls is BriskDrafterOptions else cls()
+        for f in fields(cls):
+            if f.name in {g.name for g in fields(ISDOptions)}:
+                assert getattr(default, f.name) == getattr(ISDOptions(), f.name), (cls, f.name)
+    drafter = SDOptions(temperature=0.5, top_k=3, draft="top-k").at_stride(4, 5)
+    assert drafter == DecodeOptions(stride=4, temperature=0.5, top_k=5)
+    deployed = SDOptions.deployed(ISDOptions(temperature=1.0, max_new_tokens=9, eos_token_id=2))
+    assert deployed == SDOptions(temperature=1.0, max_new_tokens=9, eos_token_id=2, draft="top-k")
+    assert SDOptions.deployed(ISDOptions()).draft == "greedy"
 
 
 def test_top_k_0_says_why() -> None:

@@ -75,12 +75,16 @@ def test_an_interrupted_decode_keeps_what_finished(micro_base: Path, tmp_path: P
 
 def test_the_budget_not_given_is_fitted_to_the_model(micro_base: Path) -> None:
     """The micro base has 128 positions: 256 new tokens do not fit, so a budget not given is
-    lowered to what does; a budget given is refused, naming its flag."""
+    lowered to what does, and said; a budget given is refused, naming the option."""
     options = ISDOptions(stride=4)
     job = prepare_decode(micro_base, requests(2), options, budget_given=False)
     fits = [128 - len(p) - 2 * options.M for p in job.prompts]
     assert job.budgets == fits
     assert job.options.max_new_tokens == max(fits)
     assert job.options.eos_token_id == job.tokenizer.eos_token_id
-    with pytest.raises(ValueError, match=r"^--max-new-tokens: the longest prompt"):
+    note = job.fit.note()
+    assert note is not None
+    assert note.startswith("2 of 2 prompts decode fewer than 256 new tokens")
+    assert note.endswith("; max_new_tokens sets one budget for all)")
+    with pytest.raises(ValueError, match=r"^max_new_tokens: the longest prompt"):
         prepare_decode(micro_base, requests(2), options)

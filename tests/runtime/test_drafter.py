@@ -4,10 +4,17 @@
   recompute of the whole sequence each token, no cache), over block sizes 2..8 and prompts
   whose rounds accept and reject.
 - Sampled drafts (the drafter's softmax, its Top-K) at T = 1: the first three output tokens of
-  n = 2,000 requests against the target's exact law of three tokens (all V³ sequences scored),
-  Pearson's χ² over the cells with expected count ≥ 5 (the rest pooled): p > 0.001. Fixed
-  seeds. Negative control: argmax drafts verified as if drawn from the softmax (the
+  n = 500 requests against the target's exact law of three tokens (all V³ sequences scored),
+  Pearson's χ² over the cells with expected count ≥ 5 (the rest pooled, 34 cells): p > 0.001.
+  Fixed seeds. Negative control: argmax drafts verified as if drawn from the softmax (the
   approximately lossless shortcut) must fail the same test with p < 1e-6.
+
+  Power (n = 500, 33 degrees of freedom): the negative control's law is Cohen's w ≈ 1.8 from the
+  target's (measured on 2,000 draws, sampling bias removed), a noncentrality n·w² ≈ 1,600
+  against the critical χ² of 87 at α = 1e-6: it passes with probability below 1e-80 (the
+  Laurent–Massart bound; its observed p underflows to 0). A deviation of w = 0.37, a fifth of
+  it and below the w ≈ 0.5 of the head's mislabelled law in test_drafter_corrector, fails the
+  exact-law test at α = 1e-3 with power 0.99. n = 2,000 took 4× as long, to detect w = 0.21.
 - The checkpoint is DFlash's format: its keys, a save/load round trip, a ``model.`` prefix
   accepted, and one line naming the file and key for what is missing, extra or misshapen.
 """
@@ -137,7 +144,7 @@ def chi2_pvalue(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], float
     return float(chisquare(observed, expected).pvalue)
 
 
-N_SAMPLES, PROMPT = 2000, [0, 1]
+N_SAMPLES, PROMPT = 500, [0, 1]  # sized by the power calculation in the module docstring
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.code_micro import HELDOUT, TRAIN, brisk, build_code_ar, write_jsonl
+from tests.code_micro import HELDOUT, TRAIN, brisk, code_ar_once, copy_code_ar, write_jsonl
 
 BLOCK = 4  # the drafter's block: anchor + M = 3 drafts
 M = BLOCK - 1
@@ -79,8 +79,8 @@ def code_problems(split: str) -> list[Any]:
     return CodeTask(config, split=split, n=1000).problems()
 
 
-def build(root: Path) -> World:
-    target = build_code_ar(root)
+def build(root: Path, ar: Path) -> World:
+    target = copy_code_ar(ar, root)  # the AR world trained once per run (code_ar_once)
     train = code_problems("train")
     rows = [{"prompt": p.prompt, "answer": p.answer["body"]} for p in train]
     write_jsonl(root / "train.jsonl", rows)
@@ -121,16 +121,18 @@ def build(root: Path) -> World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     """The world, built once: under xdist in the workers' shared temporary directory, by the
-    first worker that asks (the others wait on the lock, then read it)."""
+    first worker that asks (the others wait on the lock, then read it). Its target is the AR
+    model test_code_world_path starts from, trained once per run."""
+    ar = code_ar_once(tmp_path_factory)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return build(tmp_path_factory.mktemp("drafter-bpe"))
+        return build(tmp_path_factory.mktemp("drafter-bpe"), ar)
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp().parent / "drafter-bpe"  # shared by the workers
     with FileLock(f"{root}.lock"):
         if not (root / "built.json").is_file():
             shutil.rmtree(root, ignore_errors=True)
-            world = build(root)
+            world = build(root, ar)
             (root / "built.json").write_text(json.dumps({"report_stdout": world.report_stdout}))
     printed = json.loads((root / "built.json").read_text())["report_stdout"]
     texts = [json.loads(x)["prompt"] for x in (root / "texts.jsonl").read_text().splitlines()]

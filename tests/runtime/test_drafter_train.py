@@ -20,7 +20,7 @@ import torch
 
 from brisk.runtime.drafter import SDOptions, speculative_decode
 from brisk.runtime.drafter.speculative import _Context
-from brisk.runtime.train.drafter import (
+from brisk.runtime.train.drafter.loss import (
     block_attention,
     drafter_loss,
     make_blocks,

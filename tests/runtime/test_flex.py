@@ -37,7 +37,6 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask, fl
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from brisk.runtime.train import flex as flex_module
-from brisk.runtime.train.acceptance import slot_table
 from brisk.runtime.train.flex import (
     COMPILED_FLEX,
     bucket,
@@ -68,7 +67,8 @@ from brisk.runtime.train.packing import (
     pad_rows,
     slot_weights,
 )
-from brisk.runtime.train.proposal import weighted_loss
+from brisk.runtime.train.proposal.acceptance import slot_table
+from brisk.runtime.train.proposal.recipe import weighted_loss
 
 V, MASK_ID, PAD_ID = 24, 3, 0
 ATOL, RTOL = 1e-5, 1e-4

@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from brisk.runtime.train.base import train_base
-from brisk.runtime.train.config import BaseTrainConfig
-from brisk.runtime.train.proposal import train_proposal
+from brisk.runtime.train.base.config import BaseTrainConfig
+from brisk.runtime.train.base.recipe import train_base
+from brisk.runtime.train.proposal.recipe import train_proposal
 from tests.runtime.test_proposal import config
 
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from brisk.runtime.train.proposal import train_proposal
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
+from brisk.runtime.train.proposal.recipe import train_proposal
 from tests.runtime.conftest import proposal_args, torchrun
 
 pytestmark = pytest.mark.slow
@@ -292,7 +292,7 @@ def test_examples_longer_than_the_model_are_refused(micro_base: Path) -> None:
 
     from transformers import AutoTokenizer
 
-    from brisk.runtime.train.proposal_data import Example, check_lengths
+    from brisk.runtime.train.proposal.data import Example, check_lengths
 
     tokenizer = AutoTokenizer.from_pretrained(micro_base)
     examples = [Example("1+1=", "2"), Example("1+1=", "2" * 40)]

@@ -37,14 +37,14 @@ from brisk._interrupt import (
 from brisk.cli import main
 from brisk.experiments.proposal import ExperimentConfig, run_experiment
 from brisk.mechanism import validate
-from brisk.runtime.train.base import train_base
-from brisk.runtime.train.config import BaseTrainConfig
-from brisk.runtime.train.corrector import train_corrector
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-from brisk.runtime.train.corrector_events import collect_from_checkpoint
-from brisk.runtime.train.event_store import EventStore
-from brisk.runtime.train.proposal import train_proposal
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig
+from brisk.runtime.train.base.recipe import train_base
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.corrector.events import collect_from_checkpoint
+from brisk.runtime.train.corrector.recipe import train_corrector
+from brisk.runtime.train.corrector.store import EventStore
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
+from brisk.runtime.train.proposal.recipe import train_proposal
 from brisk.runtime.train.selfgen import read_dataset
 from tests.runtime.conftest import MICRO_SELFGEN, micro_experiment_toml
 

@@ -79,7 +79,7 @@ def test_each_uniform_the_output_uses_is_fresh(
         keys.extend(zip(seed.tolist(), request.tolist(), counter.tolist(), strict=True))
         return original(seed, request, counter, n)
 
-    monkeypatch.setattr("brisk.runtime.isd.batched.counter_uniforms", recording)
+    monkeypatch.setattr("brisk.runtime.isd.state.counter_uniforms", recording)
     prompts = [[1, 2], [3, 4, 5], [6]]
     options = ISDOptions(stride=4, temperature=1.0, max_new_tokens=12)
     out = decode(backbone, prompts, options, seeds=[5, 5, 6], request_ids=[0, 1, 0])
@@ -236,7 +236,7 @@ def test_greedy_decoding_without_a_log_hashes_no_uniform(
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr("brisk.runtime.isd.batched.counter_uniforms", counting)
+    monkeypatch.setattr("brisk.runtime.isd.state.counter_uniforms", counting)
     prompts = [[1, 2], [3, 4, 5], [6]]
     greedy = ISDOptions(stride=4, max_new_tokens=12)
     plain = decode(backbone, prompts, greedy)

@@ -204,8 +204,8 @@ def test_init_keeps_a_pretrained_models_clean_ce(micro_base: Path, tmp_path: Pat
     the worst case): the default for init (1e-4) keeps the micro base's clean CE (measured
     +0.00 nats); the old default, 3e-3, more than triples it (measured 0.20 → 0.76). The bound,
     +0.2 nats, is far from both."""
-    from brisk.runtime.train.base import train_base
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
+    from brisk.runtime.train.base.recipe import train_base
 
     def clean_ce(lr: float | None) -> tuple[float, float]:
         cfg = BaseTrainConfig.smoke(str(tmp_path / f"lr{lr}")).replace(

@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from brisk.runtime.sampling import counter_uniforms
-from brisk.runtime.train.acceptance import block_acceptance, slot_table
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward, idlm_loss
-from brisk.runtime.train.proposal import train_proposal, weighted_loss
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
-from brisk.runtime.train.proposal_data import load_examples
+from brisk.runtime.train.proposal.acceptance import block_acceptance, slot_table
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
+from brisk.runtime.train.proposal.data import load_examples
+from brisk.runtime.train.proposal.recipe import train_proposal, weighted_loss
 from brisk.theory import AcceptanceProfile, CostModel, progress_weights
 from tests.runtime.conftest import proposal_args, torchrun
 

@@ -113,6 +113,7 @@ def test_an_idlm_checkpoint_is_served_as_qwen3(tmp_path: Path) -> None:
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "block_size": 3,
+        "brisk": {"stride": 4},  # the plugin config
     }
     plain = serve("--model", str(checkpoint(tmp_path / "qwen3")), "--device", "cpu", "--dry-run")
     assert "--json-model-override-args" not in shlex.split(plain.stdout)
@@ -144,17 +145,19 @@ def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 
 
 def isd_config(stdout: str) -> dict[str, object]:
-    """The ``$BRISK_ISD_CONFIG`` a dry run sets."""
-    (word,) = (w for w in shlex.split(stdout) if w.startswith("BRISK_ISD_CONFIG="))
-    config: dict[str, object] = json.loads(word.partition("=")[2])
+    """The plugin config a dry run hands SGLang: the model config's ``brisk`` key, in
+    ``--json-model-override-args``; no environment variable carries it."""
+    words = shlex.split(stdout)
+    assert not [w for w in words if w.startswith("BRISK_") and "=" in w]
+    config: dict[str, object] = json.loads(flag(words, "--json-model-override-args"))["brisk"]
     return config
 
 
 def test_the_isd_flags_are_the_algorithms_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each ISD flag given, and only those, reaches ``$BRISK_ISD_CONFIG`` (paths absolute);
-    the server reads the rest from the options' defaults."""
+    """Each ISD flag given, and only those, reaches the plugin config (paths absolute); the
+    server reads the rest from the options' defaults."""
     model = ["--model", str(checkpoint(tmp_path / "m")), "--device", "cpu", "--stride", "4"]
     given = ["--temperature", "1", "--top-k", "8", "--seed", "3", "--impl", "naive"]
     status, out, err = dry_run(capsys, *model, *given, "--log-blocks", "logs")

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from brisk.cli import main
 from brisk.runtime.prompts import encode_prompt, encode_prompts
 from brisk.runtime.train.evaluate import encode_example, encode_problem
-from brisk.runtime.train.pretrain import encode as pretrain_encode
+from brisk.runtime.train.pretrain.recipe import encode as pretrain_encode
 from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
 from brisk.worlds.arithmetic.task import TaskConfig, solutions
 from brisk.worlds.arithmetic.tokenizer import (

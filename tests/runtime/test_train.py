@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from brisk.cli import main
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.prompts import encode_prompt
-from brisk.runtime.train.base import TrainResult, train_base
-from brisk.runtime.train.config import BaseTrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig
+from brisk.runtime.train.base.recipe import TrainResult, train_base
 from brisk.worlds.arithmetic.task import TaskConfig, make_split
 
 

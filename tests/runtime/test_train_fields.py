@@ -9,11 +9,11 @@ import pytest
 
 from brisk.cli import build_parser
 from brisk.runtime.train import fields
-from brisk.runtime.train.config import BaseTrainConfig, StepRun
-from brisk.runtime.train.corrector_config import CollectOptions, CorrectorTrainConfig
-from brisk.runtime.train.drafter_config import DrafterTrainConfig
-from brisk.runtime.train.pretrain_config import PretrainConfig
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.base.config import BaseTrainConfig, StepRun
+from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
+from brisk.runtime.train.drafter.config import DrafterTrainConfig
+from brisk.runtime.train.pretrain.config import PretrainConfig
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
 CONFIGS = (
@@ -142,7 +142,7 @@ def test_the_learning_rate_of_base_training_depends_on_init() -> None:
     """From scratch 3e-3 (→ 3e-4); from init a fine-tuning rate, 1e-4 (→ 1e-5), resolved in
     one place, so a config built first and given init later gets it too; a rate given is
     kept; the settings read back are the settings."""
-    from brisk.runtime.train.config import INIT_LR, SCRATCH_LR
+    from brisk.runtime.train.base.config import INIT_LR, SCRATCH_LR
 
     assert (BaseTrainConfig().peak_lr, BaseTrainConfig().final_lr) == SCRATCH_LR == (3e-3, 3e-4)
     tuned = BaseTrainConfig().replace(init="runs/ar/final")

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from brisk.runtime.serving.launch import (
+    OVERRIDE_FLAG,
     ServerLaunch,
-    ServerProcess,
     isd_flags,
     server_launch,
-    start_server,
 )
+from brisk.runtime.serving.options import PLUGIN_KEY
+from brisk.runtime.serving.process import ServerProcess, start_server
 
 __all__ = [
     "LOGIT_SCALE",
@@ -88,8 +89,8 @@ def train_micro_idlm(out: Path, steps: int = 150) -> Path:
     ``micro_base``): its MASK slots propose blocks the verifier often accepts, so the ISD tests
     exercise acceptance and KV keeping, not only cold starts (the random micro model's drafts
     are almost never accepted). The checkpoint directory."""
-    from brisk.runtime.train.base import train_base
-    from brisk.runtime.train.config import BaseTrainConfig
+    from brisk.runtime.train.base.config import BaseTrainConfig
+    from brisk.runtime.train.base.recipe import train_base
 
     cfg = BaseTrainConfig.smoke(str(out)).replace(steps=steps)
     return Path(train_base(cfg, show_progress=False).checkpoint)
@@ -238,9 +239,14 @@ def post_json(url: str, path: str, body: dict[str, Any]) -> Any:
         return json.loads(response.read())
 
 
-def isd_server_args(stride: int) -> list[str]:
-    """SGLang's flags for ``BRISK_ISD`` at stride N (:func:`isd_flags`), at most 16 requests."""
-    return [*isd_flags(stride), "--max-running-requests", "16"]
+def isd_server_args(stride: int, options: object = None) -> list[str]:
+    """SGLang's flags for ``BRISK_ISD`` at stride N (:func:`isd_flags`), at most 16 requests,
+    as SGLang is launched without ``brisk serve``: ``options`` (a mapping, or the path of a
+    YAML / JSON file holding one; default ``{"stride": N}``) as the plugin config, the model
+    config's ``brisk`` key in ``--json-model-override-args``."""
+    config = {PLUGIN_KEY: {"stride": stride} if options is None else options}
+    flags = [*isd_flags(stride), "--max-running-requests", "16"]
+    return [*flags, OVERRIDE_FLAG, json.dumps(config)]
 
 
 def start_real_server(

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from brisk.runtime.serving.launch import ServerProcess
+from brisk.runtime.serving.process import ServerProcess
 from tests.code_micro import (
     accept_totals,
     brisk_decode,

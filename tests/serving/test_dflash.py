@@ -91,9 +91,9 @@ def test_a_head_trained_on_brisks_speculative_loop_drafts_alike_in_the_dflash_ho
     states exactly the drafts the head picked in brisk's loop, round for round; so does a head
     with random weights, which drafts off the drafter's argmax."""
     from brisk.runtime.drafter import SDOptions
-    from brisk.runtime.train.corrector import train_corrector
-    from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-    from brisk.runtime.train.corrector_events import collect_draft_events
+    from brisk.runtime.train.corrector.config import CorrectorTrainConfig
+    from brisk.runtime.train.corrector.events import collect_draft_events
+    from brisk.runtime.train.corrector.recipe import train_corrector
     from tests.runtime.test_drafter import tiny_drafter, tiny_target
     from tests.runtime.test_drafter_corrector import random_head
 

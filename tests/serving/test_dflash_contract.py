@@ -258,7 +258,7 @@ def sglang_side(work: Path) -> None:
     from sglang.srt.utils.hf_transformers_utils import get_config
     from sglang.test.layer_ut_utils import init_single_process_dist
 
-    from brisk.runtime.serving.launch import free_port
+    from brisk.runtime.serving.process import free_port
 
     init_single_process_dist(master_port=free_port(), backend="gloo")
     torch.set_default_dtype(torch.float32)

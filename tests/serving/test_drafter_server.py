@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from brisk.runtime.serving.launch import ServerProcess, free_port, server_launch
+from brisk.runtime.serving.launch import OVERRIDE_FLAG, server_launch
+from brisk.runtime.serving.process import ServerProcess, free_port
 from tests.llama_micro import llama_without_mask
 from tests.serving.real_server import (
     RealServer,
@@ -300,19 +301,29 @@ def test_a_drafter_for_another_target_is_refused_in_one_line(world: World, tmp_p
 def test_the_dry_run_prints_the_drafters_algorithm_and_block(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import json
+    import shlex
+
     from brisk.cli import main
+
+    def plugin_config(line: str) -> object:
+        """The options the dry run hands SGLang: the model config's ``brisk`` key."""
+        words = shlex.split(line)
+        assert not [w for w in words if w.startswith("BRISK_") and "=" in w]
+        return json.loads(words[words.index(OVERRIDE_FLAG) + 1])["brisk"]
 
     serve = ["serve", "--model", str(world.target), "--drafter", str(world.drafter)]
     assert main([*serve, "--device", "cpu", "--dry-run"]) == 0
     line = capsys.readouterr().out
-    assert f'BRISK_DRAFTER_CONFIG=\'{{"drafter":"{world.drafter.resolve()}"}}\'' in line
+    assert plugin_config(line) == {"drafter": str(world.drafter.resolve())}
     want = f"--speculative-algorithm BRISK_DRAFTER --speculative-num-draft-tokens {BLOCK}"
     assert want in line
     assert "--disable-radix-cache" in line
     sampled = ["--temperature", "1", "--top-k", "8", "--seed", "3"]
     assert main([*serve, *sampled, "--device", "cpu", "--dry-run"]) == 0
-    options = f'"drafter":"{world.drafter.resolve()}","seed":3,"temperature":1.0,"top_k":8'
-    assert f"BRISK_DRAFTER_CONFIG='{{{options}}}'" in capsys.readouterr().out
+    drafter = str(world.drafter.resolve())
+    options = {"drafter": drafter, "seed": 3, "temperature": 1.0, "top_k": 8}
+    assert plugin_config(capsys.readouterr().out) == options
 
 
 def test_options_and_a_drafter_beside_isd_are_refused_in_one_line(
@@ -339,7 +350,12 @@ def test_options_and_a_drafter_beside_isd_are_refused_in_one_line(
             "--corrector: an ISD option; with --drafter only --temperature, --top-k and --seed "
             "apply",
         ),
-        (["--top-k", "0"], "--top-k: need ≥ 1, got 0"),
+        (
+            ["--top-k", "0"],
+            "--top-k: need an integer K ≥ 1 (candidates per MASK position), got 0 (0 does not "
+            "mean 'no limit' here: drafts at T > 0 are drawn from q restricted to its Top-K, so "
+            "pass the vocabulary size for untruncated drafts)",
+        ),
     ):
         assert main([*serve, *flags, "--device", "cpu", "--dry-run"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [f"brisk: error: {why}"]

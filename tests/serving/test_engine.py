@@ -2,8 +2,9 @@
 process and without a port, against brisk's own decode on the micro I-DLM.
 
 The engine's scheduler runs in a spawned child process: this test checks that the CPU
-stand-ins, ``SGLANG_USE_CPU_ENGINE`` and ``$BRISK_ISD_CONFIG`` reach it through the environment
-:func:`isd_engine` sets, and that greedy decoding through it is brisk's ISD token for token.
+stand-ins and ``SGLANG_USE_CPU_ENGINE`` reach it through the environment :func:`isd_engine`
+sets, ``BRISK_ISD``'s options through its arguments (the plugin config), and that greedy
+decoding through it is brisk's ISD token for token.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_greedy_engine_generation_with_the_head_equals_brisk_decode(
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(name, "1")
     # isd_engine sets these and the stand-ins on sys.path; the monkeypatch undoes both after
-    for name in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", "BRISK_ISD_CONFIG"):
+    for name in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH"):
         monkeypatch.setenv(name, os.environ.get(name, ""))
     monkeypatch.setattr(sys, "path", list(sys.path))
     head_dir = micro_corrector(micro_idlm, tmp_path / "head", STRIDE)

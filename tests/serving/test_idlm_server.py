@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from brisk.runtime.serving.launch import ServerProcess
+from brisk.runtime.serving.process import ServerProcess
 from tests.serving.real_server import (
     RealServer,
     post_json,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from brisk.runtime.serving.launch import ISD_CONFIG_ENV, ServerProcess, free_port, server_launch
+from brisk.runtime.serving.launch import OVERRIDE_FLAG, server_launch
+from brisk.runtime.serving.process import ServerProcess, free_port
 from tests.serving.real_server import (
     RealServer,
     generate,
@@ -51,7 +53,7 @@ def _isd_server(
     workdir: Path, model: Path, temperature: float, extra_args: Sequence[str] = ()
 ) -> Iterator[RealServer]:
     """The options as a YAML file when greedy (with a block log at ``workdir/blocks``), inline
-    JSON otherwise (both forms of ``$BRISK_ISD_CONFIG``). SGLang's warm-up asks for 8 greedy
+    JSON otherwise (both forms of the plugin config). SGLang's warm-up asks for 8 greedy
     tokens, which a T > 0 server refuses: it is skipped there. ``extra_args`` go to SGLang."""
     if temperature == 0:
         config = workdir / "isd.yaml"
@@ -59,13 +61,14 @@ def _isd_server(
             f"stride: {STRIDE}\ntemperature: {temperature}\nseed: 7\n"
             f"log_blocks: {workdir / 'blocks'}\n"
         )
-        options = str(config)
+        options: object = str(config)
     else:
-        options = json.dumps({"stride": STRIDE, "temperature": temperature, "seed": 7})
-    args = isd_server_args(STRIDE) + (["--skip-server-warmup"] if temperature > 0 else [])
+        options = {"stride": STRIDE, "temperature": temperature, "seed": 7}
+    args = isd_server_args(STRIDE, options)
+    args += ["--skip-server-warmup"] if temperature > 0 else []
     args += extra_args
     # SGLang's own KV-leak check after every busy step: kept and freed slots must add up
-    env = {ISD_CONFIG_ENV: options, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
+    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
     process, server = start_real_server(workdir, args, env, model)
     try:
         yield server
@@ -246,7 +249,8 @@ def test_brisk_serve_stride_launches_brisk_isd(micro_idlm: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip()
-    assert f"{ISD_CONFIG_ENV}='{{\"stride\":3}}'" in line.split()
+    words = shlex.split(line)
+    assert json.loads(words[words.index(OVERRIDE_FLAG) + 1])["brisk"] == {"stride": 3}
     assert "--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 5" in line
     refused = subprocess.run(
         [*command[:-5], "--corrector", "x", "--dry-run"],

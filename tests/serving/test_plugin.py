@@ -20,8 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from brisk.runtime.serving.launch import OVERRIDE_FLAG, isd_flags
 from brisk.runtime.serving.plugin import HOOKS, installed
-from brisk.runtime.serving.worker import ALGORITHM, CONFIG_ENV
+from brisk.runtime.serving.worker import ALGORITHM
 from tests.serving.conftest import config_only_checkpoint
 
 pytestmark = pytest.mark.usefixtures("plugins")
@@ -37,10 +38,11 @@ def launch(
     model: Path,
     options: dict[str, object],
     extra_args: Sequence[str] = (),
+    overrides: dict[str, object] | None = None,
 ) -> object:
-    """Resolve ``brisk serve``'s arguments for ``model`` with ``options`` in
-    ``$BRISK_ISD_CONFIG``, as SGLang's launcher does for the speculative algorithm; the
-    resolved ``ServerArgs``."""
+    """Resolve SGLang's arguments for ``model`` with ``options`` as the plugin config (the
+    model config's ``brisk`` key, beside the ``overrides``), as SGLang's launcher does for the
+    speculative algorithm, unchecked by brisk's launcher; the resolved ``ServerArgs``."""
     from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
     from sglang.srt.server_args import ServerArgs
 
@@ -49,8 +51,9 @@ def launch(
 
     stride = options.get("stride", 4)
     width = stride if isinstance(stride, int) and stride >= 2 else 4  # the flags need a stride
-    flags, _ = server_arguments(model, isd={"stride": width}, extra_args=extra_args, env={})
-    monkeypatch.setenv(CONFIG_ENV, json.dumps(options))
+    config = json.dumps({**(overrides or {}), "brisk": options})
+    passed = [*isd_flags(width), *extra_args, OVERRIDE_FLAG, config]
+    flags, _ = server_arguments(model, extra_args=passed, env={})
     server_args = ServerArgs(**engine_kwargs(flags))
     handle_speculative_decoding(server_args)
     return server_args
@@ -129,8 +132,7 @@ def test_a_model_without_a_mask_token_is_refused(
     model = checkpoint(tmp_path, mask_token_id=None)
     with pytest.raises(OptionError, match=r"--model-path: .* declares no integer mask_token_id"):
         launch(monkeypatch, model, {"stride": 4})
-    override = ["--json-model-override-args", '{"mask_token_id": 11}']
-    launch(monkeypatch, model, {"stride": 4}, override)
+    launch(monkeypatch, model, {"stride": 4}, overrides={"mask_token_id": 11})
     with pytest.raises(OptionError, match="mask_token_id 12 is outside its vocabulary of 12"):
         launch(monkeypatch, checkpoint(tmp_path / "v12", mask_token_id=12), {"stride": 4})
 
@@ -237,6 +239,7 @@ def test_brisk_without_the_plugin_imports_nothing_of_sglang() -> None:
         "brisk.runtime.serving.loopback, "
         "brisk.runtime.serving.plugin, brisk.runtime.serving.dflash, "
         "brisk.runtime.serving.common, brisk.runtime.serving.launch, "
+        "brisk.runtime.serving.process, brisk.runtime.serving.drafter_options, "
         "brisk.runtime.serving.engine; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
     )

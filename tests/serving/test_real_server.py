@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from brisk.runtime.serving.cpu import STANDINS
-from brisk.runtime.serving.launch import (
-    CPU_FLAGS,
+from brisk.runtime.serving.launch import CPU_FLAGS, ServerLaunch
+from brisk.runtime.serving.process import (
     FREE_PORTS,
     PortTaken,
-    ServerLaunch,
     ServerProcess,
     free_port,
     start_server,

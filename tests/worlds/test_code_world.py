@@ -18,11 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from brisk.runtime.decode_options import ISDOptions
-from brisk.runtime.decoding import read_prompt_lines
-from brisk.runtime.loader import fit_budget
+from brisk.runtime.decode_options import ISDOptions, fit_budget
 from brisk.runtime.presets import NamedModel, preset_names
-from brisk.runtime.prompts import encode_prompt
+from brisk.runtime.prompts import encode_prompt, read_prompt_lines
 from brisk.runtime.tasks.task import NamedTask, get_task, rebuild_task, task_names
 from brisk.worlds.code.corpus import (
     CorpusConfig,
@@ -296,9 +294,9 @@ def test_task_file_prompts_beyond_the_positions(
     labels = [f"{file} line {n}" for n, _ in lines]
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     limit = len(prompts[longest]) + 4
-    with pytest.raises(ValueError, match=rf"^--stride: .*\({file} line {longest + 1}: \d+ tokens"):
+    with pytest.raises(ValueError, match=rf"^stride: .*\({file} line {longest + 1}: \d+ tokens"):
         fit_budget(ISDOptions(stride=4, max_new_tokens=8), limit, prompts, labels=labels)
-    with pytest.raises(ValueError, match=rf"^--max-new-tokens: .*\({file} line {longest + 1}:"):
+    with pytest.raises(ValueError, match=rf"^max_new_tokens: .*\({file} line {longest + 1}:"):
         fit_budget(ISDOptions(stride=2, max_new_tokens=8), limit, prompts, labels=labels)
 
 

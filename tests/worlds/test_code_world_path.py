@@ -3,9 +3,10 @@
 --stride 4`` (greedy and T = 1, block logs) → ``brisk mechanism report``, and the ``compiles``
 grader on what came out.
 
-The world (:mod:`tests.code_micro`) is built once for the module (≈ 30 s). The prompt file holds
-the held-out functions (the micro model's drafts miss there: rejections), every fourth training
-function (memorized: whole blocks accepted) and one prompt of non-ASCII text.
+The world (:mod:`tests.code_micro`) is built once for the module (≈ 30 s; its AR model, trained
+once per run, is test_drafter_bpe's target too: :func:`tests.code_micro.code_ar_once`). The prompt
+file holds the held-out functions (the micro model's drafts miss there: rejections), every fourth
+training function (memorized: whole blocks accepted) and one prompt of non-ASCII text.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.code_micro import (
     brisk,
     brisk_decode,
     build_code_world,
+    code_ar_once,
     problem_rows,
     read_jsonl,
     write_jsonl,
@@ -48,7 +50,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     root = tmp_path_factory.mktemp("code-world")
-    checkpoint = build_code_world(root)
+    checkpoint = build_code_world(root, ar=code_ar_once(tmp_path_factory))  # test_drafter_bpe's AR
     heldout = problem_rows(root, checkpoint, "test")
     train = problem_rows(root, checkpoint, "train")
     rows = [*heldout, *train[::4], {"prompt": NON_ASCII}]

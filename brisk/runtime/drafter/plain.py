@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from brisk.runtime.backbone import cache_keyword
-from brisk.runtime.drafter.result import SDOptions, SDOutput
+from brisk.runtime.decode_options import LoopOptions, Requests
+from brisk.runtime.drafter.result import SDOutput
 from brisk.runtime.isd.batched import draw_next
 from brisk.runtime.sampling import counter_uniforms
 
@@ -27,24 +28,26 @@ __all__ = ["plain_decode"]
 def plain_decode(
     target: Any,
     prompts: Sequence[Sequence[int]],
-    options: SDOptions,
+    options: LoopOptions,
     *,
     seeds: Sequence[int] | None = None,
     budgets: Sequence[int] | None = None,
     on_finish: Callable[[int, SDOutput], None] | None = None,
 ) -> list[SDOutput]:
     """Every prompt decoded by ``target`` alone (module docstring), up to its budget
-    (``budgets[r]``, default ``options.max_new_tokens``) or the EOS, which is kept. Each output
-    counts one target forward per token (the prefill commits the first) and no verify round;
-    ``on_finish(r, output)`` runs as request r ends."""
+    (``budgets[r]``, default ``options.max_new_tokens``) or the EOS, which is kept; the
+    requests are checked as every loop checks them
+    (:class:`~brisk.runtime.decode_options.Requests`). Each output counts one target forward per
+    token (the prefill commits the first) and no verify round; ``on_finish(r, output)`` runs as
+    request r ends."""
     from transformers import DynamicCache
 
-    seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
-    budgets = list(budgets) if budgets is not None else [options.max_new_tokens] * len(prompts)
+    requests = Requests.check(prompts, options, seeds=seeds, budgets=budgets)
+    seeds, budgets = requests.seeds, requests.budgets
     outputs = []
     with torch.inference_mode():
         for r, prompt in enumerate(prompts):
-            key = (torch.tensor([seeds[r]]), torch.tensor([r]))
+            key = (torch.tensor([seeds[r]]), torch.tensor([requests.request_ids[r]]))
             cache = DynamicCache(config=target.config)
             kw = {cache_keyword(target): cache, "use_cache": True}
             ids = torch.tensor([list(prompt)], device=target.device)

@@ -1,44 +1,21 @@
-"""What speculative decoding is asked and what it returns: :class:`SDOptions`, one request's
-:class:`SDOutput` and the run's :class:`SDResult`, with the run's TPFs and acceptance profile
-under the names every report uses (:mod:`brisk.mechanism.runs`, the speculative family: every
-verify round is a complete cycle of L + 1 tokens and one target forward), so ``brisk decode``
-prints an ISD run and a drafter's run alike."""
+"""What speculative decoding returns: one request's :class:`SDOutput` and the run's
+:class:`SDResult`, with the run's TPFs and acceptance profile under the names every report uses
+(:mod:`brisk.mechanism.runs`, the speculative family: every verify round is a complete cycle of
+L + 1 tokens and one target forward), so ``brisk decode`` prints an ISD run and a drafter's run
+alike. What it is asked, :class:`SDOptions`, is declared beside every decoder's options
+(:mod:`brisk.runtime.decode_options`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from brisk.mechanism.runs import RunTPF
+from brisk.runtime.decode_options import DRAFT_LAWS, DraftLaw, SDOptions
 from brisk.theory.profile import AcceptanceProfile
 
 __all__ = ["DRAFT_LAWS", "DraftLaw", "SDOptions", "SDOutput", "SDResult"]
-
-DraftLaw = Literal["greedy", "sample", "top-k"]
-DRAFT_LAWS: tuple[DraftLaw, ...] = ("greedy", "sample", "top-k")
-
-
-@dataclass(frozen=True)
-class SDOptions:
-    """Decoding settings: the target's temperature (0: greedy), the drafter's law, the budget."""
-
-    temperature: float = 0.0
-    draft: DraftLaw = "greedy"
-    top_k: int = 16
-    max_new_tokens: int = 256
-    eos_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and self.temperature != float("inf")):
-            raise ValueError(f"temperature: must be finite and ≥ 0, got {self.temperature!r}")
-        if self.draft not in DRAFT_LAWS:
-            raise ValueError(f"draft: one of {', '.join(DRAFT_LAWS)}, got {self.draft!r}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k: must be ≥ 1, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be ≥ 1, got {self.max_new_tokens}")
 
 
 @dataclass

@@ -27,7 +27,7 @@ T > 0, which verification is then given). The head reads the drafter's hidden st
 slots, the target's E and E_out (:class:`~brisk.runtime.backbone.ModelHeads`), and for the anchor
 its token's embedding with a *zero* hidden state: what SGLang's DFlash sampler sees
 (:mod:`brisk.runtime.serving.dflash`), so one head serves both loops. A logger that collects
-(:class:`~brisk.runtime.train.event_store.EventWriter`) gets the head's inputs of every round,
+(:class:`~brisk.runtime.train.corrector.store.EventWriter`) gets the head's inputs of every round,
 recorded the same way: the corrector's training events of this decoder.
 
 Requests run one at a time (batch 1, the target's ``DynamicCache``); tokens per forward count
@@ -37,7 +37,6 @@ relative to the target's verify forward (ρ of the cost model).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -49,18 +48,18 @@ from torch import Tensor
 from brisk.mechanism.schema import Verification
 from brisk.runtime.backbone import ModelHeads, cache_keyword
 from brisk.runtime.corrector import Corrector
+from brisk.runtime.decode_options import Requests
 from brisk.runtime.drafter.model import DFlashDrafter
 from brisk.runtime.drafter.result import DRAFT_LAWS, DraftLaw, SDOptions, SDOutput, SDResult
 from brisk.runtime.isd.batched import (
     Draft,
     StepContext,
-    candidate_q,
+    build_draft,
     draw_next,
     propose,
     verify_block,
 )
 from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
-from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
 
 __all__ = [
@@ -71,6 +70,7 @@ __all__ = [
     "SDResult",
     "check_head",
     "check_pair",
+    "extend_kv",
     "position_limit",
     "speculative_decode",
     "target_heads",
@@ -171,6 +171,20 @@ def check_pair(target: Any, drafter: DFlashDrafter) -> None:
         raise ValueError(f"drafter: mask_token_id {spec.mask_token_id} is outside the vocabulary")
 
 
+def extend_kv(
+    held: list[tuple[Tensor, Tensor]] | None, new: list[tuple[Tensor, Tensor]]
+) -> list[tuple[Tensor, Tensor]]:
+    """A drafter context's keys and values ``[B, kv_heads, C, d]`` per layer, with ``new``'s
+    positions after ``held``'s (None: an empty context): how this loop and the server's
+    drafter worker grow a request's context."""
+    if held is None:
+        return new
+    return [
+        (torch.cat([k0, k], 2), torch.cat([v0, v], 2))
+        for (k0, v0), (k, v) in zip(held, new, strict=True)
+    ]
+
+
 class _Context:
     """The drafter's keys and values of every committed position (its cache)."""
 
@@ -181,13 +195,7 @@ class _Context:
     def append(self, features: Tensor, start: int) -> None:
         positions = torch.arange(start, start + features.shape[1], device=features.device)[None]
         kv = self.drafter.context_kv(self.drafter.project(features), positions)
-        if self.kv is None:
-            self.kv = kv
-        else:
-            self.kv = [
-                (torch.cat([k0, k], 2), torch.cat([v0, v], 2))
-                for (k0, v0), (k, v) in zip(self.kv, kv, strict=True)
-            ]
+        self.kv = extend_kv(self.kv, kv)
 
 
 def _propose(
@@ -208,32 +216,17 @@ def _propose(
     offsets = torch.tensor([offset], device=logits.device)
     if _isd_law(options, ctx.corrector):
         return propose(logits, hidden, anchor_hidden, anchor, offsets, u, ctx)
-    T = options.temperature
     if options.draft == "sample":
         cand_ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
-        law = torch.softmax(logits.double() / T, dim=-1)
+        law = torch.softmax(logits.double() / options.temperature, dim=-1)
         ranks = sample_inverse_cdf(law, u)
     else:  # greedy at T > 0
         cand_ids = logits.topk(ctx.K, dim=-1).indices
         ranks = torch.zeros_like(cand_ids[..., 0])
         law = torch.nn.functional.one_hot(ranks, cand_ids.shape[-1]).double()
     cand_logits = logits.gather(-1, cand_ids)
-    none = torch.full_like(ranks, -1)
-    kept = (anchor_hidden, hidden, cand_logits) if ctx.collect else (None, None, None)
-    return Draft(
-        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
-        ranks=ranks,
-        cand_ids=cand_ids,
-        law=law,
-        anchor=anchor,
-        offset=offsets,
-        base_choice=ranks,
-        head_choice=none,
-        head_block=none,
-        q=candidate_q(logits, cand_logits, T) if ctx.log else None,
-        anchor_hidden=kept[0],
-        mask_hidden=kept[1],
-        cand_logits=kept[2],
+    return build_draft(
+        ranks, cand_ids, law, anchor, offsets, logits, cand_logits, anchor_hidden, hidden, ctx
     )
 
 
@@ -343,7 +336,9 @@ def speculative_decode(
     device and dtype, the caller's): its K replaces ``options.top_k``. ``on_finish(r, output)``
     hears request r (its index in ``prompts``) as it finishes. ``budgets[r]`` (default
     ``options.max_new_tokens``, at most that) is request r's token budget: ``brisk decode``
-    lowers it for a prompt too long for the target's positions."""
+    lowers it for a prompt too long for the target's positions. The requests are checked as
+    every loop checks them (:class:`~brisk.runtime.decode_options.Requests`), and the step runs
+    at the drafter's block (:meth:`~brisk.runtime.decode_options.SamplingOptions.at_stride`)."""
     options = options or SDOptions()
     check_pair(target, drafter)
     if head is not None:
@@ -366,29 +361,18 @@ def speculative_decode(
                 f"M = {drafter.spec.M} and {'the head' if head else 'top_k'} K = {K}"
             )
         logger.declare(verification_of(options, head))
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts: need at least one prompt, each with at least one token")
-    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
-    request_ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
-    budget = options.max_new_tokens
-    budgets = [budget] * len(prompts) if budgets is None else list(budgets)
-    for name, values in (("seeds", seeds), ("request_ids", request_ids), ("budgets", budgets)):
-        if len(values) != len(prompts):
-            raise ValueError(f"{name}: need one per prompt ({len(prompts)}), got {len(values)}")
-    if not all(1 <= b <= budget for b in budgets):
-        raise ValueError(f"budgets: each must be in 1..max_new_tokens = {budget}, got {budgets}")
     M = drafter.spec.M
-    limit = position_limit(target, M)
-    if limit is not None:
-        r = max(range(len(prompts)), key=lambda i: len(prompts[i]) + budgets[i])
-        if len(prompts[r]) + budgets[r] > limit:
-            raise ValueError(
-                f"max_new_tokens: prompt {r} ({len(prompts[r])} tokens) + {budgets[r]}"
-                f" new tokens + a block of {M + 1} exceeds the target's {limit + M + 1} positions"
-            )
+    requests = Requests.check(
+        prompts, options, seeds=seeds, request_ids=request_ids, budgets=budgets
+    ).within(
+        getattr(target.config, "max_position_embeddings", None),
+        M + 1,
+        f"a block of {M + 1}",
+        holder="the target",
+    )
     timing = [0.0, 0.0]
     ctx = StepContext(
-        ISDOptions(stride=M + 1, temperature=options.temperature, top_k=K),
+        options.at_stride(M + 1, K),
         K,
         backbone=target_heads(target) if head is not None else None,  # type: ignore[arg-type]
         corrector=head,
@@ -397,8 +381,9 @@ def speculative_decode(
     )
     with torch.inference_mode():
         outputs = []
-        for i, (p, s, r, b) in enumerate(zip(prompts, seeds, request_ids, budgets, strict=True)):
-            mine = options if b == budget else dataclasses.replace(options, max_new_tokens=b)
+        rows = zip(prompts, requests.seeds, requests.request_ids, requests.budgets, strict=True)
+        for i, (p, s, r, b) in enumerate(rows):
+            mine = options if b == options.max_new_tokens else options.replace(max_new_tokens=b)
             outputs.append(_decode_one(target, drafter, p, mine, s, r, timing, logger, ctx))
             if logger is not None:
                 logger.log_request(r, len(p), outputs[-1])

@@ -27,208 +27,35 @@ caller appends them, stops a request at its EOS or budget and keeps the statisti
 Both branches are computed for every row and merged with ``torch.where``: no per-row Python, no
 host synchronization, fixed shapes for a given (B, S). Every uniform is
 :func:`brisk.runtime.sampling.counter_uniforms` of (seed, request, the request's forward counter,
-slot), so a row's output does not depend on the batch or the device.
+slot), so a row's output does not depend on the batch or the device. The rows' types are
+:mod:`brisk.runtime.isd.state`'s (re-exported here); every draft, ISD's and the speculative
+loop's, is made by :func:`build_draft`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from brisk.runtime.backbone import Backbone
-from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.options import ISDOptions
-from brisk.runtime.sampling import Slots, counter_uniforms, sample_inverse_cdf
+from brisk.runtime.isd.state import Draft, ISDState, StepContext, StepResult, init_state
+from brisk.runtime.sampling import Slots, sample_inverse_cdf
 
 __all__ = [
     "Draft",
     "ISDState",
     "StepContext",
     "StepResult",
+    "build_draft",
     "candidate_q",
+    "draw_next",
     "first_step",
     "init_state",
+    "propose",
     "step",
+    "verify_block",
 ]
-
-
-class _Rows:
-    """Row selection for dataclasses whose fields are all ``[B, …]`` tensors (or None)."""
-
-    def select(self, index: Tensor) -> Any:
-        values = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if isinstance(value, _Rows):
-                value = value.select(index)
-            elif isinstance(value, Tensor):
-                value = value[index]
-            values[f.name] = value
-        return type(self)(**values)
-
-    def rows(self) -> int:
-        """B: the length of the first tensor field."""
-        return next(
-            int(v.shape[0])
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
-            if isinstance(v := getattr(self, f.name), Tensor)
-        )
-
-    @classmethod
-    def concat(cls, parts: Sequence[Any]) -> Any:
-        """Batches into one, rows in order (the inverse of :meth:`select`). An optional field
-        that some parts hold and others lack (None) is zero-filled for the lacking parts' rows;
-        boolean flags are or-ed."""
-        values = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            column = [getattr(p, f.name) for p in parts]
-            value = column[0]
-            if isinstance(value, _Rows):
-                value = type(value).concat(column)
-            elif any(isinstance(v, Tensor) for v in column):
-                like = next(v for v in column if isinstance(v, Tensor))
-                value = torch.cat(
-                    [
-                        v if isinstance(v, Tensor) else like.new_zeros((p.rows(), *like.shape[1:]))
-                        for v, p in zip(column, parts, strict=True)
-                    ]
-                )
-            elif isinstance(value, bool):
-                value = any(column)
-            values[f.name] = value
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class Draft(_Rows):
-    """The block each row proposed, and what verification and the block log need about it."""
-
-    tokens: Tensor  # [B, M] x_1..x_M
-    ranks: Tensor  # [B, M] index of x_i in C_i
-    cand_ids: Tensor  # [B, M, K] C_i, Top-K of q_i by base logit, descending
-    law: Tensor  # [B, M, K] π_i over C_i: the law x_i was drawn from (one-hot when greedy)
-    anchor: Tensor  # [B] x_0, the committed token before the block
-    offset: Tensor  # [B] index of x_1 in the request's sequence (prompt + output)
-    base_choice: Tensor  # [B, M] rank the base selector took (at the head's state, head-on)
-    head_choice: Tensor  # [B, M] rank the head took at the block's prefix (−1: head not run)
-    head_block: Tensor  # [B, M] ranks of the head's own free-running block (−1: not run)
-    q: Tensor | None = None  # [B, M, K] q_i(C_i), full-vocab normalized (logs only)
-    alt_tokens: Tensor | None = None  # [B, M] the other selector's whole block (ΔL scoring)
-    head_drafted: bool = False  # the head chose ``tokens`` (else the base did)
-    # What the head's forward needs, kept only when collecting corrector training events:
-    anchor_hidden: Tensor | None = None  # [B, H] hidden state of the slot that produced x_0
-    mask_hidden: Tensor | None = None  # [B, M, H] hidden states of the MASK slots
-    cand_logits: Tensor | None = None  # [B, M, K] base logits of C_i, descending
-
-
-@dataclass(frozen=True)
-class ISDState(_Rows):
-    """Everything a row carries from one forward to the next: what the next forward feeds and
-    how its uniforms are keyed. What a request has output so far belongs to the loop that owns
-    it (:mod:`brisk.runtime.isd.outputs` for brisk's decode, SGLang's request for the server)."""
-
-    seed: Tensor  # [B] int64
-    request: Tensor  # [B] int64 request id
-    counter: Tensor  # [B] int64 forwards this request has run: its own round counter
-    pending: Tensor  # [B] last committed token, fed at slot 0 of the next forward
-    verify: Tensor  # [B] bool: the next forward verifies ``draft`` (else a cold start)
-    length: Tensor  # [B] tokens of the request's sequence so far (prompt + committed)
-    block_index: Tensor  # [B] verify rounds so far (the block log's block index)
-    draft: Draft
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """What a step needs beyond the state: options, K, and the head."""
-
-    options: ISDOptions
-    K: int
-    backbone: Backbone | None = None
-    corrector: Corrector | None = None
-    log: bool = False  # fill the logs-only fields of the draft
-    collect: bool = False  # keep the head's inputs on the draft (corrector training events)
-
-    @property
-    def M(self) -> int:
-        return self.options.M
-
-    @property
-    def needs_uniforms(self) -> bool:
-        """Whether a round reads its uniforms: sampling does, greedy decoding only for the
-        block log (which records them); greedy without a log skips the hash."""
-        return self.options.temperature > 0 or self.log
-
-    def uniforms(self, seed: Tensor, request: Tensor, counter: Tensor) -> Tensor:
-        """The round's uniforms ``[B, 2M + 1]`` (:func:`counter_uniforms`), or zeros where
-        nothing reads them (:attr:`needs_uniforms`)."""
-        width = Slots(self.M).width
-        if not self.needs_uniforms:
-            return torch.zeros(len(seed), width, dtype=torch.float64, device=seed.device)
-        return counter_uniforms(seed, request, counter, width)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One round's transition: the next state and, per row, what the round committed."""
-
-    state: ISDState
-    tokens: Tensor  # [B, M + 1] committed tokens x_1..x_L, then the next token (beyond count: junk)
-    count: Tensor  # [B] tokens committed, L + 1 (cold start, prefill: 1)
-    accept_len: Tensor  # [B] L of verifying rows, −1 for cold starts (and the prefill)
-    keep: Tensor  # [B, S] new slots each row keeps (their KV stays valid; prefill: [B, 0])
-    verified: Tensor  # [B] bool: the row ran a verify round
-    verified_draft: Draft  # the draft that was verified (the block log's row)
-    u: Tensor  # [B, 2M + 1] this round's uniforms (Slots layout)
-
-    def committed(self) -> list[list[int]]:
-        """Each row's committed tokens as lists (one host transfer)."""
-        tokens, count = self.tokens.tolist(), self.count.tolist()
-        return [row[:n] for row, n in zip(tokens, count, strict=True)]
-
-
-def init_state(
-    last_tokens: Tensor,
-    lengths: Tensor,
-    seeds: Tensor,
-    requests: Tensor,
-    ctx: StepContext,
-    counter: Tensor | None = None,
-) -> ISDState:
-    """Rows that cold-start next from their sequence's last token ``last_tokens [B]``;
-    ``lengths [B]`` are the sequences' lengths (prompt and everything committed, that token
-    included), ``counter [B]`` the forwards each request has run (default 0)."""
-    B, M, K = len(last_tokens), ctx.M, ctx.K
-    device = last_tokens.device
-
-    def zeros(*shape: int, dtype: torch.dtype = torch.long, fill: float = 0) -> Tensor:
-        return torch.full(shape, fill, dtype=dtype, device=device)
-
-    draft = Draft(
-        tokens=zeros(B, M),
-        ranks=zeros(B, M),
-        cand_ids=zeros(B, M, K),
-        law=zeros(B, M, K, dtype=torch.float32, fill=1.0),
-        anchor=zeros(B),
-        offset=zeros(B),
-        base_choice=zeros(B, M),
-        head_choice=zeros(B, M, fill=-1),
-        head_block=zeros(B, M, fill=-1),
-    )
-    return ISDState(
-        seed=seeds.to(device=device, dtype=torch.long),
-        request=requests.to(device=device, dtype=torch.long),
-        counter=zeros(B) if counter is None else counter.to(device=device, dtype=torch.long),
-        pending=last_tokens.to(torch.long),
-        verify=zeros(B, dtype=torch.bool),
-        length=lengths.to(device=device, dtype=torch.long),
-        block_index=zeros(B),
-        draft=draft,
-    )
 
 
 def _float(x: Tensor) -> Tensor:
@@ -307,6 +134,51 @@ def verify_block(
     return L, sample_inverse_cdf(residual, u_next)
 
 
+def build_draft(
+    ranks: Tensor,
+    cand_ids: Tensor,
+    law: Tensor,
+    anchor: Tensor,
+    offset: Tensor,
+    logits: Tensor,
+    cand_logits: Tensor,
+    anchor_hidden: Tensor,
+    mask_hidden: Tensor,
+    ctx: StepContext,
+    *,
+    base_choice: Tensor | None = None,
+    head_choice: Tensor | None = None,
+    head_block: Tensor | None = None,
+    alt_tokens: Tensor | None = None,
+    head_drafted: bool = False,
+) -> Draft:
+    """The :class:`Draft` of ``ranks [B, M]`` among the candidates ``cand_ids [B, M, K]``,
+    drawn from ``law [B, M, K]``, after the anchor x_0 ``[B]`` at ``offset [B]``: the one way a
+    draft is made (ISD's :func:`propose`, the speculative loop's own laws). ``logits [B, M, V]``
+    and ``cand_logits [B, M, K]`` give the block log's q when ``ctx.log``; the head's inputs
+    (``anchor_hidden [B, H]``, ``mask_hidden [B, M, H]``, ``cand_logits``) are kept when
+    ``ctx.collect``. The base's choice defaults to ``ranks`` and the head's to −1 (not run)."""
+    none = torch.full_like(ranks, -1)
+    kept = (anchor_hidden, mask_hidden, cand_logits) if ctx.collect else (None, None, None)
+    return Draft(
+        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
+        ranks=ranks,
+        cand_ids=cand_ids,
+        law=law,
+        anchor=anchor,
+        offset=offset,
+        base_choice=ranks if base_choice is None else base_choice,
+        head_choice=none if head_choice is None else head_choice,
+        head_block=none if head_block is None else head_block,
+        q=candidate_q(logits, cand_logits, ctx.options.temperature) if ctx.log else None,
+        alt_tokens=alt_tokens,
+        head_drafted=head_drafted,
+        anchor_hidden=kept[0],
+        mask_hidden=kept[1],
+        cand_logits=kept[2],
+    )
+
+
 def propose(
     mask_logits: Tensor,
     mask_hidden: Tensor,
@@ -328,67 +200,51 @@ def propose(
     else:  # q restricted to C_i and renormalized
         base_law = probs_at(cand_logits, T)
         base_rank = sample_inverse_cdf(base_law, u)
-    none = torch.full_like(base_rank, -1)
     head, shadow = ctx.corrector, ctx.options.shadow
     head_drafted = head is not None and not shadow
-    alt: Tensor | None = None
-    if head is not None and not shadow:
+
+    def free_block() -> Any:  # the head's own block, free-running over C_i
+        assert head is not None
         assert ctx.backbone is not None
-        sel = head.select(
-            ctx.backbone,
-            anchor_hidden,
-            anchor,
-            mask_hidden,
-            cand_logits,
-            cand_ids,
-            T,
-            u=u if T > 0 else None,
-        )
+        args = (ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, T)
+        return head.select(*args, u=u if T > 0 else None)
+
+    ranks, law = base_rank, base_law
+    head_choice: Tensor | None = None
+    head_ranks: Tensor | None = None
+    alt: Tensor | None = None
+    if head_drafted:
+        sel = free_block()
         ranks, law = sel.ranks, sel.probs
-        head_choice = head_block = ranks
+        head_choice = head_ranks = ranks
         alt = cand_ids.gather(-1, base_rank[..., None])[..., 0]  # the base's whole block
-    else:
-        ranks, law, head_choice, head_block = base_rank, base_law, none, none
-        if head is not None and ctx.log:  # shadow: the head beside the base, for the logs
-            assert ctx.backbone is not None
-            tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
-            refined = head(
-                ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, tokens
-            )
-            head_choice = (
-                refined.argmax(-1) if T == 0 else sample_inverse_cdf(probs_at(refined, T), u)
-            )
-            free = head.select(
-                ctx.backbone,
-                anchor_hidden,
-                anchor,
-                mask_hidden,
-                cand_logits,
-                cand_ids,
-                T,
-                u=u if T > 0 else None,
-            )
-            head_block, alt = free.ranks, free.tokens
+    elif head is not None and ctx.log:  # shadow: the head beside the base, for the logs
+        assert ctx.backbone is not None
+        tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
+        refined = head(
+            ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, tokens
+        )
+        head_choice = refined.argmax(-1) if T == 0 else sample_inverse_cdf(probs_at(refined, T), u)
+        free = free_block()
+        head_ranks, alt = free.ranks, free.tokens
     if T == 0 and head_drafted:
         law = torch.nn.functional.one_hot(ranks, K).to(base_law.dtype)
-    kept = (anchor_hidden, mask_hidden, cand_logits) if ctx.collect else (None, None, None)
-    q = candidate_q(mask_logits, cand_logits, T) if ctx.log else None
-    return Draft(
-        tokens=cand_ids.gather(-1, ranks[..., None])[..., 0],
-        ranks=ranks,
-        cand_ids=cand_ids,
-        law=law,
-        anchor=anchor,
-        offset=offset,
+    return build_draft(
+        ranks,
+        cand_ids,
+        law,
+        anchor,
+        offset,
+        mask_logits,
+        cand_logits,
+        anchor_hidden,
+        mask_hidden,
+        ctx,
         base_choice=base_rank,
         head_choice=head_choice,
-        head_block=head_block,
-        q=q,
+        head_block=head_ranks,
         alt_tokens=alt,
         head_drafted=head_drafted,
-        anchor_hidden=kept[0],
-        mask_hidden=kept[1],
-        cand_logits=kept[2],
     )
 
 

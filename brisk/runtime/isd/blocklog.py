@@ -11,6 +11,8 @@ still drawn, for the replay's same-state rule only. With ``ISDOptions.score_bloc
 whole-block log-likelihoods of the base and head blocks from the round's prefix
 (eq:mech_block_logp) fill ``base_logp`` / ``head_logp`` (diagnostics: an extra forward over
 the rows whose two blocks differ; identical blocks score identically by construction).
+:func:`log_verified` writes one round's rows, for brisk's loop and the SGLang worker alike, and
+:func:`block_logp` is the whole-block score.
 
 The log records how it was verified (:func:`verification_for`) and the decoder family that
 wrote it (``decoder``: ``"isd"`` here, ``"speculative"`` for
@@ -34,14 +36,21 @@ from brisk.mechanism.schema import Decoder, Verification
 
 if TYPE_CHECKING:
     from brisk.runtime.corrector import Corrector
-    from brisk.runtime.isd.batched import Draft
-    from brisk.runtime.isd.options import ISDOptions
+    from brisk.runtime.decode_options import DecodeOptions
     from brisk.runtime.isd.result import RequestOutput
+    from brisk.runtime.isd.state import Draft, ISDState, StepResult
 
-__all__ = ["BlockLogger", "BlockRecord", "verification_for"]
+__all__ = [
+    "BlockLogger",
+    "BlockRecord",
+    "block_logp",
+    "log_verified",
+    "token_logp",
+    "verification_for",
+]
 
 
-def verification_for(options: ISDOptions, corrector: Corrector | None) -> Verification:
+def verification_for(options: DecodeOptions, corrector: Corrector | None) -> Verification:
     """How ISD with ``options`` verifies (:func:`brisk.runtime.isd.batched.verify_block`):
     greedily, or by sampling against the law the draft came from: the corrector's softmax
     when it drafts (head on), else q restricted to its Top-K."""
@@ -190,3 +199,86 @@ class BlockLogger(BlockLogWriter):
             if value is not None:  # NaN is stored as null: not scored
                 columns[name] = arr(value, np.float64)
         self.write(columns)
+
+
+def log_verified(
+    logger: BlockLogger,
+    state: ISDState,
+    result: StepResult,
+    logits: Tensor,
+    temperature: float,
+    alt_logp: Tensor | None = None,
+    *,
+    scored: bool = False,
+    eos_token_id: int | None = None,
+) -> None:
+    """The block-log rows of one round's verifying rows: ``state`` is the state the round
+    started from, ``logits [B, S, V]`` its forward's. With ``scored`` (:attr:`ISDOptions.
+    score_blocks`) the base and head blocks get their whole-block log-likelihoods
+    (:func:`block_logp`); ``alt_logp [B, M]`` holds the per-position scores of the other
+    block where it differs from the drafted one (None: it nowhere does)."""
+    rows = result.verified.nonzero()[:, 0]
+    if not len(rows):
+        return
+    M = result.verified_draft.tokens.shape[1]
+    draft = result.verified_draft.select(rows)
+    base_logp = head_logp = None
+    if scored and draft.alt_tokens is not None:
+        own = token_logp(logits[rows, :M], draft.tokens)
+        other_pos = alt_logp[rows] if alt_logp is not None else None
+        actual = block_logp(draft.tokens, own, eos_token_id)
+        other = block_logp(draft.alt_tokens, own, eos_token_id, draft.tokens, other_pos)
+        base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
+    logger.log_round(
+        BlockRecord.from_round(
+            request_id=state.request[rows],
+            block_index=state.block_index[rows],
+            draft=draft,
+            verifier_logits=logits[rows, : M + 1],
+            temperature=temperature,
+            u=result.u[rows, 1 : 1 + M],
+            accept_len=result.accept_len[rows],
+            base_logp=base_logp,
+            head_logp=head_logp,
+        ),
+        draft,
+    )
+
+
+def token_logp(logits: Tensor, blocks: Tensor) -> Tensor:
+    """log p(x_i | ·) at temperature 1, ``[n, M]`` float64, from logits ``[n, M, V]``."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return logp.gather(-1, blocks[..., None])[..., 0]
+
+
+def block_logp(
+    block: Tensor,
+    own: Tensor,
+    eos_token_id: int | None,
+    scored_block: Tensor | None = None,
+    scored_own: Tensor | None = None,
+) -> Tensor:
+    """L(b | c) = Σ_{i ≤ e} log p(x_i | c, x_<i) (eq:mech_block_logp), ``[n]``, where e is the
+    block's first EOS (or M): tokens after EOS are not part of the sequence, so two blocks
+    that agree up to and including their EOS are the same block and score the same.
+
+    ``own [n, M]`` are per-position scores of ``block`` itself; to score another block, pass
+    the block that was scored (``scored_block``, with ``own`` its scores) and the new block's
+    own per-position scores where they were computed (``scored_own``, NaN or None elsewhere):
+    up to the first position where the two blocks differ their conditionals are the same
+    numbers, which are taken from ``own``, so identical blocks get bitwise-identical scores.
+    """
+    M = block.shape[1]
+    pos = torch.arange(M, device=block.device)
+    logp = own
+    if scored_block is not None:
+        differs = block != scored_block
+        first = torch.where(differs.any(1), differs.long().argmax(1), M)
+        tail = scored_own if scored_own is not None else torch.full_like(own, float("nan"))
+        logp = torch.where(pos[None] < first[:, None], own, tail)
+    keep = torch.ones_like(block, dtype=torch.bool)
+    if eos_token_id is not None:
+        eos = block == eos_token_id
+        end = torch.where(eos.any(1), eos.long().argmax(1), M - 1)
+        keep = pos[None] <= end[:, None]
+    return torch.where(keep, logp, 0.0).sum(-1)

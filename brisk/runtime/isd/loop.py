@@ -21,14 +21,14 @@ from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
 from brisk.runtime.corrector import Corrector
-from brisk.runtime.isd.batched import ISDState, StepContext, StepResult, first_step, step
-from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord, verification_for
-from brisk.runtime.isd.options import ISDOptions
+from brisk.runtime.decode_options import ISDOptions, Requests
+from brisk.runtime.isd.batched import StepContext, StepResult, first_step, step
+from brisk.runtime.isd.blocklog import BlockLogger, log_verified, token_logp, verification_for
 from brisk.runtime.isd.outputs import Outputs, commit
 from brisk.runtime.isd.result import DecodeResult, RequestOutput
 from brisk.runtime.sampling import Slots
 
-__all__ = ["KVSlots", "block_logp", "decode", "log_verified", "token_logp"]
+__all__ = ["KVSlots", "decode"]
 
 
 class KVSlots:
@@ -101,7 +101,8 @@ def decode(
     ``budgets[r]`` new tokens (each 1..``options.max_new_tokens``; default that for every
     request): a request's tokens do not depend on the others' budgets. With ``fit_positions``
     a budget that does not fit the model's positions after its prompt (and the 2M slots of a
-    verify round) is lowered to what does, instead of refused.
+    verify round) is lowered to what does, instead of refused. The requests are checked as every
+    loop checks them (:class:`~brisk.runtime.decode_options.Requests`).
     ``logger`` receives one block-log row per verify round and, when a request finishes, its
     row of the request table (the log records how it was verified); ``on_finish(r, output)`` is
     called as soon as request r finishes. Runs under ``torch.inference_mode``; the model's
@@ -113,47 +114,16 @@ def decode(
     No ``[B, prompt, V]`` tensor exists.
     """
     options = options or ISDOptions()
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts: need at least one prompt, each with at least one token")
+    requests = Requests.check(
+        prompts, options, seeds=seeds, request_ids=request_ids, budgets=budgets
+    )
     for name, value in (("batch_size", batch_size), ("prefill_chunk", prefill_chunk)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an integer ≥ 1, got {value!r}")
     if corrector is not None and corrector.config.M != options.M:
         raise ValueError(f"corrector: built for M = {corrector.config.M}, stride gives {options.M}")
-    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
-    request_ids = list(range(len(prompts))) if request_ids is None else list(request_ids)
-    if len(seeds) != len(prompts):
-        raise ValueError(f"seeds: need one per prompt ({len(prompts)}), got {len(seeds)}")
-    if len(request_ids) != len(prompts):
-        raise ValueError(
-            f"request_ids: need one per prompt ({len(prompts)}), got {len(request_ids)}"
-        )
-    if budgets is None:
-        budgets = [options.max_new_tokens] * len(prompts)
-    budgets = list(budgets)
-    if len(budgets) != len(prompts):
-        raise ValueError(f"budgets: need one per prompt ({len(prompts)}), got {len(budgets)}")
-    for r, b in enumerate(budgets):
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= options.max_new_tokens:
-            raise ValueError(
-                f"budgets: request {r}'s must be an integer in 1..max_new_tokens "
-                f"({options.max_new_tokens}), got {b!r}"
-            )
-    limit = backbone.max_positions
-    if fit_positions and limit is not None:
-        budgets = [
-            max(1, min(b, limit - len(p) - 2 * options.M))
-            for p, b in zip(prompts, budgets, strict=True)
-        ]
-    if limit is not None:
-        need = [len(p) + b + 2 * options.M for p, b in zip(prompts, budgets, strict=True)]
-        r = max(range(len(need)), key=need.__getitem__)
-        if need[r] > limit:
-            which = "max_new_tokens" if budgets[r] == options.max_new_tokens else "budgets"
-            raise ValueError(
-                f"{which}: prompt {r} ({len(prompts[r])} tokens) + {budgets[r]} new tokens + 2M "
-                f"({2 * options.M}, stride {options.stride}) exceeds the model's {limit} positions"
-            )
+    spare = f"2M ({2 * options.M}, stride {options.stride})"
+    requests = requests.within(backbone.max_positions, 2 * options.M, spare, fit=fit_positions)
     K = corrector.config.K if corrector is not None else min(options.top_k, backbone.vocab_size)
     if logger is not None and (logger.M, logger.K) != (options.M, K):
         raise ValueError(
@@ -174,7 +144,7 @@ def decode(
     def finish(r: int, output: RequestOutput) -> None:
         outputs[r] = output
         if logger is not None:
-            logger.log_request(request_ids[r], len(prompts[r]), output)
+            logger.log_request(requests.request_ids[r], len(prompts[r]), output)
         if on_finish is not None:
             on_finish(r, output)
 
@@ -185,10 +155,10 @@ def decode(
                 backbone,
                 ctx,
                 logger,
-                [list(prompts[r]) for r in index],
-                [seeds[r] for r in index],
-                [request_ids[r] for r in index],
-                [budgets[r] for r in index],
+                [list(requests.prompts[r]) for r in index],
+                [requests.seeds[r] for r in index],
+                [requests.request_ids[r] for r in index],
+                [requests.budgets[r] for r in index],
                 index,
                 finish,
                 prefill_chunk,
@@ -213,7 +183,9 @@ class _Batch:
         finish: Callable[[int, RequestOutput], None],
         prefill_chunk: int,
     ) -> None:
-        self.bb, self.ctx, self.logger, self.finish = backbone, ctx, logger, finish
+        assert isinstance(ctx.options, ISDOptions), "brisk's loop steps with its ISDOptions"
+        self.bb, self.ctx, self.options = backbone, ctx, ctx.options
+        self.logger, self.finish = logger, finish
         self.prefill_chunk = prefill_chunk
         self.device = torch.device(backbone.device)
         self.prompts = prompts
@@ -222,11 +194,11 @@ class _Batch:
         self.kv = KVSlots(len(prompts), self.device)
         seed, request = torch.tensor(seeds), torch.tensor(request_ids)
         self.seed, self.request = seed, request
-        self.outputs = Outputs.empty(len(prompts), ctx.options, self.device, torch.tensor(budgets))
+        self.outputs = Outputs.empty(len(prompts), self.options, self.device, torch.tensor(budgets))
         # Every uniform the batch can use, [B, forwards, 2M + 1]: a forward commits ≥ 1 token,
         # so no request runs more than max_new_tokens of them (greedy decoding without a log
         # reads none: ctx.needs_uniforms).
-        R, W = ctx.options.max_new_tokens, Slots(ctx.M).width
+        R, W = self.options.max_new_tokens, Slots(ctx.M).width
         counter = torch.arange(R).repeat(len(prompts))
         self.uniforms = (
             ctx.uniforms(seed.repeat_interleave(R), request.repeat_interleave(R), counter)
@@ -248,13 +220,13 @@ class _Batch:
             if self.logger is not None:
                 self._log(result, logits, alt_logp)
             self.state = result.state
-            self.outputs = commit(self.outputs, result, self.ctx.options)
+            self.outputs = commit(self.outputs, result, self.options)
             if bool(self.outputs.done.any()):
                 self._retire()
 
     @property
     def _scoring(self) -> bool:
-        opt = self.ctx.options
+        opt = self.options
         return opt.score_blocks and self.logger is not None and bool(self.state.verify.any())
 
     # -- the forward and the cache
@@ -296,7 +268,7 @@ class _Batch:
         assert last is not None
         result = first_step(last, lengths, self.seed, self.request, self.ctx, u=self.uniforms[:, 0])
         self.state = result.state
-        self.outputs = commit(self.outputs, result, self.ctx.options)
+        self.outputs = commit(self.outputs, result, self.options)
         if bool(self.outputs.done.any()):
             self._retire()
 
@@ -370,7 +342,7 @@ class _Batch:
 
     def _log(self, result: StepResult, logits: Tensor, alt_logp: Tensor | None) -> None:
         assert self.logger is not None
-        opt = self.ctx.options
+        opt = self.options
         log_verified(
             self.logger,
             self.state,
@@ -383,90 +355,7 @@ class _Batch:
         )
 
 
-def log_verified(
-    logger: BlockLogger,
-    state: ISDState,
-    result: StepResult,
-    logits: Tensor,
-    temperature: float,
-    alt_logp: Tensor | None = None,
-    *,
-    scored: bool = False,
-    eos_token_id: int | None = None,
-) -> None:
-    """The block-log rows of one round's verifying rows: ``state`` is the state the round
-    started from, ``logits [B, S, V]`` its forward's. With ``scored`` (:attr:`ISDOptions.
-    score_blocks`) the base and head blocks get their whole-block log-likelihoods
-    (:func:`block_logp`); ``alt_logp [B, M]`` holds the per-position scores of the other
-    block where it differs from the drafted one (None: it nowhere does)."""
-    rows = result.verified.nonzero()[:, 0]
-    if not len(rows):
-        return
-    M = result.verified_draft.tokens.shape[1]
-    draft = result.verified_draft.select(rows)
-    base_logp = head_logp = None
-    if scored and draft.alt_tokens is not None:
-        own = token_logp(logits[rows, :M], draft.tokens)
-        other_pos = alt_logp[rows] if alt_logp is not None else None
-        actual = block_logp(draft.tokens, own, eos_token_id)
-        other = block_logp(draft.alt_tokens, own, eos_token_id, draft.tokens, other_pos)
-        base_logp, head_logp = (other, actual) if draft.head_drafted else (actual, other)
-    logger.log_round(
-        BlockRecord.from_round(
-            request_id=state.request[rows],
-            block_index=state.block_index[rows],
-            draft=draft,
-            verifier_logits=logits[rows, : M + 1],
-            temperature=temperature,
-            u=result.u[rows, 1 : 1 + M],
-            accept_len=result.accept_len[rows],
-            base_logp=base_logp,
-            head_logp=head_logp,
-        ),
-        draft,
-    )
-
-
 def _dense_slots(length: int, batch: int, device: torch.device) -> KVSlots:
     kv = KVSlots(batch, device)
     kv.append(torch.ones(batch, length, dtype=torch.bool, device=device))
     return kv
-
-
-def token_logp(logits: Tensor, blocks: Tensor) -> Tensor:
-    """log p(x_i | ·) at temperature 1, ``[n, M]`` float64, from logits ``[n, M, V]``."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    return logp.gather(-1, blocks[..., None])[..., 0]
-
-
-def block_logp(
-    block: Tensor,
-    own: Tensor,
-    eos_token_id: int | None,
-    scored_block: Tensor | None = None,
-    scored_own: Tensor | None = None,
-) -> Tensor:
-    """L(b | c) = Σ_{i ≤ e} log p(x_i | c, x_<i) (eq:mech_block_logp), ``[n]``, where e is the
-    block's first EOS (or M): tokens after EOS are not part of the sequence, so two blocks
-    that agree up to and including their EOS are the same block and score the same.
-
-    ``own [n, M]`` are per-position scores of ``block`` itself; to score another block, pass
-    the block that was scored (``scored_block``, with ``own`` its scores) and the new block's
-    own per-position scores where they were computed (``scored_own``, NaN or None elsewhere):
-    up to the first position where the two blocks differ their conditionals are the same
-    numbers, which are taken from ``own``, so identical blocks get bitwise-identical scores.
-    """
-    M = block.shape[1]
-    pos = torch.arange(M, device=block.device)
-    logp = own
-    if scored_block is not None:
-        differs = block != scored_block
-        first = torch.where(differs.any(1), differs.long().argmax(1), M)
-        tail = scored_own if scored_own is not None else torch.full_like(own, float("nan"))
-        logp = torch.where(pos[None] < first[:, None], own, tail)
-    keep = torch.ones_like(block, dtype=torch.bool)
-    if eos_token_id is not None:
-        eos = block == eos_token_id
-        end = torch.where(eos.any(1), eos.long().argmax(1), M - 1)
-        keep = pos[None] <= end[:, None]
-    return torch.where(keep, logp, 0.0).sum(-1)

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from brisk.runtime.isd.batched import StepResult, _Rows
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import RequestOutput
+from brisk.runtime.isd.state import StepResult, _Rows
 
 __all__ = ["FINISHED_EOS", "FINISHED_LENGTH", "RUNNING", "Outputs", "RoundStats", "commit"]
 

@@ -1,7 +1,8 @@
 """Serving brisk on SGLang: the plugin, its algorithm options and the serving benchmark.
 
-- :mod:`~brisk.runtime.serving.options` — :class:`BriskISDOptions`, the options of ``BRISK_ISD``
-  (``$BRISK_ISD_CONFIG``: a YAML/JSON file or a JSON object; no SGLang needed);
+- :mod:`~brisk.runtime.serving.options` — :class:`BriskISDOptions`, the options of ``BRISK_ISD``,
+  and the plugin config that carries an algorithm's options to SGLang (the served model's
+  config key ``brisk``, set by ``--json-model-override-args``; no SGLang needed);
 - :mod:`~brisk.runtime.serving.plugin` — ``register()``, the ``sglang.srt.plugins`` entry point:
   registers the speculative algorithm ``BRISK_ISD`` and installs the DFlash reranking and
   torch-native verify-attention hooks;
@@ -15,7 +16,10 @@
 - :mod:`~brisk.runtime.serving.loopback` — a small OpenAI-compatible server with a known speed,
   which the sweep is tested against;
 - :mod:`~brisk.runtime.serving.launch` — the command line and environment of a real SGLang
-  server (CPU or CUDA) and a process handle that waits for it and stops it (``brisk serve``);
+  server (CPU or CUDA, ``brisk serve``); :mod:`~brisk.runtime.serving.process` a process handle
+  that waits for it and stops it;
+- :mod:`~brisk.runtime.serving.chain_worker` — what both brisk algorithms' workers share: the
+  chain verify, the prefill's refusals, SGLang's results, the TPF log;
 - :mod:`~brisk.runtime.serving.worker` — ``BriskISDWorker``, ISD as SGLang speculative algorithm
   ``BRISK_ISD`` (exact verification by brisk's step, KV of accepted slots only, block logs);
 - :mod:`~brisk.runtime.serving.drafter_worker` — ``BriskDrafterWorker``, a DFlash-format drafter
@@ -27,8 +31,9 @@
 - :mod:`~brisk.runtime.serving.cpu` — the CPU stand-ins for SGLang's CUDA-only imports
   (``sgl_kernel``, ``torchvision``), loaded only for ``--device cpu``.
 
-SGLang is an optional extra (``brisk[serving]``): only the workers import it at import time (the
-plugin and the DFlash hooks when SGLang calls them), and importing :mod:`brisk` or this package
-imports nothing of it. (The dLLM algorithm ``BriskISD`` of ``--dllm-algorithm``, which SGLang
-0.5.23's whole-block dLLM scheduler could not run, is retired in favour of ``BRISK_ISD``.)
+SGLang is an optional extra (``brisk[serving]``): only the workers (``chain_worker`` among them)
+import it at import time (the plugin and the DFlash hooks when SGLang calls them), and importing
+:mod:`brisk` or this package imports nothing of it. (The dLLM algorithm ``BriskISD`` of
+``--dllm-algorithm``, which SGLang 0.5.23's whole-block dLLM scheduler could not run, is retired
+in favour of ``BRISK_ISD``.)
 """

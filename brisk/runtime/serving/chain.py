@@ -6,11 +6,11 @@ read, and the verify attention of SGLang's CPU (torch-native) backend.
   of device tables indexed by SGLang's request-pool index;
 - :func:`verify_mask` — the flattened ``[prefix ones | chain]`` rows of a chain verify;
 - :func:`chain_layout`, :func:`chain_attention` — one attention call per layer for the whole
-  batch's verify slots (the
-  worker's attention hook, :func:`~brisk.runtime.serving.worker.verify_attention`, routes
-  SGLang's CPU verify forwards to it).
+  batch's verify slots;
+- :func:`verify_attention` — the plugin's hook of SGLang's torch-native attention, which routes
+  the CPU verify forwards to :func:`chain_attention`.
 
-Nothing here imports SGLang.
+Importing this module imports nothing of SGLang (the hook imports it when SGLang calls it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from brisk.runtime.isd.batched import ISDState, StepContext, init_state
 
-__all__ = ["ChainLayout", "PoolStates", "chain_attention", "chain_layout", "verify_mask"]
+__all__ = [
+    "ChainLayout",
+    "PoolStates",
+    "chain_attention",
+    "chain_layout",
+    "verify_attention",
+    "verify_mask",
+]
 
 
 class PoolStates:
@@ -155,3 +162,74 @@ def chain_attention(
         query, key, value, attn_mask=layout.visible, scale=scale, enable_gqa=key.shape[1] != Hq
     )
     return out.transpose(1, 2).reshape(q.shape)
+
+
+def verify_attention(
+    original: Any,
+    self: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layer: Any,
+    forward_batch: Any,
+    save_kv_cache: bool = True,
+) -> Any:
+    """``TorchNativeAttnBackend.forward_extend`` for TARGET_VERIFY (AROUND hook).
+
+    SGLang builds a verify batch like a decode one (no ``extend_prefix_lens`` /
+    ``extend_seq_lens``; ``seq_lens`` without the n verify slots) and then routes it to
+    ``forward_extend``. Plain self-attention layers (Qwen3's) write the verify slots' K/V as
+    ``forward_extend`` does and attend by :func:`chain_attention`; any other layer runs
+    ``forward_extend`` itself with each request's prefix its ``seq_len``, its extend n and its KV
+    length ``seq_len + n``, where SDPA's causal mask is exactly the chain's.
+    """
+    if not forward_batch.forward_mode.is_target_verify():
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+    seq_lens = forward_batch.seq_lens
+    n = q.shape[0] // seq_lens.shape[0]
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    plain = (
+        not layer.is_cross_attention
+        and layer.attn_type != AttentionType.ENCODER_ONLY
+        and getattr(layer, "sliding_window_size", None) in (None, -1)
+        and layer.qk_head_dim == layer.v_head_dim
+        and forward_batch.encoder_lens is None
+        and getattr(self, "swa_out_cache_loc", None) is None
+        and forward_batch.seq_lens_cpu is not None
+    )
+    if plain:
+        pool = self.token_to_kv_pool
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        layout = getattr(forward_batch, "brisk_chain_layout", None)
+        if layout is None:  # the first layer of this forward; the others share it
+            width = int(forward_batch.seq_lens_cpu.max()) + n
+            slots = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :width]
+            layout = chain_layout(slots, seq_lens, n, width)
+            forward_batch.brisk_chain_layout = layout
+        out = chain_attention(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            layout,
+            layer.scaling,
+        )
+        return out.reshape(q.shape[0], -1)
+    saved = (
+        forward_batch.seq_lens,
+        forward_batch.extend_prefix_lens,
+        forward_batch.extend_seq_lens,
+    )
+    forward_batch.extend_prefix_lens = seq_lens
+    forward_batch.extend_seq_lens = torch.full_like(seq_lens, n)
+    forward_batch.seq_lens = seq_lens + n
+    try:
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+    finally:
+        (
+            forward_batch.seq_lens,
+            forward_batch.extend_prefix_lens,
+            forward_batch.extend_seq_lens,
+        ) = saved

@@ -3,26 +3,24 @@ drafter against the served target, before SGLang starts (nothing here imports SG
 
 ``BRISK_DRAFTER`` serves a DFlash-format block drafter (:mod:`brisk.runtime.drafter`) verified
 by the served autoregressive target (:mod:`brisk.runtime.serving.drafter_worker`). Its options
-reach SGLang's processes as ``$BRISK_DRAFTER_CONFIG`` (a JSON object, or a YAML / JSON file):
-the drafter's directory, the server's temperature (every request must ask for it), the Top-K
-of sampled drafts and the seed of requests that bring none. SGLang's verify width is the
-drafter's block (:func:`drafter_flags`).
+reach SGLang's processes as the plugin config (:mod:`brisk.runtime.serving.options`): the
+drafter's directory, the server's temperature (every request must ask for it), the Top-K of
+sampled drafts and the seed of requests that bring none. SGLang's verify width is the drafter's
+block (:func:`drafter_flags`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from brisk.runtime.serving.options import OptionError
+from brisk.runtime.serving.options import OptionError, ServedOptions
 
 __all__ = [
     "DRAFTER_ALGORITHM",
-    "DRAFTER_CONFIG_ENV",
     "BriskDrafterOptions",
     "check_drafter_pair",
     "drafter_block_size",
@@ -30,53 +28,35 @@ __all__ = [
 ]
 
 DRAFTER_ALGORITHM = "BRISK_DRAFTER"
-DRAFTER_CONFIG_ENV = "BRISK_DRAFTER_CONFIG"
-"""The variable that hands ``BRISK_DRAFTER``'s options to SGLang's processes."""
 
 
 @dataclass(frozen=True)
-class BriskDrafterOptions:
-    """``drafter``: a DFlash drafter checkpoint directory (its block size is SGLang's verify
-    width); ``temperature``: the target's, which every request must ask for (0: greedy, the
-    served answers are the target's greedy decoding token for token); ``top_k``: at T > 0 the
-    drafts are draws from the drafter's softmax restricted to its Top-K (ISD's proposal law,
-    draft ``top-k`` of ``brisk decode --drafter``); ``seed``: of requests that bring none."""
+class BriskDrafterOptions(ServedOptions):
+    """:class:`~brisk.runtime.serving.options.ServedOptions` (``temperature``: the target's,
+    which every request must ask for; 0: greedy, the served answers are the target's greedy
+    decoding token for token; ``top_k``: at T > 0 the drafts are draws from the drafter's
+    softmax restricted to its Top-K, ISD's proposal law, draft ``top-k`` of ``brisk decode
+    --drafter``; ``seed``) and the drafter."""
 
-    drafter: str
-    temperature: float = 0.0
-    top_k: int = 16
-    seed: int = 0
+    label: ClassVar[str] = DRAFTER_ALGORITHM
+
+    # a DFlash drafter checkpoint directory (its block size is SGLang's verify width)
+    drafter: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.drafter, str) or not self.drafter:
-            raise OptionError(f"drafter: need a path, got {self.drafter!r}")
+        super().__post_init__()
+        self.need(isinstance(self.drafter, str) and bool(self.drafter), "drafter", "need a path")
         if not (Path(self.drafter) / "config.json").is_file():
             raise OptionError(f"drafter: {self.drafter} holds no drafter checkpoint (config.json)")
-        t = self.temperature
-        number = isinstance(t, int | float) and not isinstance(t, bool)
-        if not (number and t >= 0 and math.isfinite(t)):
-            raise OptionError(f"temperature: need a finite number ≥ 0, got {t!r}")
-        for name in ("top_k", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise OptionError(f"{name}: need an integer, got {value!r}")
-        if self.top_k < 1:
-            raise OptionError(f"top_k: need ≥ 1, got {self.top_k}")
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any] | None) -> BriskDrafterOptions:
-        """From ``$BRISK_DRAFTER_CONFIG``'s mapping: an unknown key or a missing drafter is one
-        line naming it."""
+    def from_mapping(cls, config: Mapping[str, Any] | None) -> Self:
+        """From the plugin config's mapping: an unknown key or a missing drafter is one line
+        naming it."""
         config = dict(config or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise OptionError(
-                f"{unknown[0]}: unknown BRISK_DRAFTER option (known: {', '.join(sorted(known))})"
-            )
-        if "drafter" not in config:
-            raise OptionError("drafter: BRISK_DRAFTER needs a drafter checkpoint directory")
-        return cls(**config)
+        if "drafter" not in config and set(config) <= {f.name for f in fields(cls)}:
+            raise OptionError(f"drafter: {DRAFTER_ALGORITHM} needs a drafter checkpoint directory")
+        return super().from_mapping(config)
 
 
 def drafter_block_size(drafter: str | os.PathLike[str]) -> int:

@@ -29,17 +29,17 @@ verification does not depend on how the drafts were made). Uniforms are keyed by
 of the rid, the request's round counter) in ISD's slot layout, so a request's tokens do not
 depend on its batch.
 
-Options come from ``$BRISK_DRAFTER_CONFIG``
-(:class:`~brisk.runtime.serving.drafter_options.BriskDrafterOptions`); a drafter that does not fit
-the target, or a verify width other than its block, refuses the launch while SGLang resolves its
-arguments.
+Options come from the plugin config in the served model's config
+(:class:`~brisk.runtime.serving.drafter_options.BriskDrafterOptions`,
+:mod:`brisk.runtime.serving.options`); a drafter that does not fit the target, or a verify width
+other than its block, refuses the launch while SGLang resolves its arguments. The chain verify
+itself, the prefill's refusals, SGLang's results and the TPF log are
+:mod:`brisk.runtime.serving.chain_worker`'s, shared with ``BRISK_ISD``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,47 +47,24 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.drafter import DFlashDrafter, load_drafter
+from brisk.runtime.drafter.speculative import extend_kv
 from brisk.runtime.isd.batched import StepContext, draw_next, propose, verify_block
-from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.sampling import Slots
-from brisk.runtime.serving.common import request_key, validate_sampling
-from brisk.runtime.serving.drafter_options import (
-    DRAFTER_ALGORITHM as ALGORITHM,
+from brisk.runtime.serving.chain_worker import (
+    ChainSpec,
+    ChainWorker,
+    commits_prefill,
+    pool_indices_cpu,
 )
-from brisk.runtime.serving.drafter_options import (
-    DRAFTER_CONFIG_ENV,
-    BriskDrafterOptions,
-    check_drafter_pair,
-)
+from brisk.runtime.serving.common import request_key
+from brisk.runtime.serving.drafter_options import DRAFTER_ALGORITHM as ALGORITHM
+from brisk.runtime.serving.drafter_options import BriskDrafterOptions, check_drafter_pair
 from brisk.runtime.serving.options import OptionError
-from brisk.runtime.serving.worker import (
-    BriskISDSpec,
-    BriskISDWorker,
-    _commits_prefill,
-    _one_greedy_token,
-    _pool_indices_cpu,
-    _read_file,
-    batch_result,
-)
 
-__all__ = ["ALGORITHM", "BriskDrafterSpec", "BriskDrafterWorker", "load_drafter_options"]
-
-_LOG = logging.getLogger("sglang.srt.speculative.brisk_drafter")
+__all__ = ["ALGORITHM", "BriskDrafterSpec", "BriskDrafterWorker"]
 
 
-def load_drafter_options() -> BriskDrafterOptions:
-    """The algorithm's options from ``$BRISK_DRAFTER_CONFIG``: a JSON object, or a YAML / JSON
-    file (it must name the drafter)."""
-    path = os.environ.get(DRAFTER_CONFIG_ENV)
-    if not path:
-        raise OptionError(f"{DRAFTER_CONFIG_ENV}: not set; BRISK_DRAFTER needs a drafter")
-    raw = json.loads(path) if path.lstrip().startswith("{") else _read_file(path)
-    if not isinstance(raw, dict):
-        raise OptionError(f"{DRAFTER_CONFIG_ENV}: {path} is not a mapping")
-    return BriskDrafterOptions.from_mapping(raw)
-
-
-class BriskDrafterSpec(BriskISDSpec):
+class BriskDrafterSpec(ChainSpec):
     """``BRISK_DRAFTER`` for SGLang's dispatch: like ``BRISK_ISD`` a chain speculator without
     SGLang draft KV (the drafter's context is the worker's own), so SGLang's NGRAM paths."""
 
@@ -98,8 +75,8 @@ class BriskDrafterSpec(BriskISDSpec):
         from sglang.srt.arg_groups.model_override_base import model_config_of
         from sglang.srt.arg_groups.overrides import resolving_view
 
-        options = load_drafter_options()
         hf_config = model_config_of(server_args).hf_config
+        options = BriskDrafterOptions.of_model(hf_config)
         block = check_drafter_pair(hf_config, options.drafter)
         n = resolving_view(server_args).speculative_num_draft_tokens
         if n != block:
@@ -128,25 +105,22 @@ class _Context:
         return 0 if self.kv is None else int(self.kv[0][0].shape[2])
 
     def append(self, kv: list[tuple[Tensor, Tensor]]) -> None:
-        if self.kv is None:
-            self.kv = kv
-        else:
-            self.kv = [
-                (torch.cat([k0, k], 2), torch.cat([v0, v], 2))
-                for (k0, v0), (k, v) in zip(self.kv, kv, strict=True)
-            ]
+        self.kv = extend_kv(self.kv, kv)
 
 
-class BriskDrafterWorker(BriskISDWorker):
+class BriskDrafterWorker(ChainWorker):
     """The speculative worker: the drafter's block, SGLang's target verify forward, brisk's
-    verifier (module doc). It shares the target's memory pools and, from ``BriskISDWorker``,
-    the chain verify's slots and attention, the pool bookkeeping and the TPF log."""
+    verifier (module doc), on the chain verify of
+    :class:`~brisk.runtime.serving.chain_worker.ChainWorker`."""
+
+    algorithm = ALGORITHM
+    log = logging.getLogger("sglang.srt.speculative.brisk_drafter")
+    options: BriskDrafterOptions
 
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        self._attach(server_args, target_worker)  # not BriskISDWorker's init: no ISD state
-        self.opts = opt = load_drafter_options()
+        super().__init__(server_args, target_worker)
         model = self.model_runner.model
-        self.vocab = int(self.model_runner.model_config.vocab_size)
+        self.options = opt = BriskDrafterOptions.of_model(self.model_runner.model_config.hf_config)
         dtype = next(model.parameters()).dtype
         self.drafter: DFlashDrafter = load_drafter(opt.drafter, device=self.device).to(dtype)
         self.drafter.eval()
@@ -169,22 +143,17 @@ class BriskDrafterWorker(BriskISDWorker):
         self.embed = model.model.embed_tokens
         self.lm_head = model.lm_head.weight[: self.vocab]  # [V, H] (SGLang pads the rows)
         K = min(opt.top_k, self.vocab)
-        isd = ISDOptions(stride=spec.block_size, temperature=opt.temperature, top_k=K)
-        self.ctx = StepContext(isd, K)  # the proposal step's law: brisk's loop's draft "top-k"
+        # the proposal step's law at the drafter's block: brisk's loop's draft "top-k"
+        self.ctx = StepContext(opt.at_stride(spec.block_size, K), K)
         self.slots = Slots(self.M)
         self.contexts: dict[int, _Context] = {}  # by request-pool row
         self._rows_of: dict[str, int] = {}
-        _LOG.info(
+        self.log.info(
             "BRISK_DRAFTER: drafter %s (block %d, target layers %s), temperature %s",
             opt.drafter,
             spec.block_size,
             list(spec.target_layer_ids),
             opt.temperature,
-        )
-
-    def alloc_memory_pool(self, **kwargs: Any) -> None:
-        self.req_to_token_pool, self.token_to_kv_pool_allocator = (
-            self._target_worker.get_memory_pool()
         )
 
     def clear_cache_pool(self) -> None:
@@ -195,15 +164,7 @@ class BriskDrafterWorker(BriskISDWorker):
         row = self._rows_of.pop(rid, None)
         if row is not None and row in self.contexts and self.contexts[row].rid == rid:
             del self.contexts[row]
-        self._running -= 1
-        if self._running <= 0:
-            _LOG.info(
-                "BRISK_DRAFTER TPF %.3f: %d committed tokens in %d request-forwards since start "
-                "(each request's prefill included)",
-                self.tpf,
-                self.tokens,
-                self.forwards,
-            )
+        super().note_request_finished(rid=rid, natural_stop=natural_stop)
 
     # -- the drafter's context
     def _context_kv(self, features: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -225,7 +186,7 @@ class BriskDrafterWorker(BriskISDWorker):
             generation=generation,
             kv=None,
             end=length - 1 if req.output_ids else 0,
-            seed=int(seed) if seed is not None else self.opts.seed,
+            seed=int(seed) if seed is not None else self.options.seed,
             key=request_key(req.rid),
             counter=len(req.output_ids),
         )
@@ -238,17 +199,7 @@ class BriskDrafterWorker(BriskISDWorker):
     def _prefill(self, batch: Any, pp_proxy_tensors: Any) -> Any:
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-        argmax_rows = [_one_greedy_token(r.sampling_params) for r in batch.reqs]
-        for req, argmax in zip(batch.reqs, argmax_rows, strict=True):
-            why = (
-                None
-                if argmax
-                else validate_sampling(req.sampling_params, self.opts.temperature, ALGORITHM)
-            )
-            if why is None and getattr(req, "return_logprob", False):
-                why = f"{ALGORITHM} does not return logprobs"
-            if why is not None and not req.finished():
-                req.set_finish_with_abort(why)
+        argmax_rows = self._refuse(batch)
         result = self.target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -256,11 +207,10 @@ class BriskDrafterWorker(BriskISDWorker):
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         lo = result.logits_output
-        bs = len(batch.reqs)
         logits = lo.next_token_logits[:, : self.vocab]  # [bs, V]
         device = logits.device
         features = _captured(lo)  # [Σ extend, k·H]
-        index_cpu = _pool_indices_cpu(batch).tolist()
+        index_cpu = pool_indices_cpu(batch).tolist()
         generation = self.req_to_token_pool.req_generation
         starts = [int(p) for p in batch.prefix_lens]
         lengths = [int(n) for n in batch.extend_lens]
@@ -282,28 +232,13 @@ class BriskDrafterWorker(BriskISDWorker):
             context.append([(k[:, :, at:stop], v[:, :, at:stop]) for k, v in kv])
             context.end, at = context.end + lengths[i], stop
             contexts.append(context)
-        T = self.opts.temperature
         u = self._uniforms(contexts)
-        drawn = draw_next(logits, T, u[:, self.slots.next])
+        drawn = draw_next(logits, self.options.temperature, u[:, self.slots.next])
         first = torch.where(torch.tensor(argmax_rows, device=device), logits.argmax(-1), drawn)
-        done = [i for i, r in enumerate(batch.reqs) if _commits_prefill(r)]
+        done = [i for i, r in enumerate(batch.reqs) if commits_prefill(r)]
         for i in done:
             contexts[i].counter += 1
-        self.forwards += len(done)
-        self._prefill_tokens += len(done)
-        accept_tokens = torch.zeros(bs, self.draft_token_num, dtype=torch.int32, device=device)
-        accept_tokens[:, 0] = first
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
-        new_seq_lens = batch.seq_lens.clone()
-        return batch_result(
-            lo,
-            first,
-            accept_tokens.flatten(),
-            accept_lens,
-            new_seq_lens,
-            self.draft_token_num,
-            result.can_run_cuda_graph,
-        )
+        return self._prefill_result(batch, result, first, len(done))
 
     def _uniforms(self, contexts: list[_Context]) -> Tensor:
         """The round's uniforms ``[B, 2M + 1]`` of each request's (seed, key, counter)."""
@@ -349,14 +284,11 @@ class BriskDrafterWorker(BriskISDWorker):
         return propose(logits, hidden, anchor_hidden, anchors, offsets, u[:, 1 + M :], self.ctx)
 
     def _decode(self, batch: Any, on_publish: Any, pp_proxy_tensors: Any) -> Any:
-        from sglang.srt.model_executor.forward_batch_info import (
-            CaptureHiddenMode,
-            ForwardMode,
-        )
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
         bs, n, M = len(batch.reqs), self.draft_token_num, self.M
         self._running = bs
-        index_cpu = _pool_indices_cpu(batch).tolist()
+        index_cpu = pool_indices_cpu(batch).tolist()
         generation = self.req_to_token_pool.req_generation
         contexts = [
             self._context_of(r, row, int(generation[row]))
@@ -375,7 +307,7 @@ class BriskDrafterWorker(BriskISDWorker):
         )
         lo = out.logits_output
         logits = lo.next_token_logits.view(bs, n, -1)[..., : self.vocab]
-        T = self.opts.temperature
+        T = self.options.temperature
         L, nxt = verify_block(logits, draft, T, u[:, 1 : 1 + M], u[:, self.slots.next])
         features = _captured(lo).view(bs, n, -1)
         positions = batch.seq_lens.long()[:, None] + torch.arange(n, device=device)
@@ -388,23 +320,7 @@ class BriskDrafterWorker(BriskISDWorker):
         tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
         tokens[:, :M] = draft.tokens.to(torch.int32)
         tokens[torch.arange(bs, device=device), L] = nxt.to(torch.int32)
-        accept_lens = (L + 1).to(torch.int32)
-        new_seq_lens = batch.seq_lens + accept_lens
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        self.forwards += bs
-        self._decode_tokens += accept_lens.sum()
-        batch.forward_mode = ForwardMode.DECODE
-        next_ids = tokens.flatten()
-        return batch_result(
-            lo,
-            next_ids,
-            next_ids,
-            accept_lens,
-            new_seq_lens,
-            n,
-            out.can_run_cuda_graph,
-        )
+        return self._decode_result(batch, out, tokens, (L + 1).to(torch.int32), on_publish)
 
 
 def _captured(logits_output: Any) -> Tensor:

@@ -7,11 +7,12 @@ for ``device="cpu"``, speculative algorithm ``BRISK_ISD`` with its options. A no
 
 The engine runs SGLang's scheduler and detokenizer in child processes started with ``spawn``,
 which inherit this process's ``os.environ`` and ``sys.path`` at start-up; so the environment the
-server would get (``SGLANG_USE_CPU_ENGINE``, the stand-ins on ``PYTHONPATH``,
-``$BRISK_ISD_CONFIG``) is set in ``os.environ`` and kept (SGLang's parent-side code reads
-``SGLANG_USE_CPU_ENGINE`` too), and on CPU the stand-ins go first on ``sys.path`` here as well:
-this process then imports SGLang against them, as a CPU server does. Importing this module
-imports neither SGLang nor torch.
+server would get (``SGLANG_USE_CPU_ENGINE``, the stand-ins on ``PYTHONPATH``) is set in
+``os.environ`` and kept (SGLang's parent-side code reads ``SGLANG_USE_CPU_ENGINE`` too), and on
+CPU the stand-ins go first on ``sys.path`` here as well: this process then imports SGLang
+against them, as a CPU server does. ``BRISK_ISD``'s options travel in the engine's arguments,
+the plugin config of the model's config. Importing this module imports neither SGLang nor
+torch.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from brisk.runtime.serving.launch import ISD_CONFIG_ENV, Device, server_arguments
+from brisk.runtime.serving.launch import Device, server_arguments
 from brisk.runtime.serving.options import BriskISDOptions
 
 __all__ = ["engine_kwargs", "isd_engine"]
 
-_SET_HERE = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV)
+_SET_HERE = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")
 
 
 def engine_kwargs(flags: Sequence[str]) -> dict[str, Any]:
@@ -63,16 +64,13 @@ def isd_engine(
     """
     isd: dict[str, object] | None = None
     if stride is not None:
-        isd = {**(options or {}), "stride": stride}
-        BriskISDOptions.from_mapping(isd)
+        isd = {**(options or {}), "stride": stride}  # checked by server_arguments
     elif options:
         raise ValueError("options: BRISK_ISD's options need a stride (ISD decoding)")
     flags, env = server_arguments(model, device=device, extra_args=extra_args, isd=isd)
     for name in _SET_HERE:
         if name in env:
             os.environ[name] = env[name]
-        elif name == ISD_CONFIG_ENV:
-            os.environ.pop(name, None)  # a plain engine after an ISD one
     if device == "cpu":
         from brisk.runtime.serving.cpu import STANDINS
 

@@ -1,4 +1,4 @@
-"""Launching a real SGLang server: its command line and environment, and its process.
+"""Launching a real SGLang server: its command line and environment.
 
 :func:`server_launch` builds what ``brisk serve`` and the real-server tests run. On CPU that is
 SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``, without which SGLang asks for vLLM's rotary
@@ -10,60 +10,44 @@ minute of start-up), a scheduler that sleeps when idle (it otherwise keeps a cor
 the server computes in the dtype ``brisk decode`` takes on that device (:data:`SERVER_DTYPES`).
 Arguments passed through come last, so they override.
 
-A checkpoint is served as the causal LM ``brisk decode`` runs
-(:func:`brisk.runtime.architectures.served_as`): an I-DLM ``SDARForCausalLM`` as the causal Qwen3
-it is for ISD (SGLang's own SDAR class attends bidirectionally), through
-``--json-model-override-args`` (merged with one passed through); an architecture brisk cannot
-serve causally is refused before anything starts.
+``--json-model-override-args`` carries what brisk sets in the served model's config, merged with
+one passed through: the causal LM a checkpoint is served as, the one ``brisk decode`` runs
+(:func:`brisk.runtime.architectures.served_as`: an I-DLM ``SDARForCausalLM`` as the causal Qwen3
+it is for ISD, SGLang's own SDAR class attending bidirectionally; an architecture brisk cannot
+serve causally is refused before anything starts), a MASK id, and the options of brisk's
+algorithm, the plugin config (:data:`~brisk.runtime.serving.options.PLUGIN_KEY`), which SGLang
+hands every process with the model's config.
 
-:class:`ServerProcess` starts the command in its own process group, waits for the server to
-answer a generation, and stops it by that group (the launcher and its scheduler and detokenizer
-children), never by name. Nothing here imports SGLang; reading a local checkpoint's
-architecture imports transformers (and so torch).
+:mod:`brisk.runtime.serving.process` starts the command and stops it. Nothing here imports
+SGLang; reading a local checkpoint's architecture imports transformers (and so torch).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 from brisk.runtime.serving.cpu import activate
 from brisk.runtime.serving.drafter_options import (
-    DRAFTER_CONFIG_ENV,
     BriskDrafterOptions,
     check_drafter_pair,
     drafter_flags,
 )
-from brisk.runtime.serving.options import BriskISDOptions
+from brisk.runtime.serving.options import PLUGIN_KEY, BriskISDOptions
 
 __all__ = [
     "CPU_FLAGS",
-    "FREE_PORTS",
-    "ISD_CONFIG_ENV",
     "OVERRIDE_FLAG",
     "SERVER_DTYPES",
-    "PortTaken",
     "ServerLaunch",
-    "ServerProcess",
-    "free_port",
     "isd_flags",
-    "port_in_use",
     "server_arguments",
     "server_launch",
-    "start_server",
 ]
 
 Device = Literal["cpu", "cuda"]
@@ -93,10 +77,8 @@ SERVER_DTYPES: dict[str, str] = {"cpu": "float32", "cuda": "bfloat16"}
 device (:func:`brisk.runtime.loader.default_placement`). SGLang's own ``--dtype auto`` would
 serve a float32 checkpoint in float16 on the CPU."""
 
-
-ISD_CONFIG_ENV = "BRISK_ISD_CONFIG"
-"""The variable that hands ``BRISK_ISD``'s options to SGLang's processes: a YAML/JSON file, or
-the options themselves as a JSON object."""
+OVERRIDE_FLAG = "--json-model-override-args"
+"""SGLang's flag that sets keys of the served model's config (module docstring)."""
 
 
 def isd_flags(stride: int) -> tuple[str, ...]:
@@ -130,7 +112,7 @@ class ServerLaunch:
 
     def shell(self) -> str:
         """The command as one shell line, with the variables it sets (for logs and READMEs)."""
-        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH", ISD_CONFIG_ENV, DRAFTER_CONFIG_ENV)
+        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")
         extra = [
             f"{k}={_quoted(self.env[k])}"
             for k in set_here
@@ -149,6 +131,7 @@ def server_arguments(
     env: Mapping[str, str] | None = None,
     isd: Mapping[str, object] | None = None,
     drafter: Mapping[str, object] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """SGLang's arguments for serving ``model`` and the full environment its processes need;
     the one place both the HTTP server (:func:`server_launch`) and the offline engine
@@ -159,8 +142,9 @@ def server_arguments(
     (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``) makes decoding ISD through brisk's
     plugin; ``drafter`` (the ``BRISK_DRAFTER`` options, e.g. ``{"drafter": "DIR"}``) makes it a
     drafter's blocks verified by the model, the pair checked here (a ``ValueError``
-    ``drafter: ...`` when the drafter was not built for the model); ``extra_args`` come last,
-    so they override.
+    ``drafter: ...`` when the drafter was not built for the model). The options are checked
+    and become the plugin config (module docstring); ``overrides`` are more keys of the model's
+    config (a MASK id), over those passed through; ``extra_args`` come last, so they override.
 
     A local checkpoint's architecture decides the model class (module docstring; a ``ValueError``
     ``model: ...`` for one brisk cannot serve causally); a ``model`` that is not a local
@@ -169,10 +153,10 @@ def server_arguments(
     >>> flags, env = server_arguments("m", isd={"stride": 2}, env={})
     >>> flags[:6]
     ('--model-path', 'm', '--dtype', 'float32', '--device', 'cpu')
-    >>> flags[-9:-7]
+    >>> flags[-11:-9]
     ('--speculative-algorithm', 'BRISK_ISD')
-    >>> env["BRISK_ISD_CONFIG"]
-    '{"stride":2}'
+    >>> flags[-2:]
+    ('--json-model-override-args', '{"brisk":{"stride":2}}')
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device: {device!r} is not one of cpu, cuda")
@@ -186,21 +170,20 @@ def server_arguments(
         run_env["SGLANG_USE_CPU_ENGINE"] = "1"
     if isd is not None and drafter is not None:
         raise ValueError("drafter: a server decodes with ISD or with a drafter, not both")
+    plugin: dict[str, object] | None = None
     if isd is not None:
         flags += isd_flags(BriskISDOptions.from_mapping(isd).stride)  # every option checked
-        run_env[ISD_CONFIG_ENV] = json.dumps(dict(isd), sort_keys=True, separators=(",", ":"))
+        plugin = dict(isd)
     if drafter is not None:
         options = BriskDrafterOptions.from_mapping(drafter)
         flags += drafter_flags(_drafter_block(model, options.drafter))
-        run_env[DRAFTER_CONFIG_ENV] = json.dumps(
-            {**drafter, "drafter": str(Path(options.drafter).resolve())},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        plugin = {**drafter, "drafter": str(Path(options.drafter).resolve())}
     passed, asked = _model_overrides_passed(extra_args)
-    overrides = {**_causal_overrides(model, asked), **asked}
-    if overrides:
-        flags += [OVERRIDE_FLAG, json.dumps(overrides, separators=(",", ":"))]
+    config = {**_causal_overrides(model, asked), **asked, **(overrides or {})}
+    if plugin is not None:
+        config[PLUGIN_KEY] = dict(sorted(plugin.items()))
+    if config:
+        flags += [OVERRIDE_FLAG, json.dumps(config, separators=(",", ":"))]
     flags += passed
     return tuple(flags), run_env
 
@@ -215,9 +198,6 @@ def _drafter_block(model: str | os.PathLike[str], drafter: str) -> int:
     from brisk.runtime.architectures import model_config
 
     return check_drafter_pair(model_config(Path(model)), drafter)
-
-
-OVERRIDE_FLAG = "--json-model-override-args"
 
 
 def _model_overrides_passed(extra_args: Sequence[str]) -> tuple[list[str], dict[str, object]]:
@@ -274,11 +254,12 @@ def server_launch(
     env: Mapping[str, str] | None = None,
     isd: Mapping[str, object] | None = None,
     drafter: Mapping[str, object] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> ServerLaunch:
     """``python -m sglang.launch_server`` for ``model`` on ``host:port`` with
     :func:`server_arguments`; with ``isd`` (the ``BRISK_ISD`` options, e.g. ``{"stride": 4}``)
     decoding is ISD through brisk's plugin; with ``drafter`` (the ``BRISK_DRAFTER`` options) a
-    drafter's blocks verified by the model.
+    drafter's blocks verified by the model; ``overrides``: more keys of the model's config.
 
     >>> launch = server_launch("m", 30000, extra_args=["--dtype", "float32"], python="python")
     >>> launch.argv[:5], launch.argv[-2:], launch.env["SGLANG_USE_CPU_ENGINE"]
@@ -295,6 +276,7 @@ def server_launch(
         env=env,
         isd=isd,
         drafter=drafter,
+        overrides=overrides,
     )
     argv = (python, "-m", "sglang.launch_server", *flags)
     return ServerLaunch(argv=argv, env=run_env, url=f"http://{host}:{port}")
@@ -304,165 +286,3 @@ def _quoted(value: str) -> str:
     import shlex
 
     return shlex.quote(value)
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether a server already listens on ``host:port`` (a port in TIME_WAIT is free: the
-    server binds with ``SO_REUSEADDR``, as uvicorn does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-_PORTS = random.SystemRandom()
-FREE_PORTS = range(12000, 22000)
-"""Where :func:`free_port` looks: below the kernel's ephemeral range (32768 up by default, from
-which every ``bind(0)`` and outgoing connection takes its port, so a port picked there can be
-taken by anyone before the server binds it) and below the 22000–29999 from which SGLang picks its
-own internal ports."""
-
-
-def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
-    """A port free on ``host`` now, drawn at random from :data:`FREE_PORTS`.
-
-    Another process may still bind it before the server does; :func:`start_server` retries on a
-    fresh port when that happens.
-    """
-    # OS entropy, not the global generator: processes that seeded `random` alike (test workers,
-    # a user's seeded jobs) would otherwise draw the same ports and collide
-    for port in _PORTS.sample(FREE_PORTS, attempts):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port on {host} in {attempts} tries of {FREE_PORTS}")
-
-
-class PortTaken(RuntimeError):
-    """The server could not bind its port: another process took it after :func:`free_port`."""
-
-
-_BIND_FAILED = b"error while attempting to bind on address"
-
-
-class ServerProcess:
-    """A launched server, owned by this object: :meth:`start`, :meth:`wait_ready`, :meth:`stop`.
-
-    The server runs in a new session, so its process group id is the launcher's pid and
-    :meth:`stop` signals exactly the processes this object started. A context manager.
-    """
-
-    def __init__(self, launch: ServerLaunch, log: str | os.PathLike[str]) -> None:
-        self.launch = launch
-        self.log = Path(log)
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
-
-    def start(self) -> ServerProcess:
-        self._log_file = self.log.open("wb")
-        self.process = subprocess.Popen(
-            self.launch.argv,
-            env=dict(self.launch.env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return self
-
-    def wait_ready(self, timeout: float) -> float:
-        """Seconds until ``/health_generate`` answers (a real generation) *and* this server's
-        log says it bound its address (another process that took the port may answer the
-        health check first); raises ``RuntimeError`` with the log's tail when the server exits
-        or ``timeout`` passes, and :class:`PortTaken` as soon as its log says it could not
-        bind its port."""
-        assert self.process is not None, "start() first"
-        bound = f"Uvicorn running on {self.launch.url}".encode()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            exited = self.process.poll() is not None
-            log = self.log.read_bytes() if self.log.exists() else b""
-            if _BIND_FAILED in log:
-                # uvicorn logs the failure, then hangs in its shutdown or exits: either way the
-                # port was taken, and a fresh one is the answer
-                raise PortTaken(f"the server could not bind {self.launch.url}:\n{self.tail()}")
-            if exited:
-                raise RuntimeError(f"the server exited ({self.process.returncode}):\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.launch.url}/health_generate", timeout=10) as r:
-                    if r.status == 200 and bound in log:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"the server did not answer within {timeout:.0f} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 40) -> str:
-        """The last lines of the server's log."""
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL to what is left after ``grace`` s."""
-        if self.process is not None:
-            pgid = self.process.pid  # start_new_session: the group is the launcher's pid
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _group_alive(pgid):
-                self.process.poll()  # reap the launcher so the group can empty
-                time.sleep(0.2)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self.process.wait()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def start_server(
-    launch_on: Callable[[int], ServerLaunch],
-    log: str | os.PathLike[str],
-    timeout: float,
-    attempts: int = 3,
-) -> tuple[ServerProcess, float]:
-    """Start ``launch_on(port)`` on a :func:`free_port` and wait until it answers; on
-    :class:`PortTaken` stop it and try again on a fresh port, ``attempts`` times in all.
-
-    Returns the running server (the caller stops it) and its start-up seconds. Whatever else
-    goes wrong stops the server and propagates.
-    """
-    for attempt in range(1, attempts + 1):
-        server = ServerProcess(launch_on(free_port()), log).start()
-        try:
-            return server, server.wait_ready(timeout)
-        except PortTaken:
-            server.stop()
-            if attempt == attempts:
-                raise
-        except BaseException:
-            server.stop()
-            raise
-    raise AssertionError("unreachable")

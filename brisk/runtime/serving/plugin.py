@@ -4,12 +4,13 @@ SGLang's ``load_plugins()`` calls :func:`register` (whitelist: ``SGLANG_PLUGINS`
 the hooks registered here. :func:`register`
 
 - registers the speculative algorithm ``BRISK_ISD`` (:mod:`brisk.runtime.serving.worker`:
-  ``--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 2N-1``, options from
-  ``$BRISK_ISD_CONFIG``; bad options, a model or a corrector that does not fit refuse the launch
-  while SGLang resolves its arguments, ``BriskISDSpec.handle_server_args``);
+  ``--speculative-algorithm BRISK_ISD --speculative-num-draft-tokens 2N-1``, options from the
+  plugin config, the served model's config key ``brisk`` that ``--json-model-override-args``
+  sets, :mod:`brisk.runtime.serving.options`; bad options, a model or a corrector that does not
+  fit refuse the launch while SGLang resolves its arguments, ``BriskISDSpec.handle_server_args``);
 - registers ``BRISK_DRAFTER`` (:mod:`brisk.runtime.serving.drafter_worker`: a DFlash-format
-  drafter verified by the served AR target, options from ``$BRISK_DRAFTER_CONFIG``; a drafter
-  that does not fit the target refuses the launch the same way);
+  drafter verified by the served AR target, options from the plugin config too; a drafter that
+  does not fit the target refuses the launch the same way);
 - wraps DFlash's draft sampler (:mod:`brisk.runtime.serving.dflash`), active when
   ``BRISK_DFLASH_CORRECTOR`` names a corrector checkpoint;
 - wraps the torch-native attention's extend so that ``BRISK_ISD``'s chain verify attends as
@@ -53,7 +54,7 @@ _CONTRACT = "sglang.srt.entrypoints.http_server.generate_contract_error"
 HOOKS = {
     f"{_DFLASH}._greedy_sample_from_vocab_parallel_head": "brisk.runtime.serving.dflash:rerank",
     f"{_DFLASH}._maybe_build_draft_sampler": "brisk.runtime.serving.dflash:eager_when_reranking",
-    _TORCH_NATIVE_EXTEND: "brisk.runtime.serving.worker:verify_attention",
+    _TORCH_NATIVE_EXTEND: "brisk.runtime.serving.chain:verify_attention",
     _VALIDATE: "brisk.runtime.serving.guard:validate_request",
     _NORMALIZE: "brisk.runtime.serving.guard:check_inputs",
     _TOKENIZE: "brisk.runtime.serving.prompt_tokens:single_bos",

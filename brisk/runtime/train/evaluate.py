@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.prompts import encode_prompt
 from brisk.runtime.tasks.graders import grade_all
-from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward
+from brisk.runtime.train.idlm import response_blocks
 
 __all__ = [
     "EvalReport",
@@ -119,30 +119,14 @@ def proposal_accuracy(
     """Per-position accuracy ``[M]`` of the MASK stream's argmax proposals at stride ``N``."""
     M = stride - 1
     correct, total = torch.zeros(M), torch.zeros(M)
-    model = backbone.model
-    dtype = next(model.parameters()).dtype
-    for start in range(0, len(problems), batch_size):
-        encoded = [encode_problem(p, tokenizer) for p in problems[start : start + batch_size]]
-        seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
-        for offset in range(M):
-            batch = build_batch(
-                seqs,
-                prompt_lens,
-                M,
-                backbone.mask_token_id,
-                tokenizer.pad_token_id,
-                offset=offset,
-                dtype=dtype,
-                device=backbone.device,
-            )
-            noisy_logits, _ = idlm_forward(model, batch)
-            labels = batch.noisy_labels
-            inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
-            ok = (labels != IGNORE) & inside
-            hit = (noisy_logits.argmax(-1) == labels) & ok
-            slot = batch.slot.expand_as(labels)
-            correct += torch.zeros(M).index_add_(0, slot[ok].cpu(), hit[ok].float().cpu())
-            total += torch.zeros(M).index_add_(0, slot[ok].cpu(), torch.ones(int(ok.sum())))
+    encoded = [encode_problem(p, tokenizer) for p in problems]
+    pad_id = tokenizer.pad_token_id
+    for batch, noisy_logits, _, ok in response_blocks(backbone, pad_id, encoded, M, batch_size):
+        labels = batch.noisy_labels
+        hit = (noisy_logits.argmax(-1) == labels) & ok
+        slot = batch.slot.expand_as(labels)
+        correct += torch.zeros(M).index_add_(0, slot[ok].cpu(), hit[ok].float().cpu())
+        total += torch.zeros(M).index_add_(0, slot[ok].cpu(), torch.ones(int(ok.sum())))
     return (correct / total.clamp(min=1)).tolist()
 
 

@@ -135,6 +135,7 @@ class Recipe(Generic[C, R]):
     config_file: ClassVar[str] = "train_config.json"  # the config a checkpoint is compared by
     model: Any
     optimizer: torch.optim.Optimizer
+    tokens: int = 0  # trained tokens, for a recipe counted in them (its step adds to it)
 
     def __init__(self, cfg: C) -> None:
         self.cfg = cfg
@@ -177,12 +178,14 @@ class Recipe(Generic[C, R]):
 
     @property
     def total(self) -> int:
-        """Steps (or tokens) to train."""
-        return int(self.cfg.steps)  # type: ignore[attr-defined]
+        """Steps to train (``cfg.steps``), or tokens (``cfg.token_budget``)."""
+        budget = self.cfg.token_budget if self.unit == "tokens" else self.cfg.steps
+        return int(budget)
 
     def completed(self, step: int) -> int:
-        """How far the run is after ``step`` steps, in :attr:`unit`."""
-        return step
+        """How far the run is after ``step`` steps, in :attr:`unit`: the steps, or the tokens
+        trained (:attr:`tokens`, which a recipe counted in tokens adds to at every step)."""
+        return self.tokens if self.unit == "tokens" else step
 
     @property
     def fsdp(self) -> bool:
@@ -269,7 +272,10 @@ class _Harness(Generic[R]):
             raise Interrupted(
                 f"during the final evaluation; the trained model is saved in {final}"
             ) from None
-        run.log({"event": "end", "step": run.step, "train_wall_s": wall, "wall_s": run.elapsed()})
+        end = {"event": "end", "step": run.step, "train_wall_s": wall, "wall_s": run.elapsed()}
+        if recipe.unit == "tokens":
+            end["tokens"] = recipe.tokens
+        run.log(end)
         if self.metrics is not None:
             self.metrics.close()
         dist.barrier()

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from brisk.runtime.backbone import HFBackbone
 from brisk.runtime.train.evaluate import encode_example
-from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward
+from brisk.runtime.train.idlm import response_blocks
 from brisk.theory import CostModel, tpf
 
 __all__ = ["Headroom", "measure_headroom", "read_samples"]
@@ -108,38 +108,21 @@ def measure_headroom(
     M = stride - 1
     sums = torch.zeros(3, M, dtype=torch.float64)  # CE_mask, CE_causal, β
     count = torch.zeros(M, dtype=torch.float64)
-    model = backbone.model
-    dtype = next(model.parameters()).dtype
-    for start in range(0, len(samples), batch_size):
-        encoded = [encode_example(p, r, tokenizer) for p, r in samples[start : start + batch_size]]
-        seqs, prompt_lens = [s for s, _ in encoded], [n for _, n in encoded]
-        for offset in range(M):
-            batch = build_batch(
-                seqs,
-                prompt_lens,
-                M,
-                backbone.mask_token_id,
-                tokenizer.pad_token_id,
-                offset=offset,
-                dtype=dtype,
-                device=backbone.device,
-            )
-            noisy, clean = (x.double() for x in idlm_forward(model, batch))
-            labels = batch.noisy_labels
-            inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
-            ok = (labels != IGNORE) & inside  # [B, L]
-            target = labels[ok]
-            q_logits, p_logits = noisy[ok], clean[ok]  # [n, V]
-            ce_q = F.cross_entropy(q_logits, target, reduction="none")
-            ce_p = F.cross_entropy(p_logits, target, reduction="none")
-            kth = q_logits.topk(min(top_k, q_logits.shape[-1]), -1).values[..., -1:]
-            q = torch.softmax(q_logits.masked_fill(q_logits < kth, -torch.inf) / temperature, -1)
-            p = torch.softmax(p_logits / temperature, -1)
-            beta = torch.minimum(p, q).sum(-1).clamp(0, 1)
-            slot = batch.slot.expand_as(labels)[ok].cpu()
-            for row, values in enumerate((ce_q, ce_p, beta)):
-                sums[row].index_add_(0, slot, values.cpu())
-            count.index_add_(0, slot, torch.ones(len(slot), dtype=torch.float64))
+    encoded = [encode_example(p, r, tokenizer) for p, r in samples]
+    pad_id = tokenizer.pad_token_id
+    for batch, noisy, clean, ok in response_blocks(backbone, pad_id, encoded, M, batch_size):
+        target = batch.noisy_labels[ok]
+        q_logits, p_logits = noisy.double()[ok], clean.double()[ok]  # [n, V]
+        ce_q = F.cross_entropy(q_logits, target, reduction="none")
+        ce_p = F.cross_entropy(p_logits, target, reduction="none")
+        kth = q_logits.topk(min(top_k, q_logits.shape[-1]), -1).values[..., -1:]
+        q = torch.softmax(q_logits.masked_fill(q_logits < kth, -torch.inf) / temperature, -1)
+        p = torch.softmax(p_logits / temperature, -1)
+        beta = torch.minimum(p, q).sum(-1).clamp(0, 1)
+        slot = batch.slot.expand_as(batch.noisy_labels)[ok].cpu()
+        for row, values in enumerate((ce_q, ce_p, beta)):
+            sums[row].index_add_(0, slot, values.cpu())
+        count.index_add_(0, slot, torch.ones(len(slot), dtype=torch.float64))
     means = sums / count.clamp(min=1)
     return Headroom(
         stride,

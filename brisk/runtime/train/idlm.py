@@ -23,7 +23,7 @@ BRISK proposal loss reweights.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ __all__ = [
     "label_counts",
     "loss_totals",
     "may_attend",
+    "response_blocks",
     "stream_ce",
     "stream_outputs",
     "token_ce",
@@ -297,7 +298,7 @@ def weighted_loss(
     dist: Dist | None = None,
     totals: Tensor | None = None,
 ) -> dict[str, Any]:
-    """The weighted I-DLM loss of :mod:`brisk.runtime.train.proposal` (eq:brisk_weighting),
+    """The weighted I-DLM loss of :mod:`brisk.runtime.train.proposal.recipe` (eq:brisk_weighting),
     ``Σ w ℓ / n_noisy + α · CE_clean``. ``token_weights [B, L]`` multiply the MASK
     slots' cross-entropies. The denominators and ``α`` are the step's global figures:
     ``totals`` (:func:`loss_totals` summed over the step's micro-batches and ranks) when this
@@ -316,3 +317,31 @@ def weighted_loss(
     a = plain_g / n_noisy / max(clean_g / n_clean, 1e-8) if alpha == "auto" else float(alpha)
     loss = dist.world * (weighted / n_noisy + a * clean / n_clean)
     return {"loss": loss, "weighted": weighted.detach(), "alpha": a, "totals": totals}
+
+
+def response_blocks(
+    backbone: Any, pad_id: int, encoded: Sequence[tuple[list[int], int]], M: int, batch_size: int
+) -> Iterator[tuple[IDLMBatch, Tensor, Tensor, Tensor]]:
+    """Every sequence of ``encoded`` (token ids, prompt length), ``batch_size`` at a time, laid
+    out in blocks of ``M`` at each offset 0..M − 1 and forwarded through ``backbone.model``: the
+    batch, its noisy and clean logits, and the mask ``[B, L]`` of the MASK slots with a label
+    whose block lies inside the response (what an evaluation of the proposals scores)."""
+    model = backbone.model
+    dtype = next(model.parameters()).dtype
+    for start in range(0, len(encoded), batch_size):
+        part = encoded[start : start + batch_size]
+        seqs, prompt_lens = [s for s, _ in part], [n for _, n in part]
+        for offset in range(M):
+            batch = build_batch(
+                seqs,
+                prompt_lens,
+                M,
+                backbone.mask_token_id,
+                pad_id,
+                offset=offset,
+                dtype=dtype,
+                device=backbone.device,
+            )
+            noisy, clean = idlm_forward(model, batch)
+            inside = batch.block_start[None] >= batch.prompt_lens[:, None]  # block ⊂ response
+            yield batch, noisy, clean, (batch.noisy_labels != IGNORE) & inside

@@ -9,7 +9,7 @@ j, everything a training step reads:
 - ``ℓ_j^noisy = logsumexp z_q − z_q[x_{j+1}]`` at MASK slots with a label (the proposal CE);
 - ``ℓ_j^clean`` likewise from the clean stream (the verifier, a causal LM);
 - the acceptance probability of the slot's proposal given the prefix (ISD at temperature T,
-  drafts from q restricted to its Top-K, :mod:`brisk.runtime.train.acceptance`)
+  drafts from q restricted to its Top-K, :mod:`brisk.runtime.train.proposal.acceptance`)
 
       β_j = Σ_{v ∈ C_K} min(p_j(v), q_j^K(v)),  q_j^K = softmax(z_q[C_K] / T),
       p_j = softmax(z_p / T),                    (greedy: β_j = 1[argmax z_q = argmax z_p])

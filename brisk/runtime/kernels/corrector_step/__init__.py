@@ -34,6 +34,7 @@ __all__ = [
     "StepWeights",
     "confidence_features",
     "corrector_select",
+    "need_uniforms",
     "select",
 ]
 
@@ -68,6 +69,13 @@ def _kernel_reason(device: torch.device) -> str | None:
     return f"tensors are on {device.type}, not CUDA, and TRITON_INTERPRET=1 is not set"
 
 
+def need_uniforms(temperature: float, u: Tensor | None) -> None:
+    """The one check of a selection's draws: at T > 0 the uniforms ``u [B, M]`` drive them
+    (:func:`select` and the CUDA graphs' replay run it; the implementations trust it)."""
+    if temperature > 0 and u is None:
+        raise ValueError("u: uniforms [B, M] are required when temperature > 0")
+
+
 def select(
     s0: Tensor,
     mask_x: Tensor,
@@ -87,6 +95,7 @@ def select(
     """:func:`corrector_select` (arguments as there) through the implementation ``impl``."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
+    need_uniforms(temperature, u)
     args: tuple[Any, ...] = (
         s0,
         mask_x,

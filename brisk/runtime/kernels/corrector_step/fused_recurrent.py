@@ -245,8 +245,6 @@ def corrector_select_fused(
 ) -> SelectOutput:
     """The naive twin's selection in one launch (module docstring); same arguments."""
     B, M, K = cand_logits.shape
-    if temperature > 0 and u is None:
-        raise ValueError("u: uniforms [B, M] are required when temperature > 0")
     device = cand_logits.device
     S, DH, DE, R = s0.shape[-1], mask_x.shape[-1], cand_e.shape[-1], cand_c.shape[-1]
     DP, DF = weights.pos_emb.shape[-1], weights.feat_w.shape[0]

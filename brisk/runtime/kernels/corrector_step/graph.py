@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
+from brisk.runtime.kernels.corrector_step import need_uniforms
+
 if TYPE_CHECKING:
     from brisk.runtime.backbone import Backbone
 
@@ -173,8 +175,7 @@ class CorrectorGraphs:
                 u,
                 impl=impl or self.impl,
             )
-        if temperature > 0 and u is None:
-            raise ValueError("u: uniforms [B, M] are required when temperature > 0")
+        need_uniforms(temperature, u)
         if impl is not None and impl != self.impl:
             raise ValueError(f"impl: the graphs were captured with {self.impl!r}, not {impl!r}")
         cap = self._graph(bucket, temperature)

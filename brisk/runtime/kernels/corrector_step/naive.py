@@ -108,8 +108,6 @@ def corrector_select(
     False hides x_{j−1} from the head (module docstring).
     """
     B, M, _K = cand_logits.shape
-    if temperature > 0 and u is None:
-        raise ValueError("u: uniforms [B, M] are required when temperature > 0")
     batch = torch.arange(B, device=cand_logits.device)
     s = s0
     prev_ids, prev_e = anchor_ids, anchor_e

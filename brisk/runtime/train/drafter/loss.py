@@ -218,7 +218,7 @@ def block_losses(
     """The blocks of ``ids [B, S]`` (:func:`make_blocks`) through the frozen target (its
     forward, embeddings and LM head without gradient to their weights) and ``net``, the
     :class:`DrafterStep` of ``drafter`` or its DDP / FSDP wrapper. ``features``: the target's
-    features of ``ids`` already computed (:mod:`~brisk.runtime.train.drafter_features`), which
+    features of ``ids`` already computed (:mod:`~brisk.runtime.train.drafter.features`), which
     spares the target's forward."""
     M = drafter.spec.M
     B, S = ids.shape
@@ -302,7 +302,7 @@ def drafter_loss(
     targets), the target frozen. The tracker takes the batch's profile before the weights are
     computed. ``brisk train drafter`` runs the same pieces (:func:`sample_anchors`,
     :func:`make_blocks`, :func:`block_losses`, :func:`position_weights`) over ranks and
-    micro-batches (:mod:`brisk.runtime.train.drafter_loop`)."""
+    micro-batches (:mod:`brisk.runtime.train.drafter.recipe`)."""
     M = drafter.spec.M
     a, keep = sample_anchors(supervised, anchors, generator)
     blocks = make_blocks(ids, supervised, a, keep, M, drafter.spec.mask_token_id)

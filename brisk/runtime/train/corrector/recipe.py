@@ -2,7 +2,7 @@
 
 The backbone is frozen (and so are its input embedding E and LM head E_out, which the head
 reads); only the head's own FP32 parameters train. For every event e (a policy-reached block of
-the deployed decoder, :mod:`~brisk.runtime.train.corrector_events`) and proposal position j:
+the deployed decoder, :mod:`~brisk.runtime.train.corrector.events`) and proposal position j:
 
     r_ej   = softmax(ℓ̃_ej)                      the head's refined law over C_ej, teacher-forced
                                                   on the base's recorded block (x_{j−1} is the
@@ -43,8 +43,8 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from brisk.runtime.corrector import Corrector, CorrectorConfig
-from brisk.runtime.train.corrector_config import CorrectorTrainConfig
-from brisk.runtime.train.event_store import EventStore
+from brisk.runtime.train.corrector.config import CorrectorTrainConfig
+from brisk.runtime.train.corrector.store import EventStore
 from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
 from brisk.runtime.train.resume import config_changes
 
@@ -56,6 +56,7 @@ __all__ = [
     "EventBatch",
     "HeadFit",
     "HeadLoss",
+    "corrector_recipe",
     "event_batch",
     "head_loss",
     "train_corrector",
@@ -256,7 +257,7 @@ def load_backbone(
         )
     if store.meta.get("decoder", {}).get("algorithm") == "speculative":
         from brisk.runtime.drafter import target_heads
-        from brisk.runtime.train.drafter_loop import load_target
+        from brisk.runtime.train.drafter.recipe import load_target
 
         if dtype not in (None, "", "auto", "float32"):
             raise ValueError(f"dtype: a drafter's target is read in float32, got {dtype}")
@@ -285,6 +286,14 @@ def train_corrector(
     (:func:`~brisk.runtime.train.harness.train`: resume by default, SIGINT or SIGTERM ends it
     between steps with a checkpoint); ``backbone`` / ``store`` may be passed in already loaded
     (tests, experiments)."""
+    return train(corrector_recipe(cfg, backbone, store), show_progress, resume=resume)
+
+
+def corrector_recipe(
+    cfg: CorrectorTrainConfig, backbone: Backbone | None = None, store: EventStore | None = None
+) -> CorrectorRecipe:
+    """The recipe on ``cfg.events`` (or ``store``) and the store's backbone (or ``backbone``),
+    both checked against each other and ``cfg``."""
     if store is None:
         if not cfg.events:
             raise ValueError("events: corrector training needs an event store")
@@ -296,7 +305,7 @@ def train_corrector(
             store, device=cfg.device, dtype=cfg.dtype, mask_token_id=cfg.mask_token_id
         )
     store.check_backbone(backbone)
-    return train(CorrectorRecipe(cfg, backbone, store), show_progress, resume=resume)
+    return CorrectorRecipe(cfg, backbone, store)
 
 
 class CorrectorRecipe(Recipe[CorrectorTrainConfig, HeadFit]):

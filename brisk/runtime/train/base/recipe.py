@@ -1,7 +1,7 @@
 """I-DLM training of a base model (``brisk train base --config FILE``): a model preset (the tiny
 Qwen3) on a registered world's corpus (the arithmetic world), or a user's causal LM (``init``:
 the I-DLM conversion recipe, at a fine-tuning learning rate by default,
-:data:`~brisk.runtime.train.config.INIT_LR`) on the world or on a user's prompts and responses
+:data:`~brisk.runtime.train.base.config.INIT_LR`) on the world or on a user's prompts and responses
 (``data``: a file task whose records have ``prompt`` and ``response`` fields). A checkpoint
 without a MASK token trains with ``mask_token_id`` (an id it never uses) or gets a row of its
 own (``add_mask_token``); either way the checkpoints written carry the id in their config.
@@ -33,8 +33,8 @@ import torch
 from safetensors.torch import load_file
 
 from brisk.runtime.backbone import HFBackbone, resolve_mask_id
+from brisk.runtime.train.base.config import BaseTrainConfig
 from brisk.runtime.train.common import TrainingTokens, adamw, carry_mask, init_tokens
-from brisk.runtime.train.config import BaseTrainConfig
 from brisk.runtime.train.distributed import autocast, grad_sync, load_for_training, micro_batches
 from brisk.runtime.train.evaluate import EvalReport, encode_problem, evaluate
 from brisk.runtime.train.forward import set_attention, training_forward
@@ -246,7 +246,7 @@ class BaseRecipe(Recipe[BaseTrainConfig, EvalReport | None]):
         # The step's loss CE_noisy + α·CE_clean over the global batch: its denominators are
         # label counts (known before any forward), α (auto) the CE ratio measured at the
         # previous step (the first step: a probe of its own batch), so every micro-batch is
-        # forwarded once (module docstring of brisk.runtime.train.proposal).
+        # forwarded once (module docstring of brisk.runtime.train.proposal.recipe).
         counts = dist.sum(torch.stack([label_counts(b) for b in batches]).sum(0))
         n_noisy, n_clean = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
         if cfg.alpha != "auto":

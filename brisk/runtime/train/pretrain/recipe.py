@@ -43,7 +43,7 @@ from brisk.runtime.train.common import adamw
 from brisk.runtime.train.evaluate import EvalReport, encode_example, evaluate
 from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
 from brisk.runtime.train.idlm import IGNORE, token_ce
-from brisk.runtime.train.pretrain_config import PretrainConfig
+from brisk.runtime.train.pretrain.config import PretrainConfig
 from brisk.runtime.train.resume import write_checkpoint
 
 __all__ = [

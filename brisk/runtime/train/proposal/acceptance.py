@@ -35,7 +35,7 @@ from torch import Tensor
 
 from brisk.runtime.sampling import counter_uniforms
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch, auto_alpha
-from brisk.runtime.train.proposal_config import ProposalTrainConfig, WeightScheme
+from brisk.runtime.train.proposal.config import ProposalTrainConfig, WeightScheme
 from brisk.theory import (
     AcceptanceProfile,
     CostModel,

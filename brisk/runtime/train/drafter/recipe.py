@@ -1,5 +1,5 @@
 """``brisk train drafter``: a DFlash-shaped drafter trained on its target's regenerated
-responses with one of the four weightings (:mod:`brisk.runtime.train.drafter` has the loss).
+responses with one of the four weightings (:mod:`brisk.runtime.train.drafter.loss` has the loss).
 
 One loop, read top to bottom: the target (frozen) and its dataset are checked against each
 other, a new drafter is built for the target (its width, heads, rotary and vocabulary), and
@@ -14,7 +14,7 @@ atomically; only a ``checkpoint-<step>/`` holds the trainer state (``trainer_sta
 (:func:`~brisk.runtime.loader.checkpoint_mask_id`: ``mask_token_id``, else the target's own,
 else the first embedding row no token uses, DFlash's choice). At the end the drafter decodes
 ``eval_problems`` held-out prompts of the dataset's task greedily with its target
-(:mod:`brisk.runtime.train.drafter_eval`: a world's test split, or a user's file's rows the
+(:mod:`brisk.runtime.train.drafter.evaluate`: a world's test split, or a user's file's rows the
 dataset left out; a file with none is refused before the first step): tokens per target forward
 and E[L], logged as the ``eval`` event.
 
@@ -22,7 +22,7 @@ Under ``torchrun --nproc-per-node P`` (gloo on CPU, nccl on GPU) it trains data 
 ``brisk train base`` and ``brisk train proposal`` do (:mod:`brisk.runtime.train.distributed`):
 the drafter is replicated with DDP, or sharded with FSDP2 under ``fsdp`` (one unit: its layers'
 context keys and values are computed before its blocks run, inside one forward,
-:class:`~brisk.runtime.train.drafter.DrafterStep`); the frozen target is a replica on every
+:class:`~brisk.runtime.train.drafter.loss.DrafterStep`); the frozen target is a replica on every
 rank's device. What does not depend on P (nor on ``micro_batch_size``): every rank draws the
 same global batch from the data stream and the same anchors for it from the one CPU generator
 (seeded with ``seed``), then runs rows ``rank::P`` of it, in micro-batches; so a run's data,
@@ -57,7 +57,10 @@ import torch
 from brisk.runtime.drafter import DFlashDrafter, drafter_config, load_drafter, write_drafter
 from brisk.runtime.train.common import adamw
 from brisk.runtime.train.distributed import Dist, Precision, autocast, grad_sync, micro_batches
-from brisk.runtime.train.drafter import (
+from brisk.runtime.train.drafter.config import DrafterTrainConfig
+from brisk.runtime.train.drafter.evaluate import evaluate_drafter, task_prompts
+from brisk.runtime.train.drafter.features import TargetFeatures
+from brisk.runtime.train.drafter.loss import (
     BlockLosses,
     Blocks,
     DrafterStep,
@@ -68,12 +71,9 @@ from brisk.runtime.train.drafter import (
     position_weights,
     sample_anchors,
 )
-from brisk.runtime.train.drafter_config import DrafterTrainConfig
-from brisk.runtime.train.drafter_eval import evaluate_drafter, task_prompts
-from brisk.runtime.train.drafter_features import TargetFeatures
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
-from brisk.runtime.train.proposal_data import Example, ExampleStream
+from brisk.runtime.train.proposal.data import Example, ExampleStream
 from brisk.runtime.train.selfgen import (
     checkpoint_hash,
     read_dataset,
@@ -155,16 +155,8 @@ class DrafterRecipe(Recipe[DrafterTrainConfig, dict[str, Any] | None]):
     def __init__(self, cfg: DrafterTrainConfig) -> None:
         super().__init__(cfg)
         self.label = f"drafter {cfg.weighting}"
-        self.tokens = 0
         self.tracker = ProfileTracker(cfg.M, cfg.profile_decay)
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the anchors' draws (CPU)
-
-    @property
-    def total(self) -> int:
-        return self.cfg.token_budget
-
-    def completed(self, step: int) -> int:
-        return self.tokens
 
     def build(self, run: Run) -> None:
         cfg, device = self.cfg, run.device

@@ -24,7 +24,7 @@ import torch
 
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.idlm import IDLMBatch, build_batch
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import (
     checkpoint_hash,
     provenance_task,

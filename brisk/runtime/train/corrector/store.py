@@ -18,7 +18,7 @@ A store is a directory::
 
 The head's training streams the feature files through ``numpy.memmap``. The Top-K of q is a
 prefix of the Top-K' of q for K < K', so one store collected at K' serves heads of every
-K ≤ K' (they read the leading K candidates). :mod:`brisk.runtime.train.corrector_events`
+K ≤ K' (they read the leading K candidates). :mod:`brisk.runtime.train.corrector.events`
 collects one.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from brisk._json import read_json_object
 from brisk.runtime.isd.blocklog import BlockLogger, BlockRecord
-from brisk.runtime.train.corrector_config import FEATURE_DTYPES
+from brisk.runtime.train.corrector.config import FEATURE_DTYPES
 
 if TYPE_CHECKING:
     from brisk.mechanism.schema import Decoder

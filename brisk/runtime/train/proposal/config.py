@@ -1,6 +1,6 @@
 """Configuration of proposal training (``brisk train proposal``): one frozen dataclass.
 
-Loaded from TOML/JSON like :class:`~brisk.runtime.train.config.BaseTrainConfig` (unknown keys
+Loaded from TOML/JSON like :class:`~brisk.runtime.train.base.config.BaseTrainConfig` (unknown keys
 are errors naming the key); the command line overrides single fields. The fields every training
 config shares (seed, threads, the optimizer, placement, α) are declared once in
 :mod:`brisk.runtime.train.fields`.

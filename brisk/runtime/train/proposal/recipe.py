@@ -8,10 +8,10 @@ a token mean over the MASK slots j with a label (i(j) the slot's proposal positi
 w̄ ≡ 1. The weights are constants in backprop. With ``weights = "brisk"`` they are
 ``progress_weights`` (ISD cost model) of the acceptance profile: ``dynamic`` re-estimates it at
 every step from the batch's own proposals under the ISD rule
-(:mod:`brisk.runtime.train.acceptance`) and tracks it with :class:`ProfileTracker`; ``static``
-estimates it once, on ``static_batches`` batches of the training data, before the first step.
-The profile used is the tracker's Jeffreys posterior mean (accepted + ½)/(reached + 1), which
-has no 0/0 at an unreached position.
+(:mod:`brisk.runtime.train.proposal.acceptance`) and tracks it with :class:`ProfileTracker`;
+``static`` estimates it once, on ``static_batches`` batches of the training data, before the
+first step. The profile used is the tracker's Jeffreys posterior mean
+(accepted + ½)/(reached + 1), which has no 0/0 at an unreached position.
 
 Memory at the users' scale: every micro-batch is forwarded once, to its last hidden states, and
 the losses and each MASK slot's acceptance probability come from the LM head applied in chunks
@@ -58,13 +58,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from brisk.runtime.train.acceptance import (
-    acceptance_histogram,
-    profile_counts,
-    slot_weight_sums,
-    token_weights,
-    upcoming_profile,
-)
 from brisk.runtime.train.common import adamw, carry_mask, init_tokens
 from brisk.runtime.train.distributed import autocast, grad_sync, load_for_training, micro_batches
 from brisk.runtime.train.forward import set_attention, training_forward
@@ -76,8 +69,15 @@ from brisk.runtime.train.idlm import (
     loss_totals,
     weighted_loss,
 )
-from brisk.runtime.train.proposal_config import ProposalTrainConfig
-from brisk.runtime.train.proposal_data import (
+from brisk.runtime.train.proposal.acceptance import (
+    acceptance_histogram,
+    profile_counts,
+    slot_weight_sums,
+    token_weights,
+    upcoming_profile,
+)
+from brisk.runtime.train.proposal.config import ProposalTrainConfig
+from brisk.runtime.train.proposal.data import (
     Example,
     ExampleStream,
     check_lengths,
@@ -116,17 +116,9 @@ class ProposalRecipe(Recipe[ProposalTrainConfig, int]):
     def __init__(self, cfg: ProposalTrainConfig) -> None:
         super().__init__(cfg)
         self.label = f"proposal {cfg.data} {cfg.weights}/{cfg.profile}"
-        self.tokens = 0
         self.static_rates: list[float] | None = None
         self.upcoming: dict[str, Any] | None = None  # the next step's profile and α
         self.tracker = ProfileTracker(cfg.M, cfg.profile_decay)
-
-    @property
-    def total(self) -> int:
-        return self.cfg.token_budget
-
-    def completed(self, step: int) -> int:
-        return self.tokens
 
     def build(self, run: Run) -> None:
         from brisk.runtime.architectures import load_causal_lm

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from brisk.runtime.presets import NamedModel
 from brisk.runtime.tasks.task import NamedTask
-from brisk.runtime.train.config import StepRun
+from brisk.runtime.train.base.config import StepRun
 from brisk.runtime.train.fields import at_least
 
 __all__ = ["PretrainConfig"]
@@ -21,8 +21,8 @@ __all__ = ["PretrainConfig"]
 
 @dataclass(frozen=True)
 class PretrainConfig(StepRun):
-    """AR pre-training of a model preset on a task's corpus (:mod:`brisk.runtime.train.pretrain`
-    has the objective and the loop)."""
+    """AR pre-training of a model preset on a task's corpus
+    (:mod:`brisk.runtime.train.pretrain.recipe` has the objective and the loop)."""
 
     out_dir: str = "runs/converted/ar"
     corpus: NamedTask = field(default_factory=lambda: NamedTask.named("broad"))

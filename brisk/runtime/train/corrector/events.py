@@ -5,7 +5,7 @@ An *event* is one verify round of the deployed decoder (ISD at stride N, tempera
 off, exact verification; or speculative decoding, a DFlash drafter proposing and its AR target
 verifying: :func:`collect_draft_events`): the block the base proposed and what verification
 made of it. The
-events are written as an event store (:mod:`brisk.runtime.train.event_store`: its layout, the
+events are written as an event store (:mod:`brisk.runtime.train.corrector.store`: its layout, the
 writer and the reader).
 
 Collection writes into a hidden directory beside the store, ``.<name>.partial``, one decode
@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brisk._atomic import atomic_write_text
-from brisk._interrupt import Interrupted, stop_signals
-from brisk.runtime.train.corrector_config import CollectOptions
-from brisk.runtime.train.event_store import FORMAT, META, EventStore, EventWriter
-from brisk.runtime.train.resume import config_changes
+from brisk._interrupt import stop_signals
+from brisk.runtime.train.corrector.config import CollectOptions
+from brisk.runtime.train.corrector.partial import PartialStore, refuse_complete
+from brisk.runtime.train.corrector.store import FORMAT, EventStore, EventWriter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -49,8 +46,6 @@ __all__ = [
     "collect_from_checkpoint",
     "refuse_complete",
 ]
-
-PROGRESS = "_progress.json"  # of a store under construction
 
 
 def collect_events(
@@ -253,7 +248,7 @@ def _collect(
         "requests": n,
         "inputs": hashlib.sha256(inputs).hexdigest(),
     }
-    partial = _Partial.open(out, settings, resume)
+    partial = PartialStore.open(out, settings, resume)
     if on_resume is not None and partial.requests:
         on_resume(partial.requests)
     grades: dict[int, bool] = {}
@@ -296,147 +291,6 @@ def _collect(
     }
     partial.finish(ids, meta)
     return EventStore.open(out)
-
-
-def refuse_complete(out: Path) -> None:
-    """An event store is written once: a complete one at ``out`` is an error (with or without
-    ``--resume``: there is nothing left to collect)."""
-    if out.exists():
-        raise ValueError(
-            f"--out: {out} already exists (an event store is written once); choose another --out"
-        )
-
-
-class _Partial:
-    """The store under construction, ``.<name>.partial``: the complete batches' block-log parts
-    and feature rows, and ``_progress.json`` (written last, atomically: the commit point of a
-    batch) with their counts, sizes and grades. A batch is decoded into ``staging/`` and
-    appended when complete, so a signal or a kill loses at most that batch; whatever lies
-    beyond the committed sizes is cut off when a run continues."""
-
-    def __init__(self, out: Path, path: Path, progress: dict[str, Any]) -> None:
-        self.out, self.path, self.progress = out, path, progress
-        self.staging = path / "staging"
-
-    @classmethod
-    def open(cls, out: Path, settings: dict[str, Any], resume: bool) -> _Partial:
-        """Continue the partial store of ``out`` (``resume``) or start one; one that exists is
-        refused without ``resume`` and with other ``settings`` (the differences named)."""
-        path = out.with_name(f".{out.name}.partial")
-        settings = json.loads(json.dumps(settings))  # as it reads back
-        file = path / PROGRESS
-        progress = json.loads(file.read_text()) if file.is_file() else None
-        if progress is not None and progress["requests"]:
-            done = f"{progress['requests']} of {settings['requests']} requests"
-            if not resume:
-                raise ValueError(
-                    f"--out: {path} holds an interrupted collection into {out} ({done}); pass "
-                    "--resume to continue it, or remove it to start again"
-                )
-            changes = config_changes(progress["settings"], settings)
-            if changes:
-                raise ValueError(
-                    f"--resume: {path} was collected with other settings ({'; '.join(changes)}); "
-                    "remove it to start again"
-                )
-            partial = cls(out, path, progress)
-            partial._rollback()
-            return partial
-        shutil.rmtree(path, ignore_errors=True)  # nothing committed: nothing to keep
-        (path / "blocks").mkdir(parents=True)
-        (path / "features").mkdir()
-        return cls(
-            out,
-            path,
-            {
-                "settings": settings,
-                "batches": 0,
-                "requests": 0,
-                "events": 0,
-                "files": {},
-                "bytes": {},
-                "correct": [],
-                "tokens": [],
-            },
-        )
-
-    @property
-    def requests(self) -> int:
-        return int(self.progress["requests"])
-
-    @property
-    def events(self) -> int:
-        return int(self.progress["events"])
-
-    def commit(self, events: int, correct: list[bool], tokens: list[int]) -> None:
-        """Append the staged batch: its block-log files renumbered after those already here
-        (``part-NNNNNN``, ``requests-NNNNNN``), its feature rows to the feature files."""
-        p = self.progress
-        for file in sorted((self.staging / "blocks").glob("*-*.parquet")):
-            kind, number = file.stem.rsplit("-", 1)
-            first = p["files"].get(kind, 0)
-            file.rename(
-                self.path / "blocks" / f"{kind}-{first + int(number):0{len(number)}d}{file.suffix}"
-            )
-        counts: dict[str, int] = {}
-        for file in (self.path / "blocks").glob("*-*.parquet"):
-            kind = file.stem.rsplit("-", 1)[0]
-            counts[kind] = counts.get(kind, 0) + 1
-        for file in sorted((self.staging / "features").iterdir()):
-            with (self.path / "features" / file.name).open("ab") as dst, file.open("rb") as src:
-                shutil.copyfileobj(src, dst)
-        p["bytes"] = {f.name: f.stat().st_size for f in (self.path / "features").iterdir()}
-        p["files"] = counts
-        p["batches"] += 1
-        p["requests"] += len(correct)
-        p["events"] += events
-        p["correct"] += correct
-        p["tokens"] += tokens
-        atomic_write_text(self.path / PROGRESS, json.dumps(p))
-        shutil.rmtree(self.staging)
-
-    def _rollback(self) -> None:
-        """Cut the store back to its last commit (what a kill during a commit left beyond)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        for file in (self.path / "blocks").iterdir():
-            kind, _, number = file.stem.rpartition("-")
-            if not (number.isdigit() and int(number) < self.progress["files"].get(kind, 0)):
-                file.unlink()
-        for file in (self.path / "features").iterdir():
-            size = self.progress["bytes"].get(file.name, 0)
-            if file.stat().st_size > size:
-                os.truncate(file, size)
-
-    def interrupted(self, total: int) -> Interrupted:
-        """Discard the batch being decoded; the :class:`Interrupted` to raise says what stays."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        if not self.requests:
-            shutil.rmtree(self.path, ignore_errors=True)
-            return Interrupted(
-                f"before the first batch was complete (0/{total} requests); nothing saved"
-            )
-        return Interrupted(
-            f"after {self.requests}/{total} requests ({self.events} events); they stay in "
-            f"{self.path}",
-            resumable=True,
-        )
-
-    def finish(self, ids: list[int], meta: dict[str, Any]) -> None:
-        """Write the request table and ``_events.json``, and rename the store into place."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        requests = pa.table(
-            {
-                "request_id": pa.array(ids, pa.int64()),
-                "correct": pa.array(self.progress["correct"], pa.bool_()),
-                "tokens": pa.array(self.progress["tokens"], pa.int32()),
-            }
-        )
-        pq.write_table(requests, self.path / "requests.parquet")
-        (self.path / META).write_text(json.dumps(meta, indent=2) + "\n")
-        self.path.rename(self.out)
-        (self.out / PROGRESS).unlink()
 
 
 def collect_from_checkpoint(
@@ -558,7 +412,7 @@ def _draft_pair(
     each other and against ``options``' stride."""
     from brisk.runtime.drafter import check_pair, load_drafter
     from brisk.runtime.loader import placement
-    from brisk.runtime.train.drafter_loop import load_target
+    from brisk.runtime.train.drafter.recipe import load_target
 
     if dtype not in (None, "", "auto", "float32"):
         raise ValueError(f"--dtype: the drafter's loop runs in float32, got {dtype}")

@@ -1,0 +1,2 @@
+"""Risk–reward proposal training (``brisk train proposal``): the recipe, its config, its data and
+the acceptance it measures."""
