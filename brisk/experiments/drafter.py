@@ -99,9 +99,9 @@ class _Pair:
     @classmethod
     def load(cls, cfg: DrafterExperimentConfig, run: Path, arm: str, seed: int) -> _Pair:
         from brisk.runtime.drafter import SDOptions, load_drafter
-        from brisk.runtime.loader import placement
+        from brisk.runtime.loader import load_target, placement
         from brisk.runtime.train.drafter.evaluate import task_prompts
-        from brisk.runtime.train.drafter.recipe import load_target, train_drafter
+        from brisk.runtime.train.drafter.recipe import train_drafter
 
         train = with_mask(cfg, cfg.train).replace(
             target=cfg.target,

@@ -52,6 +52,7 @@ __all__ = [
     "checkpoint_mask_id",
     "default_placement",
     "load_model",
+    "load_target",
     "load_tokenizer",
     "placement",
 ]
@@ -327,6 +328,31 @@ JSON_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
+
+
+def load_target(
+    path: str | Path,
+    where: str = "--target",
+    device: str | torch.device = "cpu",
+    mask_token_id: int | None = None,
+) -> tuple[Any, Any, int]:
+    """The frozen target, its tokenizer and the MASK id its drafter uses
+    (:func:`checkpoint_mask_id`, checked before the weights load:
+    ``mask_token_id``, else the target's own, else the first embedding row no token uses,
+    DFlash's choice for Qwen3); one line naming ``--mask-token-id`` when there is none."""
+    from brisk.runtime.architectures import load_causal_lm
+
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
+    tokenizer = load_tokenizer(directory, where=where)
+    mask = checkpoint_mask_id(
+        directory, mask_token_id, tokenizer=tokenizer, unused_row=True, where=where
+    )
+    target = load_causal_lm(directory, False, torch.float32).to(device).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, tokenizer, mask
 
 
 def check_json_files(directory: Path, where: str = "--model") -> None:

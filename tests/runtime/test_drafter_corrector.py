@@ -210,8 +210,8 @@ def test_brisk_train_corrector_collects_a_drafters_events_and_trains_on_them(
     drafter of another block than ``--stride`` and a prompt the target's positions cannot hold
     with the budget are refused in one line, before anything is written."""
     from brisk.runtime.drafter import DFlashDrafter, drafter_config, save_drafter
+    from brisk.runtime.loader import load_target
     from brisk.runtime.train.corrector.store import EventStore
-    from brisk.runtime.train.drafter.recipe import load_target
 
     target, _, mask = load_target(micro_base)
     torch.manual_seed(0)

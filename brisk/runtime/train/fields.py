@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from brisk.runtime.configs import Config
+from brisk.runtime.decode_options import ISDOptions
 from brisk.runtime.tasks.spec import TaskSpec
 
 __all__ = [
@@ -248,13 +249,19 @@ class ProblemSampling(MaskId):
     batch_size: int = 128
 
     def __post_init__(self) -> None:
-        counts(self, "problems", "samples", "max_new_tokens", "batch_size", "top_k")
-        stride = self.stride
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 2:
-            raise ValueError(f"stride: need an integer N ≥ 2, got {stride!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature: must be ≥ 0, got {self.temperature!r}")
+        counts(self, "problems", "samples", "batch_size")
+        self.decode_options()  # the decoder's fields, checked where they are declared
         super().__post_init__()
+
+    def decode_options(self, eos_token_id: int | None = None) -> ISDOptions:
+        """The deployed decoder's options (:class:`~brisk.runtime.decode_options.ISDOptions`)."""
+        return ISDOptions(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            stride=self.stride,
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=eos_token_id,
+        )
 
     def decode_seed(self, problem: int, sample: int) -> int:
         return self.seed * 10**6 + problem * self.samples + sample

@@ -356,7 +356,6 @@ def deployed_decoder(
     (head off, stopping at the tokenizer's EOS) that sample from ``checkpoint`` with
     ``options``' stride, temperature, Top-K and token budget."""
     from brisk.runtime.loader import load_model
-    from brisk.runtime.prompts import isd_options
 
     loaded = load_model(
         checkpoint,
@@ -365,13 +364,7 @@ def deployed_decoder(
         mask_token_id=options.mask_token_id,
         where="--checkpoint",
     )
-    dec = isd_options(
-        loaded.tokenizer,
-        stride=options.stride,
-        temperature=options.temperature,
-        top_k=options.top_k,
-        max_new_tokens=options.max_new_tokens,
-    )
+    dec = options.decode_options(loaded.tokenizer.eos_token_id)
     return loaded.tokenizer, loaded.backbone, dec
 
 

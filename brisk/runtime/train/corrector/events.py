@@ -411,8 +411,7 @@ def _draft_pair(
     """The frozen AR target, its tokenizer and the drafter (both in float32), checked against
     each other and against ``options``' stride."""
     from brisk.runtime.drafter import check_pair, load_drafter
-    from brisk.runtime.loader import placement
-    from brisk.runtime.train.drafter.recipe import load_target
+    from brisk.runtime.loader import load_target, placement
 
     if dtype not in (None, "", "auto", "float32"):
         raise ValueError(f"--dtype: the drafter's loop runs in float32, got {dtype}")

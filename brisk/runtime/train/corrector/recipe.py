@@ -257,7 +257,7 @@ def load_backbone(
         )
     if store.meta.get("decoder", {}).get("algorithm") == "speculative":
         from brisk.runtime.drafter import target_heads
-        from brisk.runtime.train.drafter.recipe import load_target
+        from brisk.runtime.loader import load_target
 
         if dtype not in (None, "", "auto", "float32"):
             raise ValueError(f"dtype: a drafter's target is read in float32, got {dtype}")

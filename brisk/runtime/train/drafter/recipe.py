@@ -55,6 +55,7 @@ from typing import Any, cast
 import torch
 
 from brisk.runtime.drafter import DFlashDrafter, drafter_config, load_drafter, write_drafter
+from brisk.runtime.loader import load_target
 from brisk.runtime.train.common import adamw
 from brisk.runtime.train.distributed import Dist, Precision, autocast, grad_sync, micro_batches
 from brisk.runtime.train.drafter.config import DrafterTrainConfig
@@ -82,37 +83,11 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import ProfileTracker
 
-__all__ = ["DrafterRecipe", "load_target", "train_drafter"]
+__all__ = ["DrafterRecipe", "train_drafter"]
 
 CONFIG_FILE = "train_config.json"
 # a micro-batch: its ids, its blocks and (with a feature cache) its target features
 Chunk = tuple[torch.Tensor, Blocks, torch.Tensor | None]
-
-
-def load_target(
-    path: str | Path,
-    where: str = "--target",
-    device: str | torch.device = "cpu",
-    mask_token_id: int | None = None,
-) -> tuple[Any, Any, int]:
-    """The frozen target, its tokenizer and the MASK id its drafter uses
-    (:func:`~brisk.runtime.loader.checkpoint_mask_id`, checked before the weights load:
-    ``mask_token_id``, else the target's own, else the first embedding row no token uses,
-    DFlash's choice for Qwen3); one line naming ``--mask-token-id`` when there is none."""
-    from brisk.runtime.architectures import load_causal_lm
-    from brisk.runtime.loader import checkpoint_mask_id, load_tokenizer
-
-    directory = Path(path)
-    if not (directory / "config.json").is_file():
-        raise ValueError(f"{where}: {directory} is not a checkpoint directory (no config.json)")
-    tokenizer = load_tokenizer(directory, where=where)
-    mask = checkpoint_mask_id(
-        directory, mask_token_id, tokenizer=tokenizer, unused_row=True, where=where
-    )
-    target = load_causal_lm(directory, False, torch.float32).to(device).eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return target, tokenizer, mask
 
 
 def _examples(cfg: DrafterTrainConfig) -> list[Example]:
