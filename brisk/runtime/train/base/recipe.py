@@ -266,8 +266,8 @@ class BaseRecipe(Recipe[BaseTrainConfig, EvalReport | None]):
         for k, batch in enumerate(batches):
             with grad_sync(self.net, k == len(batches) - 1):
                 losses = self.measure(batch)
-                noisy, clean = losses.noisy.sum() / n_noisy, losses.clean.sum() / n_clean
-                loss = dist.world * (noisy + used * clean)
+                noisy, clean = losses.noisy.sum(), losses.clean.sum()
+                loss = dist.world * (noisy / n_noisy + used * clean / n_clean)
                 loss.backward()
             local += losses.totals(batch)
             slots += _slot_sums(losses.noisy.detach(), batch)
