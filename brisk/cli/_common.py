@@ -355,6 +355,22 @@ def _on_ranks(train: Callable[[], R]) -> R | int:
     return result if rank == 0 else 0
 
 
+def add_run_flags(parser: Any, config_help: str) -> None:
+    """The flags every ``brisk train`` recipe command takes before its config's own:
+    ``--config`` (a TOML or JSON file, ``config_help``), ``--resume`` and ``--no-progress``
+    (:func:`run_recipe` reads them)."""
+    parser.add_argument("--config", type=Path, default=None, help=config_help)
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def add_recipe_arguments(parser: Any, config_class: type, config_help: str) -> None:
+    """A ``brisk train`` recipe command's flags: :func:`add_run_flags`, then one per field of
+    ``config_class`` (:func:`add_config_arguments`, ``out_dir`` as ``--out``)."""
+    add_run_flags(parser, config_help)
+    add_config_arguments(parser, config_class, rename={"out_dir": "out"})
+
+
 def run_recipe(
     args: argparse.Namespace,
     config_class: type[C],

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from brisk._interrupt import exits_on_interrupt
 from brisk.cli._common import (
-    add_config_arguments,
     add_problem_decode_arguments,
+    add_recipe_arguments,
     run_problem_decode,
 )
 from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
@@ -29,10 +29,7 @@ def register_train(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Train the corrector (eq. 6 of the appendix) on an event store. "
         "'brisk train corrector collect' makes the store.",
     )
-    c.add_argument("--config", type=Path, default=None, help="TOML or JSON corrector config")
-    c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_config_arguments(c, CorrectorTrainConfig, rename={"out_dir": "out"})
+    add_recipe_arguments(c, CorrectorTrainConfig, "TOML or JSON corrector config")
     c.set_defaults(run=run_train)
     sub = c.add_subparsers(dest="action", metavar="ACTION")
     k = sub.add_parser(

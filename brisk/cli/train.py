@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from brisk._hf import quiet_transformers
 from brisk._interrupt import exits_on_interrupt
@@ -17,6 +18,8 @@ from brisk.cli._common import (
     add_mask_argument,
     add_placement_arguments,
     add_problem_decode_arguments,
+    add_recipe_arguments,
+    add_run_flags,
     comma_separated,
     config_from_args,
     config_overrides,
@@ -29,6 +32,9 @@ from brisk.runtime.train.pretrain.config import PretrainConfig
 from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
+if TYPE_CHECKING:
+    from brisk.runtime.train.harness import TrainResult
+
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = layers.add_parser("train", help="train and evaluate runtime models")
@@ -37,29 +43,18 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     b = commands.add_parser(
         "base", help="I-DLM training: the tiny preset, or a causal LM converted (--init)"
     )
-    b.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="TOML or JSON training config (default: the tiny preset); a [data] "
+    add_recipe_arguments(
+        b,
+        BaseTrainConfig,
+        "TOML or JSON training config (default: the tiny preset); a [data] "
         "table names a file of prompt and response fields",
     )
-    b.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_config_arguments(b, BaseTrainConfig, rename={"out_dir": "out"})
     b.set_defaults(run=run_base)
 
     a = commands.add_parser(
         "ar", help="AR pre-training of a model preset on a corpus (before conversion)"
     )
-    a.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="TOML or JSON config (default: the converted preset)",
-    )
-    a.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_run_flags(a, "TOML or JSON config (default: the converted preset)")
     a.add_argument(
         "--export-corpus",
         type=Path,
@@ -90,20 +85,14 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = commands.add_parser(
         "proposal", help="continued training with per-position proposal weights (BRISK)"
     )
-    p.add_argument("--config", type=Path, default=None, help="TOML or JSON proposal config")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_config_arguments(p, ProposalTrainConfig, rename={"out_dir": "out"})
+    add_recipe_arguments(p, ProposalTrainConfig, "TOML or JSON proposal config")
     p.set_defaults(run=run_proposal)
 
     d = commands.add_parser(
         "drafter",
         help="a DFlash-shaped drafter for an AR target, on the target's regenerated responses",
     )
-    d.add_argument("--config", type=Path, default=None, help="TOML or JSON drafter config")
-    d.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    d.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_config_arguments(d, DrafterTrainConfig, rename={"out_dir": "out"})
+    add_recipe_arguments(d, DrafterTrainConfig, "TOML or JSON drafter config")
     d.set_defaults(run=run_drafter)
 
     from brisk.cli.corrector import register_train
@@ -166,13 +155,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.base.recipe import BaseRecipe
 
-    result = run_recipe(args, BaseTrainConfig, BaseRecipe)
-    if isinstance(result, int):
-        return result
-    print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
-    if result.outcome is not None:
-        _print_report(result.outcome)
-    return 0
+    return _print_trained(run_recipe(args, BaseTrainConfig, BaseRecipe))
 
 
 @exits_on_interrupt
@@ -181,7 +164,12 @@ def run_ar(args: argparse.Namespace) -> int:
         return _export_corpus(args)
     from brisk.runtime.train.pretrain.recipe import PretrainRecipe
 
-    result = run_recipe(args, PretrainConfig, PretrainRecipe)
+    return _print_trained(run_recipe(args, PretrainConfig, PretrainRecipe))
+
+
+def _print_trained(result: TrainResult[Any] | int) -> int:
+    """A base or AR run's summary: its time, its checkpoint and its held-out report (or another
+    rank's exit status, passed on)."""
     if isinstance(result, int):
         return result
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")

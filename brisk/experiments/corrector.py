@@ -144,7 +144,16 @@ def _train_and_evaluate(
     return dict(json.loads(json.dumps(result)))  # as a resumed run reads it back
 
 
-MECH = ("rescue", "regression", "intervention", "coverage", "mass", "delta_logp")
+# the shadow-mode diagnostics: (key, header, scale, digits), as brisk.experiments.table.COLUMNS
+MECH_COLUMNS = (
+    ("rescue", "Rescue / 100 first breakers", 100, 2),
+    ("regression", "Regression / 100 accepted", 100, 2),
+    ("intervention", "Intervention at first breakers (%)", 100, 1),
+    ("coverage", "Coverage@K (%)", 100, 2),
+    ("mass", "Mass@K (%)", 100, 2),
+    ("delta_logp", "ΔL (nats / block)", 1, 3),
+)
+MECH = tuple(key for key, _, _, _ in MECH_COLUMNS)
 
 
 def run_corrector_experiment(
@@ -260,6 +269,8 @@ def _markdown(
     cfg: CorrectorExperimentConfig, summaries: dict[str, Any], mech: dict[str, Any]
 ) -> str:
     """Two tables: decoding (head on) and the same-state diagnostics (shadow mode)."""
+    from brisk.experiments.table import COLUMNS
+
     off = summaries["off"].metrics["tpf_run"].mean if "off" in summaries else math.nan
     head = [
         "Head",
@@ -277,8 +288,7 @@ def _markdown(
         f"# Corrector ablation ({len(cfg.seeds)} seeds, N = {cfg.stride}, "
         f"T = {cfg.eval.temperature}, {cfg.eval.problems} held-out problems, same backbone and "
         "events for every head)\n",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
+        *_header(head),
     ]
     for a in cfg.arms:
         m = summaries[a].metrics
@@ -286,58 +296,45 @@ def _markdown(
         share_iv = _share(m)
         cells = [
             arm_named(a).label,
-            m["accuracy"].format(100, 1),
-            m["rejection"].format(100, 2),
-            m["accept_length"].format(1, 2),
-            m["tpf_run"].format(1, 2),
-            m["tpf_cycles"].format(1, 2),
-            m["tokens_per_s"].format(1, 0),
+            *_cells(m, COLUMNS),  # the arms' table's interval columns
             net,
             share_iv if arm_named(a).trained else "–",
             f"{100 * (m['tpf_run'].mean / off - 1):+.1f} %" if a != "off" else "",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_row(cells))
     lines.append(
         "\nCells: mean over seeds [95 % Student-t interval]. tok/s: one CPU thread per run, two "
         "runs at a time on a 2-core machine; 'without head time' removes the head's own "
         "selection time from the wall clock.\n"
     )
     if mech:
-        mh = [
-            "Head",
-            "Rescue / 100 first breakers",
-            "Regression / 100 accepted",
-            "Intervention at first breakers (%)",
-            "Coverage@K (%)",
-            "Mass@K (%)",
-            "ΔL (nats / block)",
-        ]
         lines += [
             "## Same-state diagnostics (shadow mode: head beside the base, same draws)\n",
-            "| " + " | ".join(mh) + " |",
-            "|---|" + "---:|" * (len(mh) - 1),
+            *_header(["Head", *(h for _, h, _, _ in MECH_COLUMNS)]),
         ]
         for a, d in mech.items():
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        arm_named(a).label,
-                        d["rescue"].format(100, 2),
-                        d["regression"].format(100, 2),
-                        d["intervention"].format(100, 1),
-                        d["coverage"].format(100, 2),
-                        d["mass"].format(100, 2),
-                        d["delta_logp"].format(1, 3),
-                    ]
-                )
-                + " |"
-            )
+            lines.append(_row([arm_named(a).label, *_cells(d, MECH_COLUMNS)]))
         lines.append(
             "\nEqual-request rates of each seed's shadow log, then mean [t-interval] across "
             "seeds. Coverage / mass at the head's own K, at head-off first breakers.\n"
         )
     return "\n".join(lines)
+
+
+def _header(head: list[str]) -> list[str]:
+    """A markdown table's header row and rule (the first column left-aligned, the rest right)."""
+    return [_row(head), "|---|" + "---:|" * (len(head) - 1)]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _cells(
+    intervals: dict[str, Any], columns: tuple[tuple[str, str, float, int], ...]
+) -> list[str]:
+    """The cells of ``columns`` ((key, header, scale, digits)) from ``intervals``."""
+    return [intervals[key].format(scale, digits) for key, _, scale, digits in columns]
 
 
 def _share(m: dict[str, Any]) -> str:

@@ -65,14 +65,21 @@ def _paired_bars(
     groups: Sequence[tuple[Rate | Mean, Rate | Mean]],
     series: tuple[tuple[str, str], tuple[str, str]],
     scale: float,
+    names: Sequence[str],
+    ylabel: str,
 ) -> None:
-    """Two bars per group (series 0 and 1, each (label, color)) with their intervals."""
+    """Two bars per group (series 0 and 1, each (label, color)) with their intervals, the
+    groups named ``names`` on the x axis, ``ylabel`` on the y axis, a legend and a grid."""
     width = 0.36
     for j, (label, color) in enumerate(series):
         y = np.array([scale * g[j].equal_request for g in groups])
         bounds = np.array([[scale * g[j].low for g in groups], [scale * g[j].high for g in groups]])
         x = np.arange(len(groups)) + (j - 0.5) * width
         ax.bar(x, y, width, yerr=np.abs(bounds - y), capsize=3, color=color, label=label)
+    ax.set_xticks(np.arange(len(groups)), names)
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False)
+    ax.grid(axis="y", alpha=0.3)
 
 
 def _compact(n: int) -> str:
@@ -168,12 +175,9 @@ def plot_repetition(s: MechanismSummary) -> Figure:
         (r.adjacent_verified, r.adjacent_first_breakers),
         (r.nonadjacent_verified, r.nonadjacent_first_breakers),
     ]
-    _paired_bars(ax, groups, (("verified positions", "C0"), ("first breakers", "C3")), 100)
-    ax.set_xticks(np.arange(2), names)
-    ax.set_ylabel("% of positions (equal-request)")
+    series = (("verified positions", "C0"), ("first breakers", "C3"))
+    _paired_bars(ax, groups, series, 100, names, "% of positions (equal-request)")
     ax.set_title("Repeat prevalence")
-    ax.legend(frameon=False)
-    ax.grid(axis="y", alpha=0.3)
     bx.set_title(f"Repeats per block ({r.paired_blocks:,} paired blocks)")
     if (gap := s.head_gap("head_block")) is not None:
         bx.set_xticks([])
@@ -183,11 +187,8 @@ def plot_repetition(s: MechanismSummary) -> Figure:
         (r.adjacent_per_block_base, r.adjacent_per_block_head),
         (r.nonadjacent_per_block_base, r.nonadjacent_per_block_head),
     ]
-    _paired_bars(bx, means, (("base block", "C7"), ("head block", "C2")), 1)
-    bx.set_xticks(np.arange(2), names)
-    bx.set_ylabel("repeated tokens per block")
-    bx.legend(frameon=False)
-    bx.grid(axis="y", alpha=0.3)
+    series = (("base block", "C7"), ("head block", "C2"))
+    _paired_bars(bx, means, series, 1, names, "repeated tokens per block")
     return fig
 
 

@@ -15,9 +15,9 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from brisk.runtime.configs import Config, NoSettings, Registered
+from brisk.runtime.configs import Config, NoSettings, Registered, parse_config
 from brisk.runtime.registry import Registry
 from brisk.runtime.tasks.formats import PromptFormat
 from brisk.runtime.tasks.graders import Grades, grade_all, resolve_grader
@@ -28,7 +28,9 @@ __all__ = [
     "Problem",
     "Task",
     "checkpoint_task",
+    "describe_draw",
     "get_task",
+    "rebuild_draw",
     "rebuild_task",
     "register_task",
     "task_names",
@@ -132,6 +134,29 @@ def rebuild_task(description: dict[str, Any]) -> Any:
     if rebuild is None:
         raise ValueError(f"task: cannot rebuild a task described as {name!r}")
     return rebuild(description)
+
+
+_DRAW = ("split", "n", "seed", "grader")  # which problems a world's task draws, its grader
+T = TypeVar("T")
+
+
+def describe_draw(name: str, config: dict[str, Any], task: Any) -> dict[str, Any]:
+    """A world task's ``describe()`` record: its ``name``, its settings ``config`` (as a dict)
+    and its draw (``task``'s split, n, seed and grader); :func:`rebuild_draw` reads it back."""
+    return {"name": name, "config": config, **{k: getattr(task, k) for k in _DRAW}}
+
+
+def rebuild_draw(
+    cls: Callable[..., T],
+    settings: type[Config],
+    description: dict[str, Any],
+    extra: tuple[str, ...] = (),
+) -> T:
+    """The task ``cls(config, split=…, n=…, seed=…, grader=…)`` a :func:`describe_draw` record
+    describes, its ``config`` parsed as ``settings`` (``extra``: more keys passed on)."""
+    config = parse_config(settings, description["config"], "task.config.")
+    assert isinstance(config, settings)
+    return cls(config, **{k: description[k] for k in (*_DRAW, *extra)})
 
 
 def task_names() -> list[str]:

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from brisk._atomic import atomic_write_text
-from brisk.runtime.configs import Config, parse_config
+from brisk.runtime.configs import Config
 from brisk.runtime.tasks.graders import Grades
-from brisk.runtime.tasks.task import Problem
+from brisk.runtime.tasks.task import Problem, describe_draw, rebuild_draw
 from brisk.worlds.arithmetic.task import (
     Split,
     TaskConfig,
@@ -237,18 +237,8 @@ class BroadTask:
 
     def describe(self) -> dict[str, Any]:
         """What rebuilds this task (:meth:`from_description`): the mixture's settings."""
-        return {
-            "name": "broad",
-            "config": self.config.to_dict(),
-            "split": self.split,
-            "n": self.n,
-            "seed": self.seed,
-            "grader": self.grader,
-        }
+        return describe_draw("broad", self.config.to_dict(), self)
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> BroadTask:
-        config = parse_config(BroadConfig, description["config"], "task.config.")
-        assert isinstance(config, BroadConfig)
-        options = {k: description[k] for k in ("split", "n", "seed", "grader")}
-        return cls(config, **options)
+        return rebuild_draw(cls, BroadConfig, description)

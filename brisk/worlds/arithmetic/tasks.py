@@ -14,7 +14,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk.runtime.tasks.graders import Grades, grade_all
-from brisk.runtime.tasks.task import Problem
+from brisk.runtime.tasks.task import Problem, describe_draw, rebuild_draw
 from brisk.worlds.arithmetic.task import Split, TaskConfig, make_split, sample_response, solutions
 
 __all__ = ["PRESETS", "ArithmeticTask"]
@@ -81,28 +81,11 @@ class ArithmeticTask:
 
     def describe(self) -> dict[str, Any]:
         """What rebuilds this task (:meth:`from_description`): the world's settings."""
-        return {
-            "name": "arithmetic",
-            "config": dataclasses.asdict(self.config),
-            "split": self.split,
-            "n": self.n,
-            "seed": self.seed,
-            "grader": self.grader,
-        }
+        return describe_draw("arithmetic", dataclasses.asdict(self.config), self)
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> ArithmeticTask:
-        from brisk.runtime.configs import parse_config
-
-        config = parse_config(TaskConfig, description["config"], "task.config.")
-        assert isinstance(config, TaskConfig)
-        return cls(
-            config,
-            description["split"],
-            description["n"],
-            description["seed"],
-            description["grader"],
-        )
+        return rebuild_draw(cls, TaskConfig, description)
 
     def grade(
         self, problems: list[Problem], responses: list[str], workers: int | None = None

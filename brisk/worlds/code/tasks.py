@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisk.runtime.configs import Config, parse_config
+from brisk.runtime.configs import Config
 from brisk.runtime.tasks.graders import Grades, grade_all
-from brisk.runtime.tasks.task import Problem
+from brisk.runtime.tasks.task import Problem, describe_draw, rebuild_draw
 from brisk.worlds.code.corpus import CorpusConfig, Document, documented_function, documents
 
 __all__ = ["PRESETS", "CodeTask", "CodeTaskConfig"]
@@ -163,18 +163,8 @@ class CodeTask:
 
     def describe(self) -> dict[str, Any]:
         """What rebuilds this task (:meth:`from_description`)."""
-        return {
-            "name": self.name,
-            "config": self.config.to_dict(),
-            "split": self.split,
-            "n": self.n,
-            "seed": self.seed,
-            "grader": self.grader,
-        }
+        return describe_draw(self.name, self.config.to_dict(), self)
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> CodeTask:
-        config = parse_config(CodeTaskConfig, description["config"], "task.config.")
-        assert isinstance(config, CodeTaskConfig)
-        options = {k: description[k] for k in ("split", "n", "seed", "grader", "name")}
-        return cls(config, **options)
+        return rebuild_draw(cls, CodeTaskConfig, description, extra=("name",))
