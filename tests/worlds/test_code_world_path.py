@@ -3,10 +3,12 @@
 --stride 4`` (greedy and T = 1, block logs) → ``brisk mechanism report``, and the ``compiles``
 grader on what came out.
 
-The world (:mod:`tests.code_micro`) is built once for the module (≈ 30 s; its AR model, trained
-once per run, is test_drafter_bpe's target too: :func:`tests.code_micro.code_ar_once`). The prompt
-file holds the held-out functions (the micro model's drafts miss there: rejections), every fourth
-training function (memorized: whole blocks accepted) and one prompt of non-ASCII text.
+The world (:mod:`tests.code_micro`) and its two decodes are built once per run (≈ 30 s; under
+xdist by the first worker that asks, the other reads them: :mod:`tests.session_cache`), and the
+tests write only to their own ``tmp_path``. Its AR model, trained once per run too, is
+test_drafter_bpe's target (:func:`tests.code_micro.code_ar_once`). The prompt file holds the
+held-out functions (the micro model's drafts miss there: rejections), every fourth training
+function (memorized: whole blocks accepted) and one prompt of non-ASCII text.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.code_micro import (
+    BASE,
     STRIDE,
     accept_totals,
     brisk,
@@ -31,6 +34,7 @@ from tests.code_micro import (
     read_jsonl,
     write_jsonl,
 )
+from tests.session_cache import built_once
 
 MAX_NEW_TOKENS = 64
 # not from the corpus: multi-byte characters (2, 3 and 4 UTF-8 bytes) and runs of spaces
@@ -49,12 +53,24 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    root = tmp_path_factory.mktemp("code-world")
-    checkpoint = build_code_world(root, ar=code_ar_once(tmp_path_factory))  # test_drafter_bpe's AR
-    heldout = problem_rows(root, checkpoint, "test")
-    train = problem_rows(root, checkpoint, "train")
-    rows = [*heldout, *train[::4], {"prompt": NON_ASCII}]
-    return World(root, checkpoint, heldout, train, write_jsonl(root / "prompts.jsonl", rows), rows)
+    ar = code_ar_once(tmp_path_factory)  # test_drafter_bpe's target
+
+    def build(root: Path) -> None:
+        checkpoint = build_code_world(root, ar=ar)
+        heldout = problem_rows(root, checkpoint, "test")  # problems-test.jsonl
+        train = problem_rows(root, checkpoint, "train")  # problems-train.jsonl
+        write_jsonl(root / "prompts.jsonl", [*heldout, *train[::4], {"prompt": NON_ASCII}])
+
+    key = {"ar": str(ar), "base": BASE, "non_ascii": NON_ASCII}
+    root = built_once(tmp_path_factory, "code-world", key, build)
+    return World(
+        root,
+        root / "base" / "final",
+        read_jsonl(root / "problems-test.jsonl"),
+        read_jsonl(root / "problems-train.jsonl"),
+        root / "prompts.jsonl",
+        read_jsonl(root / "prompts.jsonl"),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,32 +80,36 @@ class Decoded:
     blocks: Path
 
 
-def _decode(world: World, temperature: float) -> Decoded:
-    name = f"t{temperature:g}"
-    blocks = world.root / f"blocks-{name}"
-    rows = brisk_decode(
-        world.root,
-        world.checkpoint,
-        world.prompts,
-        world.root / f"{name}.jsonl",
-        "--temperature",
-        temperature,
-        "--max-new-tokens",
-        MAX_NEW_TOKENS,
-        "--log-blocks",
-        blocks,
-    )
-    return Decoded(temperature, rows, blocks)
+def _decode(tmp_path_factory: pytest.TempPathFactory, world: World, temperature: float) -> Decoded:
+    """``brisk decode`` of the prompt file at ``temperature`` with its block log, once per run."""
+
+    def build(out: Path) -> None:
+        brisk_decode(
+            world.root,
+            world.checkpoint,
+            world.prompts,
+            out / "rows.jsonl",
+            "--temperature",
+            temperature,
+            "--max-new-tokens",
+            MAX_NEW_TOKENS,
+            "--log-blocks",
+            out / "blocks",
+        )
+
+    key = {"world": str(world.root), "temperature": temperature, "max_new": MAX_NEW_TOKENS}
+    out = built_once(tmp_path_factory, f"code-world-t{temperature:g}", key, build)
+    return Decoded(temperature, read_jsonl(out / "rows.jsonl"), out / "blocks")
 
 
 @pytest.fixture(scope="module")
-def greedy(world: World) -> Decoded:
-    return _decode(world, 0.0)
+def greedy(tmp_path_factory: pytest.TempPathFactory, world: World) -> Decoded:
+    return _decode(tmp_path_factory, world, 0.0)
 
 
 @pytest.fixture(scope="module")
-def sampled(world: World) -> Decoded:
-    return _decode(world, 1.0)
+def sampled(tmp_path_factory: pytest.TempPathFactory, world: World) -> Decoded:
+    return _decode(tmp_path_factory, world, 1.0)
 
 
 @pytest.fixture(params=["greedy", "sampled"])
@@ -186,7 +206,7 @@ def test_greedy_isd_is_greedy_ar(world: World, greedy: Decoded) -> None:
     assert [(r["completion"], r["tokens"]) for r in greedy.rows] == want
 
 
-def test_block_logs_read_back_and_report(world: World, decoded: Decoded) -> None:
+def test_block_logs_read_back_and_report(world: World, decoded: Decoded, tmp_path: Path) -> None:
     from brisk.mechanism.reader import count_blocks, log_shape, read_blocks
     from brisk.mechanism.requests import read_requests
 
@@ -202,7 +222,7 @@ def test_block_logs_read_back_and_report(world: World, decoded: Decoded) -> None
     assert requests.output_tokens[order].tolist() == [r["tokens"] for r in decoded.rows]
     assert requests.forwards[order].tolist() == [r["forwards"] for r in decoded.rows]
 
-    out = world.root / f"report-t{decoded.temperature:g}"
+    out = tmp_path / f"report-t{decoded.temperature:g}"
     brisk(world.root, "mechanism", "report", decoded.blocks, "--out", out, "--bootstrap", 50)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["blocks"] == sum(hist)
@@ -226,7 +246,7 @@ def test_compiles_grades_the_completions(world: World, greedy: Decoded) -> None:
     assert sum(memorized) > len(memorized) // 2  # the bodies it learned by heart compile
 
 
-def test_problem_prompts_as_written_get_a_body(world: World) -> None:
+def test_problem_prompts_as_written_get_a_body(world: World, tmp_path: Path) -> None:
     """The problems' prompts end at the docstring's closing quotes: the body's first token,
     newline and indentation as one BPE token, is the model's to write. (Ending them with the
     docstring's line break, a lone newline token the corpus shows only before top-level code or
@@ -234,8 +254,8 @@ def test_problem_prompts_as_written_get_a_body(world: World) -> None:
     rows = brisk_decode(
         world.root,
         world.checkpoint,
-        write_jsonl(world.root / "as-written.jsonl", world.train[::8]),
-        world.root / "as-written-out.jsonl",
+        write_jsonl(tmp_path / "as-written.jsonl", world.train[::8]),
+        tmp_path / "as-written-out.jsonl",
         "--temperature",
         0,
         "--max-new-tokens",

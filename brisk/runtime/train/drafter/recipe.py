@@ -74,10 +74,9 @@ from brisk.runtime.train.drafter.loss import (
 )
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
-from brisk.runtime.train.proposal.data import Example, ExampleStream
+from brisk.runtime.train.proposal.data import Example, ExampleStream, dataset_examples
 from brisk.runtime.train.selfgen import (
     checkpoint_hash,
-    read_dataset,
     read_provenance,
     tokenizer_hash,
 )
@@ -103,13 +102,7 @@ def _examples(cfg: DrafterTrainConfig) -> list[Example]:
             f"({provenance['checkpoint']}) than --target {cfg.target} "
             f"(brisk train selfgen --checkpoint {cfg.target})"
         )
-    table = read_dataset(cfg.dataset)
-    prompts, responses = table["prompt"].to_pylist(), table["response"].to_pylist()
-    correct = table["correct"].to_pylist()
-    keep = [i for i in range(len(prompts)) if cfg.data == "selfgen-all" or correct[i]]
-    if not keep:
-        raise ValueError(f"--dataset: {cfg.dataset} has no correct response to train on")
-    return [Example(prompts[i], responses[i]) for i in keep]
+    return dataset_examples(cfg.dataset, every=cfg.data == "selfgen-all")
 
 
 def train_drafter(

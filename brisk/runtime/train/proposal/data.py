@@ -37,6 +37,7 @@ __all__ = [
     "Example",
     "ExampleStream",
     "check_lengths",
+    "dataset_examples",
     "encode_rows",
     "example_batch",
     "load_examples",
@@ -82,14 +83,20 @@ def load_examples(cfg: ProposalTrainConfig) -> list[Example]:
         return [
             Example(p.prompt, r) for p, rs in zip(problems, references, strict=True) for r in rs
         ]
-    table = read_dataset(cfg.dataset)
+    return dataset_examples(cfg.dataset, every=cfg.data == "selfgen-all")
+
+
+def dataset_examples(dataset: str, every: bool) -> list[Example]:
+    """The responses of a self-generated ``dataset``: ``every`` one, or the correct ones; an
+    empty dataset, or one without a response to train on, is refused naming ``--dataset``."""
+    table = read_dataset(dataset)
     prompts, responses = table["prompt"].to_pylist(), table["response"].to_pylist()
     correct = table["correct"].to_pylist()
-    keep = [i for i in range(len(prompts)) if cfg.data == "selfgen-all" or correct[i]]
+    keep = [i for i in range(len(prompts)) if every or correct[i]]
     if not prompts:
-        raise ValueError(f"--dataset: {cfg.dataset} is empty")
+        raise ValueError(f"--dataset: {dataset} is empty")
     if not keep:
-        raise ValueError(f"--dataset: {cfg.dataset} has no correct response to train on")
+        raise ValueError(f"--dataset: {dataset} has no correct response to train on")
     return [Example(prompts[i], responses[i]) for i in keep]
 
 
