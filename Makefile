@@ -210,13 +210,16 @@ docs: $(STAMP)
 # No test of the main suite uses .venv-serving, so it is built in the background meanwhile (from
 # nothing ≈ 80 s of pip, one core at most, beside ruff, mypy, mkdocs and the suite), its output
 # in $(SLOG), printed if it fails. Either failing fails `make test`; Ctrl-C stops both.
+# The main suite's tests go to whichever worker is free (--dist worksteal): a run does not end
+# with one worker idle while the other works through its queue.
 SLOG := $(VENV)/serving-venv.log
 test: $(STAMP)
 	@echo "$(MAKE) serving-venv > $(SLOG) (in the background)"; \
 	$(MAKE) --no-print-directory serving-venv > $(SLOG) 2>&1 & serving=$$!; \
 	trap 'kill $$serving 2>/dev/null; exit 130' INT TERM; \
 	$(MAKE) --no-print-directory lint typecheck docs && \
-	  echo "$(BIN)/pytest -n 2 --durations=25" && $(BIN)/pytest -n 2 --durations=25; suite=$$?; \
+	  echo "$(BIN)/pytest -n 2 --dist worksteal --durations=25" && \
+	  $(BIN)/pytest -n 2 --dist worksteal --durations=25; suite=$$?; \
 	wait $$serving; built=$$?; \
 	if [ $$built -ne 0 ]; then cat $(SLOG); echo "make serving-venv failed (exit $$built): $(SLOG)"; fi; \
 	[ $$suite -eq 0 ] && [ $$built -eq 0 ]
