@@ -135,7 +135,8 @@ class PretrainRecipe(Recipe[PretrainConfig, EvalReport | None]):
         if run.start is not None:
             self.model.load_state_dict(load_file(run.start / "model.safetensors"))
         self.optimizer = adamw(self.model, cfg.lr, cfg.weight_decay)
-        if heldout_texts(cfg) == []:  # a corpus that holds out files, none of them this time
+        self.heldout = heldout_texts(cfg)  # read once: logged as ``heldout`` at the end
+        if self.heldout == []:  # a corpus that holds out files, none of them this time
             print(
                 "brisk: the corpus holds no held-out document (its split keeps every file for "
                 "training): no held-out loss is logged",
@@ -169,7 +170,7 @@ class PretrainRecipe(Recipe[PretrainConfig, EvalReport | None]):
         if self.cfg.final_eval_problems:
             report = final_evaluation(self.cfg, self.model, self.tokenizer)
             run.log({"event": "eval", "step": run.step, **report.to_dict()})
-        scored = heldout_loss(self.cfg, self.model, self.tokenizer)
+        scored = heldout_loss(self.cfg, self.model, self.tokenizer, self.heldout)
         if scored is not None:
             run.log({"event": "heldout", "step": run.step, **scored})
         return report
@@ -187,10 +188,14 @@ def heldout_texts(cfg: PretrainConfig) -> list[str] | None:
     return None if texts is None else list(texts())
 
 
-def heldout_loss(cfg: PretrainConfig, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+def heldout_loss(
+    cfg: PretrainConfig, model: Any, tokenizer: Any, texts: list[str] | None = None
+) -> dict[str, Any] | None:
     """``{"loss", "tokens"}``: :func:`causal_loss` of the corpus's held-out documents
-    (:func:`heldout_texts`), each cut to the model's positions; None when there are none."""
-    texts = heldout_texts(cfg)
+    (``texts``, else :func:`heldout_texts`), each cut to the model's positions; None when there
+    are none."""
+    if texts is None:
+        texts = heldout_texts(cfg)
     if not texts:
         return None
     model.eval()
