@@ -33,7 +33,7 @@ from rich.table import Table
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from brisk.runtime.backbone import HFBackbone
-from brisk.runtime.corrector import Corrector, CorrectorConfig
+from brisk.runtime.corrector import Corrector, CorrectorConfig, CorrectorInputs
 
 SHAPES = {  # name → Qwen3 sizes
     "tiny world (H 128, 4 layers, V 101)": dict(
@@ -90,21 +90,24 @@ def measure(backbone: HFBackbone, C: int, M: int, context: int, repeats: int) ->
         return out
 
     out = forward()
-    head = Corrector(CorrectorConfig.paper(hidden_size=H, vocab_size=V, M=M)).eval()
-    for p in head.parameters():  # a trained-looking head: nothing is skipped at zero
-        torch.nn.init.normal_(p, std=0.02)
+    with torch.inference_mode(False):  # weights that track versions (the folded tables' key)
+        head = Corrector(CorrectorConfig.paper(hidden_size=H, vocab_size=V, M=M)).eval()
+        for p in head.parameters():  # a trained-looking head: nothing is skipped at zero
+            torch.nn.init.normal_(p, std=0.02)
     K = head.config.K
     mask_logits = out.logits[:, M + 1 :]
     cand_logits, cand_ids = mask_logits.topk(K, dim=-1)
-    mask_hidden = out.hidden[:, M + 1 :]
-    anchor_hidden = out.hidden[:, M]
-    anchor = ids[:, M]
-    u = torch.rand(C, M, generator=g)
+    block = CorrectorInputs(
+        anchor_hidden=out.hidden[:, M],
+        anchor_ids=ids[:, M],
+        mask_hidden=out.hidden[:, M + 1 :],
+        cand_logits=cand_logits,
+        cand_ids=cand_ids,
+        u=torch.rand(C, M, generator=g),
+    )
 
     def select() -> Any:
-        return head.select(
-            backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, 1.0, u
-        )
+        return head.select(backbone, block, 1.0)
 
     f = median_s(forward, repeats)
     h = median_s(select, repeats)

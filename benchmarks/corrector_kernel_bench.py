@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from brisk.runtime.corrector import Corrector, CorrectorConfig
+from brisk.runtime.corrector import Corrector, CorrectorConfig, CorrectorInputs
 
 H, V, M, K = 4096, 151_936, 7, 16
 
@@ -80,18 +80,18 @@ def time_ms(fn: Callable[[], Any], repeats: int, cuda: bool, warmup: int = 10) -
     return statistics.median(times)
 
 
-def inputs(C: int, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+def inputs(C: int, device: torch.device, dtype: torch.dtype) -> CorrectorInputs:
     g = torch.Generator(device="cpu").manual_seed(C)
     logits, ids = (3 * torch.randn(C, M, 1024, generator=g)).topk(K, dim=-1)
     ids = ids * 148  # spread over the vocabulary
-    return {
-        "anchor_hidden": torch.randn(C, H, generator=g).to(device, dtype),
-        "anchor_ids": torch.randint(0, V, (C,), generator=g).to(device),
-        "mask_hidden": torch.randn(C, M, H, generator=g).to(device, dtype),
-        "cand_logits": logits.to(device, dtype),
-        "cand_ids": ids.to(device),
-        "u": torch.rand(C, M, generator=g).to(device),
-    }
+    return CorrectorInputs(
+        anchor_hidden=torch.randn(C, H, generator=g).to(device, dtype),
+        anchor_ids=torch.randint(0, V, (C,), generator=g).to(device),
+        mask_hidden=torch.randn(C, M, H, generator=g).to(device, dtype),
+        cand_logits=logits.to(device, dtype),
+        cand_ids=ids.to(device),
+        u=torch.rand(C, M, generator=g).to(device),
+    )
 
 
 @functools.cache
@@ -191,19 +191,10 @@ def measure(
     """One table row: the head's latencies at batch C (and the forward's, on a GPU)."""
     cuda = device.type == "cuda"
     x = inputs(C, device, torch.bfloat16)
-    call = (
-        backbone,
-        x["anchor_hidden"],
-        x["anchor_ids"],
-        x["mask_hidden"],
-        x["cand_logits"],
-        x["cand_ids"],
-        1.0,
-    )
 
     def eager(fold: bool) -> None:
         head.fold_tables = fold
-        head.select(*call, u=x["u"], impl="naive")
+        head.select(backbone, x, 1.0, impl="naive")
         head.fold_tables = True
 
     row: dict[str, Any] = {"C": C}
@@ -213,9 +204,9 @@ def measure(
         from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
 
         graphs = CorrectorGraphs(head, backbone, buckets=(C,))
-        want = head.select(*call, u=x["u"], impl="naive")
-        fused = head.select(*call, u=x["u"], impl="triton")
-        replay = graphs.select(*call, u=x["u"])
+        want = head.select(backbone, x, 1.0, impl="naive")
+        fused = head.select(backbone, x, 1.0, impl="triton")
+        replay = graphs.select(backbone, x, 1.0)
         row["tokens_equal"] = bool(
             torch.equal(fused.tokens, want.tokens) and torch.equal(replay.tokens, want.tokens)
         )
@@ -224,9 +215,9 @@ def measure(
             float((replay.refined - want.refined).abs().max()),
         )
         row["fused_ms"] = time_ms(
-            lambda: head.select(*call, u=x["u"], impl="triton"), args.repeats, cuda
+            lambda: head.select(backbone, x, 1.0, impl="triton"), args.repeats, cuda
         )
-        row["graph_ms"] = time_ms(lambda: graphs.select(*call, u=x["u"]), args.repeats, cuda)
+        row["graph_ms"] = time_ms(lambda: graphs.select(backbone, x, 1.0), args.repeats, cuda)
         if not args.no_forward:
             row["forward_ms"] = forward_ms(C, args.layers, args.context, args.repeats)
             try:

@@ -136,7 +136,7 @@ def in_process(budget_s: float, smoke: bool) -> None:
     import torch
 
     from brisk.runtime.backbone import HFBackbone
-    from brisk.runtime.corrector import Corrector, CorrectorConfig
+    from brisk.runtime.corrector import Corrector, CorrectorConfig, CorrectorInputs
     from brisk.runtime.isd import ISDOptions, decode
     from brisk.runtime.train.evaluate import greedy_decode
 
@@ -195,14 +195,19 @@ def in_process(budget_s: float, smoke: bool) -> None:
     cand_logits = torch.randn(B, 7, 16, device=dev).sort(-1, descending=True).values
     cand_ids = torch.randint(0, V, (B, 7, 16), device=dev)
     u = torch.rand(B, 7, device=dev, dtype=torch.float64)
-    args = (big, anchor_h, cand_ids[:, 0, 0], mask_h, cand_logits, cand_ids)
+    blocks = {  # the head's inputs at each temperature (uniforms when sampling)
+        T: CorrectorInputs(
+            anchor_h, cand_ids[:, 0, 0], mask_h, cand_logits, cand_ids, u if T else None
+        )
+        for T in (0.0, 0.8)
+    }
     fused = "naive" if smoke else "triton"  # the CPU smoke has no Triton launch
 
     for T in (0.0, 0.8):
 
         def kernel(T: float = T) -> tuple[bool, str]:
-            naive = head.select(*args, T, u=u if T else None, impl="naive")
-            other = head.select(*args, T, u=u if T else None, impl=fused)
+            naive = head.select(big, blocks[T], T, impl="naive")
+            other = head.select(big, blocks[T], T, impl=fused)
             diff = (naive.refined - other.refined).abs().max().item()
             return torch.equal(naive.ranks, other.ranks), f"ranks equal, max |Δ refined| {diff:.1e}"
 
@@ -211,8 +216,8 @@ def in_process(budget_s: float, smoke: bool) -> None:
     def graphs() -> tuple[bool, str]:
         from brisk.runtime.kernels.corrector_step.graph import CorrectorGraphs
 
-        eager = head.select(*args, 0.8, u=u, impl="triton")
-        replay = CorrectorGraphs(head, big).select(*args, 0.8, u=u)
+        eager = head.select(big, blocks[0.8], 0.8, impl="triton")
+        replay = CorrectorGraphs(head, big).select(big, blocks[0.8], 0.8)
         return torch.equal(replay.ranks, eager.ranks), "replayed ranks equal eager"
 
     if smoke:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
+Outcome = TypeVar("Outcome")
 C = TypeVar("C", bound="Config")
 
 
@@ -237,6 +238,29 @@ def add_task_arguments(parser: Any, default_help: str = "the checkpoint's own wo
     add_config_arguments(group, TaskSpec, exclude=("name", "path"), dest_prefix="task_")
 
 
+def add_problem_file_arguments(
+    parser: Any,
+    *,
+    checkpoint_help: str,
+    checkpoint_required: bool,
+    seed_default: int | None,
+    seed_help: str,
+    out_help: str | None = None,
+) -> None:
+    """The flags of a command that writes a task's problems to a JSON Lines file (``brisk
+    decode problems``, ``brisk tasks export``): the checkpoint whose world is the default task
+    (``--checkpoint``), how many problems (``--n``), which (``--seed``), the file (``--out``)
+    and the task (:func:`add_task_arguments`, by default the checkpoint's own world's test
+    split)."""
+    parser.add_argument(
+        "--checkpoint", type=Path, required=checkpoint_required, help=checkpoint_help
+    )
+    parser.add_argument("--n", type=int, default=200, help="problems (from a file: all of fewer)")
+    parser.add_argument("--seed", type=int, default=seed_default, help=seed_help)
+    parser.add_argument("--out", type=Path, required=True, help=out_help)
+    add_task_arguments(parser, "the checkpoint's own world, its test split")
+
+
 def task_from_args(args: Any) -> TaskSpec:
     """The :class:`TaskSpec` of :func:`add_task_arguments`' flags (errors name the flag)."""
     from brisk.runtime.tasks.spec import TaskSpec
@@ -374,12 +398,13 @@ def add_recipe_arguments(parser: Any, config_class: type, config_help: str) -> N
 def run_recipe(
     args: argparse.Namespace,
     config_class: type[C],
-    recipe: Callable[[C], Recipe[C, Any]],
+    recipe: Callable[[C], Recipe[C, Outcome]],
+    report: Callable[[TrainResult[Outcome]], None],
     check: Callable[[C], None] | None = None,
-) -> TrainResult[Any] | int:
+) -> int:
     """A ``brisk train`` recipe command: its config from ``--config`` and the flags, checked
-    (``check``), trained through the harness on this rank (:func:`_on_ranks`): rank 0's result,
-    or another rank's exit status."""
+    (``check``), trained through the harness on this rank (:func:`_on_ranks`); rank 0 prints
+    its result (``report``). Returns the exit status (another rank's passed on)."""
     from brisk._hf import quiet_transformers
     from brisk.runtime.train.harness import train
 
@@ -388,4 +413,8 @@ def run_recipe(
     if check is not None:
         check(cfg)
     quiet_transformers()
-    return _on_ranks(lambda: train(recipe(cfg), not args.no_progress, resume=args.resume))
+    result = _on_ranks(lambda: train(recipe(cfg), not args.no_progress, resume=args.resume))
+    if isinstance(result, int):
+        return result
+    report(result)
+    return 0

@@ -17,7 +17,8 @@ from brisk.cli._common import (
 from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
 
 if TYPE_CHECKING:
-    from brisk.runtime.train.corrector.recipe import CorrectorRecipe
+    from brisk.runtime.train.corrector.recipe import CorrectorRecipe, HeadFit
+    from brisk.runtime.train.harness import TrainResult
 
 __all__ = ["register_train"]
 
@@ -82,16 +83,16 @@ def _block_size(drafter: Path) -> int | None:
 def run_train(args: argparse.Namespace) -> int:
     from brisk.cli._common import run_recipe
 
-    result = run_recipe(args, CorrectorTrainConfig, _recipe)
-    if isinstance(result, int):
-        return result
+    return run_recipe(args, CorrectorTrainConfig, _recipe, _print_trained)
+
+
+def _print_trained(result: TrainResult[HeadFit]) -> None:
     fit = result.outcome
     print(
         f"trained {result.steps} steps on {fit.train_events:,} events in "
         f"{result.wall_s / 60:.2f} min; held-out loss {fit.val_loss_init:.4f} → "
         f"{fit.val_loss:.4f}; head {result.checkpoint}"
     )
-    return 0
 
 
 def _recipe(cfg: CorrectorTrainConfig) -> CorrectorRecipe:

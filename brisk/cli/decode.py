@@ -47,7 +47,7 @@ from brisk._interrupt import INTERRUPTED, exits_on_interrupt, stop_signals
 from brisk.cli._common import (
     add_config_arguments,
     add_placement_arguments,
-    add_task_arguments,
+    add_problem_file_arguments,
     flag_errors,
     with_overrides,
 )
@@ -126,21 +126,14 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     parser.set_defaults(run=run_decode)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("problems", help="write a task's problems as a prompt file")
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        required=True,
-        help="the model (its tokenizer renders the prompts; its world is the default task)",
+    add_problem_file_arguments(
+        p,
+        checkpoint_help="the model (its tokenizer renders the prompts; its world is the default "
+        "task)",
+        checkpoint_required=True,
+        seed_default=None,
+        seed_help="which problems (default: the checkpoint's held-out draw)",
     )
-    p.add_argument("--n", type=int, default=200, help="problems (from a file: all of fewer)")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="which problems (default: the checkpoint's held-out draw)",
-    )
-    p.add_argument("--out", type=Path, required=True)
-    add_task_arguments(p, "the checkpoint's own world, its test split")
     p.set_defaults(run=run_problems)
 
 

@@ -12,29 +12,26 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from brisk._atomic import atomic_write_text
 
 
 def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from brisk.cli._common import add_task_arguments
+    from brisk.cli._common import add_problem_file_arguments
 
     parser = layers.add_parser("tasks", help="registered tasks; export a task's problems")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ls = commands.add_parser("list", help="the registered tasks and the built-in graders")
     ls.set_defaults(run=run_list)
     x = commands.add_parser("export", help="write a task's problems as JSON Lines")
-    x.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=None,
-        help="its world is the default task; its tokenizer renders chat",
+    add_problem_file_arguments(
+        x,
+        checkpoint_help="its world is the default task; its tokenizer renders chat",
+        checkpoint_required=False,
+        seed_default=0,
+        seed_help="which problems",
+        out_help="the JSON Lines file to write",
     )
-    x.add_argument("--n", type=int, default=200, help="problems (from a file: all of fewer)")
-    x.add_argument("--seed", type=int, default=0, help="which problems")
-    x.add_argument("--out", type=Path, required=True, help="the JSON Lines file to write")
-    add_task_arguments(x, "the checkpoint's own world, its test split")
     x.set_defaults(run=run_export)
 
 

@@ -33,6 +33,7 @@ from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.selfgen import SelfGenOptions
 
 if TYPE_CHECKING:
+    from brisk.runtime.train.evaluate import EvalReport
     from brisk.runtime.train.harness import TrainResult
 
 
@@ -155,7 +156,7 @@ def register(layers: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def run_base(args: argparse.Namespace) -> int:
     from brisk.runtime.train.base.recipe import BaseRecipe
 
-    return _print_trained(run_recipe(args, BaseTrainConfig, BaseRecipe))
+    return run_recipe(args, BaseTrainConfig, BaseRecipe, _print_trained)
 
 
 @exits_on_interrupt
@@ -164,18 +165,14 @@ def run_ar(args: argparse.Namespace) -> int:
         return _export_corpus(args)
     from brisk.runtime.train.pretrain.recipe import PretrainRecipe
 
-    return _print_trained(run_recipe(args, PretrainConfig, PretrainRecipe))
+    return run_recipe(args, PretrainConfig, PretrainRecipe, _print_trained)
 
 
-def _print_trained(result: TrainResult[Any] | int) -> int:
-    """A base or AR run's summary: its time, its checkpoint and its held-out report (or another
-    rank's exit status, passed on)."""
-    if isinstance(result, int):
-        return result
+def _print_trained(result: TrainResult[EvalReport | None]) -> None:
+    """A base or AR run's summary: its time, its checkpoint and its held-out report."""
     print(f"trained in {result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}")
     if result.outcome is not None:
         _print_report(result.outcome)
-    return 0
 
 
 def _export_corpus(args: argparse.Namespace) -> int:
@@ -223,14 +220,14 @@ def _check_init(cfg: ProposalTrainConfig) -> None:
 def run_proposal(args: argparse.Namespace) -> int:
     from brisk.runtime.train.proposal.recipe import ProposalRecipe
 
-    result = run_recipe(args, ProposalTrainConfig, ProposalRecipe, _check_init)
-    if isinstance(result, int):
-        return result
+    return run_recipe(args, ProposalTrainConfig, ProposalRecipe, _print_proposal, _check_init)
+
+
+def _print_proposal(result: TrainResult[int]) -> None:
     print(
         f"trained {result.steps} steps on {result.outcome:,} tokens in "
         f"{result.wall_s / 60:.2f} min; checkpoint {result.checkpoint}"
     )
-    return 0
 
 
 def _check_target(cfg: DrafterTrainConfig) -> None:
@@ -242,9 +239,10 @@ def _check_target(cfg: DrafterTrainConfig) -> None:
 def run_drafter(args: argparse.Namespace) -> int:
     from brisk.runtime.train.drafter.recipe import DrafterRecipe
 
-    result = run_recipe(args, DrafterTrainConfig, DrafterRecipe, _check_target)
-    if isinstance(result, int):
-        return result
+    return run_recipe(args, DrafterTrainConfig, DrafterRecipe, _print_drafter, _check_target)
+
+
+def _print_drafter(result: TrainResult[dict[str, Any] | None]) -> None:
     print(f"trained in {result.wall_s:.1f} s; drafter {result.checkpoint}")
     if result.outcome is not None:
         e = result.outcome
@@ -254,7 +252,6 @@ def run_drafter(args: argparse.Namespace) -> int:
             f"TPF {e['tpf']:.3f} (tokens per target forward), E[L] {e['mean_accept']:.3f} "
             f"of {M}, draft forward {e['draft_cost']:.2f}× a verify forward"
         )
-    return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """What every ablation command shares: the plan's checks, the checkpoint it starts from, the
-held-out evaluation every row gets, the worker pool that runs its arm × seed jobs, and how it
-stops.
+held-out evaluation every row gets, the worker pool that runs its arm × seed jobs, the run under
+way (:class:`ExperimentRun`: its console, clock and step timings), and how it stops.
 
 An experiment resumes by being rerun: every step whose output exists is skipped, and the step
 that was cut short continues where it stopped (training from its newest checkpoint, data from
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import active_children, get_context
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from brisk._hf import quiet_transformers
 from brisk._interrupt import (
@@ -35,19 +35,25 @@ from brisk.runtime.configs import Config
 from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.fields import MaskId
 
+if TYPE_CHECKING:
+    from brisk.experiments.evaluate import CheckpointEval
+
 C = TypeVar("C")
+R = TypeVar("R")
 
 __all__ = [
     "EvalSection",
     "ExperimentPlan",
+    "ExperimentRun",
     "HeldOut",
+    "HeldOutProblems",
     "begin_experiment",
     "ensure_checkpoint",
     "evaluate_held_out",
     "experiment_step",
     "held_out_problems",
     "job_dir",
-    "job_line",
+    "read_eval",
     "run_jobs",
     "with_mask",
 ]
@@ -66,10 +72,20 @@ class EvalSection(Config):
 
 
 @dataclass(frozen=True)
+class HeldOutProblems:
+    """The held-out problems' prompts and answers, and their grader's name."""
+
+    prompts: list[str]
+    answers: list[Any]
+    grader: str
+
+
+@dataclass(frozen=True)
 class HeldOut:
-    """What :func:`evaluate_held_out` decodes: ``section``'s problems of the world of the
-    checkpoint ``world`` at ``stride``, on ``device`` in ``dtype``, with the MASK id
-    ``mask_token_id`` (None: the checkpoint's own)."""
+    """The evaluation every row of an ablation gets: ``section``'s problems of the world of the
+    checkpoint ``world`` (:meth:`problems`) decoded at ``stride`` with ``section``'s settings,
+    on ``device`` in ``dtype``, with the MASK id ``mask_token_id`` (None: the checkpoint's own;
+    :meth:`evaluate`)."""
 
     world: str
     section: EvalSection
@@ -77,6 +93,48 @@ class HeldOut:
     device: str
     dtype: str
     mask_token_id: int | None = None
+
+    def problems(self) -> HeldOutProblems:
+        """The section's problems (the same for every arm and seed: :func:`held_out_problems`)."""
+        e = self.section
+        problems, grader = held_out_problems(self.world, e.problems, e.problem_seed, e.task)
+        return HeldOutProblems([p.prompt for p in problems], [p.answer for p in problems], grader)
+
+    def evaluate(
+        self,
+        checkpoint: str | Path,
+        problems: HeldOutProblems,
+        name: str,
+        seed: int,
+        *,
+        corrector: Any = None,
+        log_blocks: Path | None = None,
+        shadow: bool = False,
+    ) -> CheckpointEval:
+        """``problems`` decoded from ``checkpoint`` as the row ``name`` with decode seed
+        ``seed`` (head on with ``corrector``; ``log_blocks`` and ``shadow`` as
+        :func:`~brisk.experiments.evaluate.evaluate_checkpoint` takes them) and scored."""
+        from brisk.experiments.evaluate import evaluate_checkpoint
+
+        e = self.section
+        return evaluate_checkpoint(
+            checkpoint,
+            problems.prompts,
+            problems.answers,
+            arm=name,
+            seed=seed,
+            stride=self.stride,
+            temperature=e.temperature,
+            max_new_tokens=e.max_new_tokens,
+            batch_size=e.batch_size,
+            corrector=corrector,
+            log_blocks=log_blocks,
+            shadow=shadow,
+            grader=problems.grader,
+            device=self.device,
+            dtype=self.dtype,
+            mask_token_id=self.mask_token_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -100,6 +158,29 @@ class ExperimentPlan(MaskId):
     def known_arms(self) -> Collection[str]:
         return ()
 
+    def decode_problems(
+        self,
+        decode: Callable[..., R],
+        checkpoint: str | Path,
+        out: Path,
+        options: Any,
+        show_progress: bool = False,
+    ) -> R:
+        """``decode(checkpoint, out, options, show_progress, device=, dtype=)``, a decode of the
+        deployed decoder over a task's problems (``brisk train selfgen``'s
+        :func:`~brisk.runtime.train.selfgen.generate_dataset`, ``brisk train corrector
+        collect``'s :func:`~brisk.experiments.heads.collect_once`), with the plan's stride, MASK
+        id (:func:`with_mask`) and placement."""
+        staged = with_mask(self, options.replace(stride=self.stride))
+        return decode(
+            checkpoint,
+            out,
+            staged,
+            show_progress=show_progress,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
     def __post_init__(self) -> None:
         """Arms must be known, seeds distinct and non-empty, workers ≥ 1 (errors name the
         field)."""
@@ -114,15 +195,78 @@ class ExperimentPlan(MaskId):
         super().__post_init__()
 
 
-def begin_experiment(cfg: Config, show_progress: bool) -> tuple[Any, Path]:
-    """The experiment's console (on stderr, quiet without progress) and its output directory,
-    created, holding ``experiment.json`` (the config it runs)."""
+@dataclass
+class ExperimentRun:
+    """An experiment under way (:func:`begin_experiment`): its output directory, its console (on
+    stderr, quiet without progress), whether it shows progress, the flag SIGINT and SIGTERM set
+    (``stop``), its start on the monotonic clock (``t0``) and the seconds of its steps that its
+    summary records (``timings``)."""
+
+    out: Path
+    console: Any
+    show_progress: bool
+    stop: StopSignals
+    t0: float = field(default_factory=time.monotonic)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def ensure_checkpoint(
+        self, checkpoint: str, base_config: str, doing: str, *, timing: str | None = None
+    ) -> None:
+        """The experiment's first step, ``doing``: train the base model of ``base_config`` into
+        ``checkpoint`` unless it exists already (:func:`ensure_checkpoint`; :meth:`step`)."""
+        with self.step(doing, timing=timing):
+            ensure_checkpoint(checkpoint, base_config, self.console, self.show_progress)
+
+    @contextmanager
+    def step(self, doing: str, *, timing: str | None = None) -> Iterator[None]:
+        """A step of the experiment, ``doing`` (:func:`experiment_step`: an interruption ends the
+        experiment with one line), its seconds recorded as ``timings[timing]`` where given."""
+        with experiment_step(doing), self.timed(timing):
+            yield
+
+    @contextmanager
+    def timed(self, key: str | None) -> Iterator[None]:
+        """The block's seconds, recorded as ``timings[key]`` (None: not recorded)."""
+        start = time.monotonic()
+        yield
+        if key is not None:
+            self.timings[key] = time.monotonic() - start
+
+    @contextmanager
+    def summarizing(self) -> Iterator[None]:
+        """The last step, the summary written from the jobs' results: an interruption ends it at
+        once (a rerun writes it again) and keeps every job's result."""
+        with (
+            experiment_step("writing the summary; every job's result is kept"),
+            self.stop.abortable(),
+        ):
+            yield
+
+    def job_done(self, count: int, total: int, name: str, seed: int, what: str) -> None:
+        """The line printed as a job finishes: ``[count/total] name seed s: what (minutes since
+        the start)``."""
+        minutes = (time.monotonic() - self.t0) / 60
+        self.console.print(f"[{count}/{total}] {name} seed {seed}: {what} ({minutes:.1f} min)")
+
+    def eval_done(self, count: int, total: int, name: str, seed: int, ev: dict[str, Any]) -> None:
+        """:meth:`job_done` of a job whose result is a held-out evaluation ``ev``
+        (:meth:`HeldOut.evaluate`'s, as a dict): its accuracy, TPF and rejection."""
+        what = f"acc {ev['accuracy']:.3f}, TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f}"
+        self.job_done(count, total, name, seed, what)
+
+
+@contextmanager
+def begin_experiment(cfg: Config, show_progress: bool) -> Iterator[ExperimentRun]:
+    """An experiment's run for the block: SIGINT and SIGTERM routed to its ``stop`` flag
+    (:func:`~brisk._interrupt.stop_signals`), its output directory created, holding
+    ``experiment.json`` (the config it runs), and its clock started."""
     from rich.console import Console
 
-    out = Path(cfg.out_dir)  # type: ignore[attr-defined]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    return Console(stderr=True, quiet=not show_progress), out
+    with stop_signals() as stop:
+        out = Path(cfg.out_dir)  # type: ignore[attr-defined]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "experiment.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        yield ExperimentRun(out, Console(stderr=True, quiet=not show_progress), show_progress, stop)
 
 
 def ensure_checkpoint(checkpoint: str, base_config: str, console: Any, show_progress: bool) -> None:
@@ -213,16 +357,6 @@ def _start_worker() -> None:
     quiet_transformers()
 
 
-def job_line(count: int, total: int, name: str, seed: int, ev: dict[str, Any], t0: float) -> str:
-    """The line an experiment prints as a job finishes: ``[count/total] name seed s: acc …,
-    TPF …, rejection … (minutes since t0)``."""
-    return (
-        f"[{count}/{total}] {name} seed {seed}: acc {ev['accuracy']:.3f}, "
-        f"TPF {ev['tpf_run']:.3f}, rejection {ev['rejection']:.3f} "
-        f"({(time.monotonic() - t0) / 60:.1f} min)"
-    )
-
-
 def job_dir(
     out_dir: str, arm: str, seed: int, kind: str = "arms"
 ) -> tuple[Path, dict[str, Any] | None]:
@@ -235,6 +369,15 @@ def job_dir(
         return run, dict(json.loads(result_file.read_text()))
     run.mkdir(parents=True, exist_ok=True)
     return run, None
+
+
+def read_eval(saved: dict[str, Any]) -> CheckpointEval:
+    """A :class:`~brisk.experiments.evaluate.CheckpointEval` from its dict as a job returned it
+    or ``eval.json`` holds it (lists back to tuples)."""
+    from brisk.experiments.evaluate import CheckpointEval
+
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
+    return CheckpointEval(**fields)
 
 
 def with_mask(plan: MaskId, stage: C) -> C:
@@ -253,34 +396,17 @@ def evaluate_held_out(
     seed: int,
     stop: StopSignals,
     corrector: Any = None,
-) -> Any:
+) -> CheckpointEval:
     """The evaluation every row of an ablation's table gets: ``held_out``'s problems decoded
     from ``checkpoint`` with decode seed ``seed`` (head on with ``corrector``), every verify
     round logged to ``run/blocks``; a signal stops it at once (rerun whole: only ``eval.json``
     marks a job done)."""
-    from brisk.experiments.evaluate import evaluate_checkpoint
-
-    e = held_out.section
-    problems, grader = held_out_problems(held_out.world, e.problems, e.problem_seed, e.task)
+    problems = held_out.problems()
     blocks = run / "blocks"
     shutil.rmtree(blocks, ignore_errors=True)
     with stop.abortable():
-        return evaluate_checkpoint(
-            checkpoint,
-            [p.prompt for p in problems],
-            [p.answer for p in problems],
-            arm=name,
-            seed=seed,
-            stride=held_out.stride,
-            temperature=e.temperature,
-            max_new_tokens=e.max_new_tokens,
-            batch_size=e.batch_size,
-            log_blocks=blocks,
-            grader=grader,
-            corrector=corrector,
-            device=held_out.device,
-            dtype=held_out.dtype,
-            mask_token_id=held_out.mask_token_id,
+        return held_out.evaluate(
+            checkpoint, problems, name, seed, corrector=corrector, log_blocks=blocks
         )
 
 

@@ -38,14 +38,11 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.experiments.common import (
+    ExperimentRun,
     begin_experiment,
-    ensure_checkpoint,
-    experiment_step,
-    held_out_problems,
     job_dir,
-    job_line,
+    read_eval,
     run_jobs,
-    with_mask,
 )
 from brisk.experiments.corrector_config import (
     ARMS,
@@ -90,8 +87,6 @@ def _train_and_evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from brisk.experiments.evaluate import evaluate_checkpoint
-
     torch.set_num_threads(1)
     arm = arm_named(arm_name)
     run, done = job_dir(cfg.out_dir, arm.name, seed)
@@ -104,40 +99,23 @@ def _train_and_evaluate(
     train_info: dict[str, Any] = {}
     if arm.trained:
         head, train_info = train_head(tcfg)
-    problems, grader = held_out_problems(
-        cfg.backbone, cfg.eval.problems, cfg.eval.problem_seed, cfg.eval.task
-    )
-    prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
-    e = cfg.eval
-    common = dict(
-        seed=seed,
-        stride=cfg.stride,
-        temperature=e.temperature,
-        max_new_tokens=e.max_new_tokens,
-        batch_size=e.batch_size,
-        grader=grader,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        mask_token_id=cfg.mask_token_id,
-    )
+    held_out = cfg.held_out
+    problems = held_out.problems()
     # head off drafts from the Top-16 of q (ISDOptions.top_k), the paper's K
     with stop.abortable():  # rerun whole: only eval.json marks the job done
-        ev = evaluate_checkpoint(
-            cfg.backbone, prompts, answers, arm=arm.name, corrector=head, **common
-        )
+        ev = held_out.evaluate(cfg.backbone, problems, arm.name, seed, corrector=head)
         result: dict[str, Any] = {"eval": ev.to_dict(), "train": train_info}
-        if head is not None and e.shadow:
+        if head is not None and cfg.eval.shadow:
             shadow = run / "shadow"
             shutil.rmtree(shadow, ignore_errors=True)
-            evaluate_checkpoint(
+            held_out.evaluate(
                 cfg.backbone,
-                prompts,
-                answers,
-                arm=arm.name,
+                problems,
+                arm.name,
+                seed,
                 corrector=head,
                 log_blocks=shadow,
                 shadow=True,
-                **common,
             )
             result["mechanism"] = _mechanism(shadow, head.config.K)
     atomic_write_text(run / "eval.json", json.dumps(result, indent=2))
@@ -161,73 +139,54 @@ def run_corrector_experiment(
 ) -> dict[str, Any]:
     """Run (or resume) the ablation; returns the summary that ``summary.json`` holds. SIGINT or
     SIGTERM ends it with :class:`~brisk._interrupt.Interrupted` (module docstring)."""
-    with stop_signals() as stop:
-        return _run(cfg, show_progress, stop)
+    with begin_experiment(cfg, show_progress) as run:
+        return _run(cfg, run)
 
 
-def _run(cfg: CorrectorExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
+def _run(cfg: CorrectorExperimentConfig, run: ExperimentRun) -> dict[str, Any]:
     import torch
 
-    console, out = begin_experiment(cfg, show_progress)
-    t0 = time.monotonic()
-    timings: dict[str, float] = {}
-
     # 1. The frozen backbone.
-    with experiment_step("training the backbone"):
-        ensure_checkpoint(cfg.backbone, cfg.base_config, console, show_progress)
+    run.ensure_checkpoint(cfg.backbone, cfg.base_config, "training the backbone")
 
     # 2. One event store for every arm.
-    events = out / "events"
+    events = run.out / "events"
     if not (events / "_events.json").exists():
-        console.print(f"collecting policy-reached events → {events}")
-        t = time.monotonic()
-        torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
-        with experiment_step("collecting events"):
-            store = collect_once(
-                cfg.backbone,
-                events,
-                with_mask(cfg, cfg.collect.replace(stride=cfg.stride)),
-                show_progress=show_progress,
-                device=cfg.device,
-                dtype=cfg.dtype,
+        run.console.print(f"collecting policy-reached events → {events}")
+        with run.step("collecting events", timing="collect_s"):
+            torch.set_num_threads(max(1, min(cfg.workers, os.cpu_count() or 1)))
+            store = cfg.decode_problems(
+                collect_once, cfg.backbone, events, cfg.collect, run.show_progress
             )
-        timings["collect_s"] = time.monotonic() - t
         if store is not None:
-            console.print(f"{len(store)} events, {store.correct.mean():.1%} from correct responses")
+            run.console.print(
+                f"{len(store)} events, {store.correct.mean():.1%} from correct responses"
+            )
 
     # 3. Arms × seeds in worker processes.
     jobs = [(a, seed) for a in cfg.arms for seed in cfg.seeds]
-    t = time.monotonic()
 
     def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
-        ev = res["eval"]
-        console.print(job_line(count, len(jobs), a, seed, ev, t0))
+        run.eval_done(count, len(jobs), a, seed, res["eval"])
 
-    with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
+    with run.step(f"running the arm × seed jobs in {run.out / 'arms'}", timing="arms_s"):
         results = run_jobs(cfg.workers, _job, jobs, (cfg, str(events)), done)
-    timings["arms_s"] = time.monotonic() - t
 
     # 4. Table, plots, the mechanism report of the paper's head (abortable: a rerun writes them
     # again from the jobs' results).
-    with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
-        return _summarize(cfg, results, timings, t0, console)
+    with run.summarizing():
+        return _summarize(cfg, results, run)
 
 
 def _summarize(
     cfg: CorrectorExperimentConfig,
     results: dict[tuple[str, int], dict[str, Any]],
-    timings: dict[str, float],
-    t0: float,
-    console: Any,
+    run: ExperimentRun,
 ) -> dict[str, Any]:
-    from brisk.experiments.evaluate import CheckpointEval, summarize
+    from brisk.experiments.evaluate import summarize
 
-    out = Path(cfg.out_dir)
-
-    def as_eval(d: dict[str, Any]) -> CheckpointEval:
-        return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-    ordered = [as_eval(results[(a, s)]["eval"]) for a in cfg.arms for s in cfg.seeds]
+    out = run.out
+    ordered = [read_eval(results[(a, s)]["eval"]) for a in cfg.arms for s in cfg.seeds]
     metrics = (
         "accuracy",
         "rejection",
@@ -251,17 +210,17 @@ def _summarize(
 
         shadow = out / "arms" / PAPER_ARM / f"seed{cfg.seeds[0]}" / "shadow"
         write_report(analyze(shadow, draws=200), out / "mechanism")  # brisk mechanism report
-    timings["total_s"] = time.monotonic() - t0
+    run.timings["total_s"] = time.monotonic() - run.t0
     summary = {
         "config": cfg.to_dict(),
         "arms": [summaries[a].to_dict() for a in cfg.arms],
         "mechanism": {a: {m: dataclasses.asdict(v) for m, v in d.items()} for a, d in mech.items()},
         "runs": [{"arm": a, "seed": s, **results[(a, s)]} for a in cfg.arms for s in cfg.seeds],
-        "timings": timings,
+        "timings": run.timings,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(table)
-    console.print(table, markup=False)
+    run.console.print(table, markup=False)
     return summary
 
 
@@ -354,6 +313,7 @@ def _plots(
     import matplotlib.pyplot as plt
 
     from brisk.experiments.table import plot_summaries
+    from brisk.runtime.train.plots import save_figure
 
     plot_summaries([summaries[a] for a in cfg.arms], out / "arms.png")
     if mech:
@@ -375,9 +335,7 @@ def _plots(
         ax.set_ylabel("per 100")
         ax.legend(frameon=False)
         ax.set_title("Same-state rescue vs regression (mean over seeds, 95 % t-interval)")
-        fig.tight_layout()
-        fig.savefig(out / "rescue.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, out / "rescue.png")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for a in cfg.arms:
         metrics = out / "arms" / a / f"seed{cfg.seeds[0]}" / "metrics.jsonl"
@@ -391,6 +349,4 @@ def _plots(
     ax.set_ylabel("held-out loss (eq. 6, own target)")
     ax.set_title(f"Validation loss, seed {cfg.seeds[0]}")
     ax.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "val_loss.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "val_loss.png")

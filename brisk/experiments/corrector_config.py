@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisk.experiments.common import EvalSection, ExperimentPlan
+from brisk.experiments.common import EvalSection, ExperimentPlan, HeldOut
 from brisk.runtime.train.corrector.config import CollectOptions, CorrectorTrainConfig
 
 __all__ = [
@@ -71,6 +71,13 @@ class CorrectorExperimentConfig(ExperimentPlan):
                     f"collect.top_k: {self.collect.top_k} < K = {K} of arm {name!r} (the events "
                     "must hold every arm's candidates)"
                 )
+
+    @property
+    def held_out(self) -> HeldOut:
+        """Every arm's evaluation: ``[eval]``'s problems of the backbone's world."""
+        return HeldOut(
+            self.backbone, self.eval, self.stride, self.device, self.dtype, self.mask_token_id
+        )
 
 
 def arm_named(name: str) -> CorrectorArm:

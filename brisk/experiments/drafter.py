@@ -44,8 +44,8 @@ import numpy as np
 
 from brisk._atomic import atomic_write_text
 from brisk.experiments.common import (
+    ExperimentRun,
     begin_experiment,
-    experiment_step,
     job_dir,
     run_jobs,
     with_mask,
@@ -297,25 +297,27 @@ def run_drafter_experiment(
     cfg: DrafterExperimentConfig, show_progress: bool = True
 ) -> dict[str, Any]:
     """Every arm × seed (module docstring), then the summary: ``summary.json`` and
-    ``summary.md`` under ``cfg.out_dir``."""
-    console, out = begin_experiment(cfg, show_progress)
+    ``summary.md`` under ``cfg.out_dir``. SIGINT or SIGTERM ends it with
+    :class:`~brisk._interrupt.Interrupted`, every finished job kept."""
+    with begin_experiment(cfg, show_progress) as run:
+        return _run(cfg, run)
+
+
+def _run(cfg: DrafterExperimentConfig, run: ExperimentRun) -> dict[str, Any]:
     jobs = [(arm, seed) for arm in cfg.arms for seed in cfg.seeds]
-    t0 = time.monotonic()
 
     def done(count: int, arm: str, seed: int, ev: dict[str, Any]) -> None:
         head = f", head on: TPF {ev['head']['tpf']:.3f}" if "head" in ev else ""
-        console.print(
-            f"[{count}/{len(jobs)}] {arm} seed {seed}: TPF {ev['tpf']:.3f}, E[L] "
-            f"{ev['mean_accept']:.3f}, {ev['speedup']:.2f}× AR{head} "
-            f"({(time.monotonic() - t0) / 60:.1f} min)"
-        )
+        what = f"TPF {ev['tpf']:.3f}, E[L] {ev['mean_accept']:.3f}, {ev['speedup']:.2f}× AR{head}"
+        run.job_done(count, len(jobs), arm, seed, what)
 
-    with experiment_step("training and evaluating the drafters; every finished job is kept"):
+    with run.step("training and evaluating the drafters; every finished job is kept"):
         results = run_jobs(cfg.workers, _job, jobs, (cfg,), done)
-    evals = [results[(arm, seed)] for arm, seed in jobs]
-    summary = {"config": cfg.to_dict(), "evals": evals, "wall_s": time.monotonic() - t0}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = summary_markdown(cfg, evals)
-    (out / "summary.md").write_text(table)
-    console.print(table)
+    with run.summarizing():
+        evals = [results[(arm, seed)] for arm, seed in jobs]
+        summary = {"config": cfg.to_dict(), "evals": evals, "wall_s": time.monotonic() - run.t0}
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        table = summary_markdown(cfg, evals)
+        (run.out / "summary.md").write_text(table)
+        run.console.print(table)
     return summary

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
-from brisk.experiments.common import evaluate_held_out, job_dir, with_mask
+from brisk.experiments.common import evaluate_held_out, job_dir
 from brisk.experiments.heads import collect_once, train_head
 from brisk.experiments.proposal_config import ExperimentConfig
 
@@ -115,13 +115,7 @@ def _collect_train_evaluate(
         return done
     backbone = backbone_of(cfg, arm, seed)
     events = run / "events"
-    collect_once(
-        backbone,
-        events,
-        with_mask(cfg, cfg.head.collect.replace(stride=cfg.stride)),
-        device=cfg.device,
-        dtype=cfg.dtype,
-    )
+    cfg.decode_problems(collect_once, backbone, events, cfg.head.collect)
     tcfg = cfg.head.train.replace(
         events=str(events), out_dir=str(run), seed=seed, device=cfg.device, dtype=cfg.dtype
     )

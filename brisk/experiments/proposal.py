@@ -47,12 +47,11 @@ from typing import Any
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import StopSignals, stop_signals
 from brisk.experiments.common import (
+    ExperimentRun,
     begin_experiment,
-    ensure_checkpoint,
     evaluate_held_out,
-    experiment_step,
     job_dir,
-    job_line,
+    read_eval,
     run_jobs,
     with_mask,
 )
@@ -144,40 +143,25 @@ def _train_and_evaluate(
 def run_experiment(cfg: ExperimentConfig, show_progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the ablation; returns the summary that ``summary.json`` holds. SIGINT or
     SIGTERM ends it with :class:`~brisk._interrupt.Interrupted` (module docstring)."""
-    with stop_signals() as stop:
-        return _run(cfg, show_progress, stop)
+    with begin_experiment(cfg, show_progress) as run:
+        return _run(cfg, run)
 
 
-def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[str, Any]:
+def _run(cfg: ExperimentConfig, run: ExperimentRun) -> dict[str, Any]:
     from brisk.experiments.evaluate import CheckpointEval
     from brisk.runtime.train.selfgen import generate_dataset
 
-    console, out = begin_experiment(cfg, show_progress)
-    t0 = time.monotonic()
-    timings: dict[str, float] = {}
-
     # 1. The base checkpoint.
-    with experiment_step("training the base model"):
-        ensure_checkpoint(cfg.base, cfg.base_config, console, show_progress)
-    timings["base_s"] = time.monotonic() - t0
+    run.ensure_checkpoint(cfg.base, cfg.base_config, "training the base model", timing="base_s")
 
     # 2. Self-generated data from the base, with the deployed decoder.
-    data_dir = out / "data"
-    console.print(f"self-generated data → {data_dir}")
-    t = time.monotonic()
-    with experiment_step("generating the dataset"):
-        generate_dataset(
-            cfg.base,
-            data_dir,
-            with_mask(cfg, cfg.selfgen.replace(stride=cfg.stride)),
-            show_progress=show_progress,
-            device=cfg.device,
-            dtype=cfg.dtype,
-        )
-    timings["selfgen_s"] = time.monotonic() - t
+    data_dir = run.out / "data"
+    run.console.print(f"self-generated data → {data_dir}")
+    with run.step("generating the dataset", timing="selfgen_s"):
+        cfg.decode_problems(generate_dataset, cfg.base, data_dir, cfg.selfgen, run.show_progress)
     tokens_per_epoch = epoch_tokens(cfg, data_dir)
     if cfg.budgets:
-        console.print(
+        run.console.print(
             f"one epoch of the correct responses: {tokens_per_epoch:,} tokens; "
             f"budgets {', '.join(f'{b:g}' for b in cfg.budgets)} epochs"
         )
@@ -191,40 +175,29 @@ def _run(cfg: ExperimentConfig, show_progress: bool, stop: StopSignals) -> dict[
         for seed in cfg.seeds
     ]
     jobs += [("base", seed) for seed in cfg.seeds if "base" in cfg.arms]
-    t = time.monotonic()
     evals: dict[tuple[str, int], CheckpointEval] = {}
 
     def done(count: int, a: str, seed: int, ev: dict[str, Any]) -> None:
-        evals[(a, seed)] = CheckpointEval(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in ev.items()}
-        )
-        console.print(job_line(count, len(jobs), a, seed, ev, t0))
+        evals[(a, seed)] = read_eval(ev)
+        run.eval_done(count, len(jobs), a, seed, ev)
 
-    with experiment_step(f"running the arm × seed jobs in {out / 'arms'}"):
+    with run.step(f"running the arm × seed jobs in {run.out / 'arms'}", timing="arms_s"):
         run_jobs(cfg.workers, _job, jobs, (cfg, str(data_dir), tokens_per_epoch), done)
-    timings["arms_s"] = time.monotonic() - t
 
     # 4. The head-on row: the best arm's backbones, a distilled head each, decoded head on.
     head: dict[str, Any] | None = None
     if cfg.head.enabled:
-        t = time.monotonic()
-        head = _head_on(cfg, evals, console, t0)
-        timings["head_s"] = time.monotonic() - t
+        with run.timed("head_s"):
+            head = _head_on(cfg, evals, run)
 
     # 5. The table, the plots and the mechanism report of the best arm (abortable: a rerun
     # writes them again from the jobs' results).
-    with experiment_step("writing the summary; every job's result is kept"), stop.abortable():
-        return _summarize(cfg, evals, timings, t0, console, data_dir, tokens_per_epoch, head)
-
-
-def _as_eval(d: dict[str, Any]) -> Any:
-    from brisk.experiments.evaluate import CheckpointEval
-
-    return CheckpointEval(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    with run.summarizing():
+        return _summarize(cfg, evals, run, data_dir, tokens_per_epoch, head)
 
 
 def _head_on(
-    cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], console: Any, t0: float
+    cfg: ExperimentConfig, evals: dict[tuple[str, int], Any], run: ExperimentRun
 ) -> dict[str, Any]:
     """Choose the best arm (:func:`~brisk.experiments.headon.choose_arm`) and run its
     head-on job of every seed in the worker pool; returns the choice and the jobs' results."""
@@ -233,17 +206,16 @@ def _head_on(
     names = cfg.job_names()
     summaries = {sm.arm: sm for sm in summarize([evals[(a, s)] for a in names for s in cfg.seeds])}
     arm, why = choose_arm(names, summaries, cfg.budgets)
-    console.print(f"head-on row: {arm if arm is not None else 'none'} ({why})")
+    run.console.print(f"head-on row: {arm if arm is not None else 'none'} ({why})")
     if arm is None:
         return {"arm": None, "why": why, "results": {}}
     jobs = [(arm, seed) for seed in cfg.seeds]
 
     def done(count: int, a: str, seed: int, res: dict[str, Any]) -> None:
-        ev = res["eval"]
-        console.print(job_line(count, len(jobs), row_name(a), seed, ev, t0))
+        run.eval_done(count, len(jobs), row_name(a), seed, res["eval"])
 
-    out = Path(cfg.out_dir) / "head" / arm
-    with experiment_step(f"running the head-on jobs in {out}"):
+    out = run.out / "head" / arm
+    with run.step(f"running the head-on jobs in {out}"):
         results = run_jobs(cfg.workers, head_job, jobs, (cfg,), done)
     return {"arm": arm, "why": why, "results": results}
 
@@ -251,9 +223,7 @@ def _head_on(
 def _summarize(
     cfg: ExperimentConfig,
     evals: dict[tuple[str, int], Any],
-    timings: dict[str, float],
-    t0: float,
-    console: Any,
+    run: ExperimentRun,
     data_dir: Path,
     tokens_per_epoch: int,
     head: dict[str, Any] | None = None,
@@ -261,7 +231,7 @@ def _summarize(
     from brisk.experiments.evaluate import summarize
     from brisk.experiments.table import directions_table, markdown_table, plot_summaries
 
-    out = Path(cfg.out_dir)
+    out = run.out
     names = cfg.job_names()
     ordered = [evals[(a, seed)] for a in names for seed in cfg.seeds]
     headers: tuple[str, ...] = ("Training data", "W.")
@@ -274,7 +244,7 @@ def _summarize(
     head_note = ""
     if head is not None and head_arm is not None:
         results = head["results"]
-        head_rows = [_as_eval(results[(head_arm, seed)]["eval"]) for seed in cfg.seeds]
+        head_rows = [read_eval(results[(head_arm, seed)]["eval"]) for seed in cfg.seeds]
         data, weights, *rest = labels[head_arm]
         labels[row_name(head_arm)] = (f"{data} + corrector head", weights, *rest)
         preset = cfg.head.train.head
@@ -307,7 +277,7 @@ def _summarize(
     blocks = out / "arms" / best / f"seed{cfg.seeds[0]}" / "blocks"
     write_report(analyze(blocks, draws=200), out / "mechanism")  # brisk mechanism report
     theory = _theory(cfg, names, ordered, summaries, data_dir) if cfg.theory_samples else []
-    timings["total_s"] = time.monotonic() - t0
+    run.timings["total_s"] = time.monotonic() - run.t0
     summary = {
         "config": cfg.to_dict(),
         "tokens_per_epoch": tokens_per_epoch,
@@ -315,7 +285,7 @@ def _summarize(
         "evals": [e.to_dict() for e in ordered + head_rows],
         "theory": [r.to_dict() for r in theory],
         "best_arm": best,
-        "timings": timings,
+        "timings": run.timings,
     }
     if head is not None:
         summary["head"] = {
@@ -345,7 +315,7 @@ def _summarize(
         "per seed: mean log-ratio over the seeds [95 % Student-t interval], as a change.\n\n"
         + directions_table(summary["evals"], head_arm)
     )
-    console.print(table)
+    run.console.print(table)
     return summary
 
 

@@ -71,6 +71,8 @@ def plot_summaries(summaries: Sequence[ArmSummary], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from brisk.runtime.train.plots import save_figure
+
     arms = [s.arm for s in summaries]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(arms) + 1.5), sharey=True)
     for ax, (metric, title, scale) in zip(
@@ -90,11 +92,7 @@ def plot_summaries(summaries: Sequence[ArmSummary], path: str | Path) -> Path:
     axes[0].set_yticks(range(len(arms)), arms)
     axes[0].invert_yaxis()
     fig.suptitle("seed means with 95 % t-intervals")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)
 
 
 # The paper's directions for the proposal ablation: (claim, numerator arm, denominator arm), the

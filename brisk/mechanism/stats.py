@@ -38,21 +38,32 @@ _CHUNK_ENTRIES = 1 << 22
 _CACHE_ENTRIES = 16_000_000  # keep all weights (float32, ≤ 64 MB) when they fit
 
 
+class _Numbers:
+    """A dataclass of numbers whose :meth:`to_dict` gives its fields for JSON, in order, a NaN
+    or infinite value as null."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _json_number(v) for k, v in self.__dict__.items()}
+
+
 @dataclass(frozen=True)
-class Rate:
-    """One rate: equal-request estimate with its interval, and the pooled rate beside it."""
+class _EqualRequest(_Numbers):
+    """An equal-request estimate with its interval, and the pooled value beside it."""
 
     equal_request: float
     low: float
     high: float
     pooled: float
+
+
+@dataclass(frozen=True)
+class Rate(_EqualRequest):
+    """One rate: equal-request estimate with its interval, and the pooled rate beside it."""
+
     numerator: int
     denominator: int
     requests: int
     excluded: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,27 +112,21 @@ class RateArray:
 
 
 @dataclass(frozen=True)
-class Mean:
+class Mean(_EqualRequest):
     """Equal-request mean of a per-block quantity (e.g. ΔL in nats) and the pooled mean.
 
     Requests without an observation (``count`` 0) are excluded from the equal-request mean.
     """
 
-    equal_request: float
-    low: float
-    high: float
-    pooled: float
     count: int
     requests: int
     excluded: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: _json_number(v) for k, v in self.__dict__.items()}
-
 
 @dataclass(frozen=True)
-class Interval:
-    """Mean of k per-seed values with a two-sided Student-t interval (NaN bounds when k = 1).
+class Interval(_Numbers):
+    """Mean of k per-seed values with a two-sided Student-t interval (NaN bounds when k = 1);
+    :meth:`to_dict` writes a NaN bound as null.
 
     >>> iv = Interval.of([1.0, 2.0, 3.0], level=0.95)
     >>> iv.mean, iv.k, iv.format(digits=1)
@@ -159,10 +164,6 @@ class Interval:
         if self.k == 1:
             return m
         return f"{m} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields for JSON, as :meth:`Rate.to_dict`: a NaN bound (k = 1) becomes null."""
-        return {k: _json_number(v) for k, v in self.__dict__.items()}
 
 
 def _json_number(x: float | int) -> float | int | None:

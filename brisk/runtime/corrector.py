@@ -26,12 +26,14 @@ from brisk.runtime.checkpoint import check_shapes, tensor_shapes
 from brisk.runtime.kernels.corrector_step import (
     IMPLS,
     N_FEATURES,
+    CorrectorInputs,
     SelectOutput,
+    StepInputs,
     StepWeights,
     select,
 )
 
-__all__ = ["Corrector", "CorrectorConfig", "CorrectorSelection"]
+__all__ = ["Corrector", "CorrectorConfig", "CorrectorInputs", "CorrectorSelection"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -188,36 +190,32 @@ class Corrector(nn.Module):
         self.drop_tables()
         return super()._apply(fn, recurse)  # type: ignore[no-any-return]
 
-    def _check(self, backbone: Backbone, mask_hidden: Tensor) -> None:
+    def _check(self, backbone: Backbone, inputs: CorrectorInputs) -> None:
         c = self.config
         if backbone.hidden_size != c.hidden_size or backbone.vocab_size != c.vocab_size:
             raise ValueError(
                 f"backbone: hidden {backbone.hidden_size} / vocab {backbone.vocab_size} do not "
                 f"match the corrector's {c.hidden_size} / {c.vocab_size}"
             )
-        if mask_hidden.shape[1:] != (c.M, c.hidden_size):
-            raise ValueError(
-                f"mask_hidden: expected [B, {c.M}, {c.hidden_size}], got {tuple(mask_hidden.shape)}"
-            )
+        shape = tuple(inputs.mask_hidden.shape)
+        if shape[1:] != (c.M, c.hidden_size):
+            raise ValueError(f"mask_hidden: expected [B, {c.M}, {c.hidden_size}], got {shape}")
 
     def _run(
         self,
         backbone: Backbone,
-        anchor_hidden: Tensor,
-        anchor_ids: Tensor,
-        mask_hidden: Tensor,
-        cand_logits: Tensor,
-        cand_ids: Tensor,
+        inputs: CorrectorInputs,
         temperature: float,
-        u: Tensor | None,
         forced: Tensor | None = None,
         impl: str = "naive",
     ) -> SelectOutput:
         """Project everything that does not depend on earlier selections, in parallel, then run
         the sequential loop (teacher-forced on ``forced [B, M]`` when given)."""
         dtype = self.w_c.weight.dtype
+        anchor_ids, cand_ids = inputs.anchor_ids, inputs.cand_ids
         anchor_emb = backbone.embed(anchor_ids).detach().to(dtype)  # [B, H]
-        s0 = torch.tanh(self.init_state(torch.cat([anchor_hidden.to(dtype), anchor_emb], dim=-1)))
+        h_c = inputs.anchor_hidden.to(dtype)
+        s0 = torch.tanh(self.init_state(torch.cat([h_c, anchor_emb], dim=-1)))
         if torch.is_grad_enabled() or not self.fold_tables:  # gradients reach P_e and W_c
 
             def token_rows(ids: Tensor) -> Tensor:
@@ -231,98 +229,61 @@ class Corrector(nn.Module):
                 return table_e[ids]
 
             cand_c = table_c[cand_ids]
-        forced_prev = None if forced is None else (forced, token_rows(forced))
-        return select(
-            s0,
-            self.hidden_proj(mask_hidden.to(dtype)),  # [B, M, Dh]
-            token_rows(anchor_ids),  # [B, De]
-            token_rows(cand_ids),  # [B, M, K, De]
-            cand_c,  # [B, M, K, R]
-            cand_logits.to(dtype),
-            cand_ids,
-            anchor_ids,
-            self.step_weights(),
-            temperature=temperature,
-            u=u,
-            forced_prev=forced_prev,
-            feedback=self.config.prefix_feedback,
-            impl=impl,
+        step = StepInputs(
+            s0=s0,
+            mask_x=self.hidden_proj(inputs.mask_hidden.to(dtype)),  # [B, M, Dh]
+            anchor_e=token_rows(anchor_ids),  # [B, De]
+            cand_e=token_rows(cand_ids),  # [B, M, K, De]
+            cand_c=cand_c,  # [B, M, K, R]
+            cand_logits=inputs.cand_logits.to(dtype),
+            cand_ids=cand_ids,
+            anchor_ids=anchor_ids,
+            u=inputs.u,
+            forced_prev=None if forced is None else (forced, token_rows(forced)),
         )
+        return select(step, self.step_weights(), temperature, self.config.prefix_feedback, impl)
 
-    def forward(
-        self,
-        backbone: Backbone,
-        anchor_hidden: Tensor,
-        anchor_ids: Tensor,
-        mask_hidden: Tensor,
-        cand_logits: Tensor,
-        cand_ids: Tensor,
-        tokens: Tensor,
-    ) -> Tensor:
+    def forward(self, backbone: Backbone, inputs: CorrectorInputs, tokens: Tensor) -> Tensor:
         """Teacher-forced refined logits ``[B, M, K]`` along a recorded trajectory.
 
         ``tokens [B, M]`` is the recorded block x_1..x_M (the base proposal's own choices);
-        position j is fed x_{j−1} (x_0 = ``anchor_ids``) whatever the head would have picked.
+        position j is fed x_{j−1} (x_0 = ``inputs.anchor_ids``) whatever the head would have
+        picked. ``inputs.u`` is not read.
         """
-        self._check(backbone, mask_hidden)
-        out = self._run(
-            backbone,
-            anchor_hidden,
-            anchor_ids,
-            mask_hidden,
-            cand_logits,
-            cand_ids,
-            temperature=0.0,
-            u=None,
-            forced=tokens,
-        )
-        return out.refined
+        self._check(backbone, inputs)
+        return self._run(backbone, inputs, temperature=0.0, forced=tokens).refined
 
     @torch.no_grad()
     def select(
         self,
         backbone: Backbone,
-        anchor_hidden: Tensor,
-        anchor_ids: Tensor,
-        mask_hidden: Tensor,
-        cand_logits: Tensor,
-        cand_ids: Tensor,
+        inputs: CorrectorInputs,
         temperature: float = 0.0,
-        u: Tensor | None = None,
         impl: str | None = None,
     ) -> CorrectorSelection:
         """Choose a block among the Top-K candidates of the MASK slots.
 
-        ``cand_logits [B, M, K]`` are the base logits of the candidates ``cand_ids [B, M, K]``,
-        in descending order (what ``topk`` returns; a tensor-parallel vocabulary has exactly
-        these, never the full ``[B, M, V]``). ``temperature`` 0 takes the argmax of the refined
-        logits; T > 0 samples from π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be
-        given, with the uniforms ``u [B, M]`` (required then). ``impl`` overrides ``self.impl``.
+        ``inputs.cand_logits [B, M, K]`` are the base logits of the candidates
+        ``inputs.cand_ids [B, M, K]``, in descending order (what ``topk`` returns; a
+        tensor-parallel vocabulary has exactly these, never the full ``[B, M, V]``).
+        ``temperature`` 0 takes the argmax of the refined logits; T > 0 samples from
+        π_j = softmax(ℓ̃_j / T) over C_j, the law verification must be given, with the uniforms
+        ``inputs.u [B, M]`` (required then). ``impl`` overrides ``self.impl``.
         """
         impl = self.impl if impl is None else impl
         if impl not in IMPLS:
             raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-        self._check(backbone, mask_hidden)
-        K = self.config.K
-        if cand_logits.shape != cand_ids.shape or cand_ids.shape[1:] != (self.config.M, K):
+        self._check(backbone, inputs)
+        M, K = self.config.M, self.config.K
+        cand_logits, cand_ids = inputs.cand_logits, inputs.cand_ids
+        if cand_logits.shape != cand_ids.shape or cand_ids.shape[1:] != (M, K):
             raise ValueError(
-                f"cand_ids: expected [B, {self.config.M}, {K}] beside cand_logits of the same "
+                f"cand_ids: expected [B, {M}, {K}] beside cand_logits of the same "
                 f"shape, got {tuple(cand_ids.shape)} and {tuple(cand_logits.shape)}"
             )
-        dtype = self.w_c.weight.dtype
-        cand_logits = cand_logits.to(dtype)
-        out = self._run(
-            backbone,
-            anchor_hidden,
-            anchor_ids,
-            mask_hidden,
-            cand_logits,
-            cand_ids,
-            temperature=temperature,
-            u=u,
-            impl=impl,
-        )
+        out = self._run(backbone, inputs, temperature, impl=impl)
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
+        cand_logits = cand_logits.to(self.w_c.weight.dtype)
         return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
 
     def num_trainable_parameters(self) -> int:

@@ -46,12 +46,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from brisk.runtime.configs import Config
 
 __all__ = [
     "DRAFT_LAWS",
+    "IMPLS",
     "Budgets",
     "DecodeOptions",
     "DraftLaw",
@@ -64,7 +65,9 @@ __all__ = [
 ]
 
 DraftLaw = Literal["greedy", "sample", "top-k"]
-DRAFT_LAWS: tuple[DraftLaw, ...] = ("greedy", "sample", "top-k")
+DRAFT_LAWS: tuple[DraftLaw, ...] = get_args(DraftLaw)
+Impl = Literal["auto", "naive", "triton"]  # the corrector's step (auto: Triton on CUDA)
+IMPLS: tuple[Impl, ...] = get_args(Impl)
 
 _TOP_K_0 = (
     " (0 does not mean 'no limit' here: drafts at T > 0 are drawn from q restricted to its "

@@ -21,7 +21,13 @@ from brisk.runtime.configs import Config, Registered
 from brisk.runtime.registry import Registry
 
 if TYPE_CHECKING:  # transformers loads when a model is built, not when a config is read
-    from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+    from tokenizers import Tokenizer
+    from transformers import (
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
 __all__ = [
     "NamedModel",
@@ -29,6 +35,7 @@ __all__ = [
     "Qwen3Shape",
     "build_model",
     "build_preset",
+    "dlm_tokenizer",
     "preset_names",
     "preset_tokenizer",
     "qwen3_config",
@@ -121,6 +128,37 @@ class Qwen3Shape(Config):
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError("heads: hidden_size must divide by heads, heads by kv_heads")
         super().__post_init__()
+
+
+def dlm_tokenizer(
+    backend: Tokenizer, *, pad: str, bos: str, eos: str, mask: str, **extra: Any
+) -> PreTrainedTokenizerFast:
+    """``backend`` as the transformers tokenizer of a preset: ``bos`` before every text and
+    ``mask`` its MASK token (``extra``: further ``PreTrainedTokenizerFast`` arguments).
+
+    Models are trained on ``[bos, prompt, response, eos]``, so encoding with special tokens puts
+    BOS first, as Llama's tokenizers do: a post-processor saved in ``tokenizer.json``, so loaders
+    that never read ``add_bos_token`` (older transformers, SGLang's tokenizer manager,
+    ``tokenizers`` alone) add it too, and the flags transformers rebuilds it from.
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0",
+        pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+        special_tokens=[(bos, backend.token_to_id(bos))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=pad,
+        bos_token=bos,
+        eos_token=eos,
+        mask_token=mask,
+        add_bos_token=True,
+        add_eos_token=False,
+        **extra,
+    )
 
 
 def qwen3_config(shape: Qwen3Shape, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:

@@ -21,7 +21,6 @@ request's own wall time: it was decoded alone) and, where the prompts file gave 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from brisk._json import parse_json_object
 
 __all__ = [
     "SpeedRow",
@@ -71,12 +72,7 @@ def read_answers(path: str | Path, where: str) -> dict[tuple[str, int], Answer]:
         if not line.strip():
             continue
         at = f"{where}: {file} line {n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{at}: not JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{at}: expected an object, got {type(row).__name__}")
+        row = parse_json_object(line, at)
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             hint = (

@@ -91,7 +91,14 @@ from brisk.theory._arrays import (
     to_numpy,
     values_like,
 )
-from brisk.theory.profile import AcceptanceProfile, _check_level, _integer_array
+from brisk.theory.profile import (
+    AcceptanceProfile,
+    _check_draws,
+    _check_level,
+    _DrawnInterval,
+    _integer_array,
+    _median_interval,
+)
 from brisk.theory.tpf import _pmf, read_profile
 
 if TYPE_CHECKING:
@@ -255,24 +262,19 @@ def simulate_run(
 
 
 @dataclass(frozen=True)
-class RunTPFPrediction:
-    """Predicted whole-run TPF for given response lengths: the predictive median and an
+class _Point:
+    point: float
+
+
+@dataclass(frozen=True)
+class RunTPFPrediction(_DrawnInterval, _Point):
+    """Predicted whole-run TPF for given response lengths:
+    ``RunTPFPrediction(point, low, high, level, draws, plugin)``, the predictive median and an
     equal-tailed predictive interval from the same simulated runs (so ``point`` always lies
     inside [``low``, ``high``]), and ``plugin``, :func:`run_tpf` at the MLE rates."""
 
-    point: float
-    low: float
-    high: float
-    level: float
-    draws: int
-    plugin: float
-
     def __str__(self) -> str:
-        pct = round(100 * self.level)
-        return (
-            f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}] "
-            f"(predictive median, {pct}% predictive interval)"
-        )
+        return self._describe(self.point, "predictive", "predictive")
 
 
 def predict_run_tpf(
@@ -299,8 +301,7 @@ def predict_run_tpf(
         raise ValueError(f"profile: expected an AcceptanceProfile, got {type(profile).__name__}")
     n = _read_lengths(lengths)
     _check_level(level)
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"draws: need a positive integer, got {draws!r}")
+    _check_draws(draws)
     rng = np.random.default_rng(seed)
     rates = profile.usable_rates()
     plugin = math.nan if rates is None else float(run_tpf(rates, n))
@@ -309,5 +310,5 @@ def predict_run_tpf(
     for start in range(0, draws, chunk):
         a = profile.posterior_draws(min(chunk, draws - start), rng)
         totals.append(simulate_run(a, n, seed=rng).tpf)
-    low, point, high = np.quantile(np.concatenate(totals), [(1 - level) / 2, 0.5, (1 + level) / 2])
-    return RunTPFPrediction(float(point), float(low), float(high), level, draws, plugin)
+    samples = np.concatenate(totals)
+    return RunTPFPrediction(*_median_interval(samples, level), level, draws, plugin)

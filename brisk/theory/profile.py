@@ -40,9 +40,48 @@ def _integer_array(x: Any, name: str) -> IntArray:
     raise ValueError(f"{name}: expected integer counts or lengths, got dtype {arr.dtype}")
 
 
+def _check_draws(draws: int) -> None:
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"draws: need a positive integer, got {draws!r}")
+
+
+def _median_interval(samples: FloatArray, level: float) -> tuple[float, float, float]:
+    """(median, low, high): the median of ``samples`` and their equal-tailed ``level`` interval."""
+    low, median, high = np.quantile(samples, [(1 - level) / 2, 0.5, (1 + level) / 2])
+    return float(median), float(low), float(high)
+
+
 @dataclass(frozen=True)
-class TPFInterval:
-    """TPF's posterior median and equal-tailed credible interval, from the same draws.
+class _DrawnInterval:
+    """The equal-tailed ``level`` interval [``low``, ``high``] of a quantity over ``draws``
+    simulated values, beside ``plugin``, the quantity at the MLE rates. Each public subclass
+    adds the draws' median as its first field, from a one-field base listed after this one
+    (a dataclass takes its bases' fields in reverse MRO order)."""
+
+    low: float
+    high: float
+    level: float
+    draws: int
+    plugin: float
+
+    def _describe(self, median: float, kind: str, interval: str) -> str:
+        """``median [low, high] (<kind> median, <pct>% <interval> interval)``."""
+        pct = round(100 * self.level)
+        return (
+            f"{median:.3f} [{self.low:.3f}, {self.high:.3f}] "
+            f"({kind} median, {pct}% {interval} interval)"
+        )
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    estimate: float
+
+
+@dataclass(frozen=True)
+class TPFInterval(_DrawnInterval, _Estimate):
+    """TPF's posterior median and equal-tailed credible interval, from the same draws:
+    ``TPFInterval(estimate, low, high, level, draws, plugin)``.
 
     ``estimate`` is the median of the posterior draws, so it always lies inside
     [``low``, ``high``]. ``plugin`` is TPF at the MLE rates: near TPF's maximum it can lie
@@ -50,19 +89,8 @@ class TPFInterval:
     posterior draw reaches), which is why it is not the point shown beside the interval.
     """
 
-    estimate: float
-    low: float
-    high: float
-    level: float
-    draws: int
-    plugin: float
-
     def __str__(self) -> str:
-        pct = round(100 * self.level)
-        return (
-            f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}] "
-            f"(posterior median, {pct}% credible interval)"
-        )
+        return self._describe(self.estimate, "posterior", "credible")
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,12 +257,9 @@ class AcceptanceProfile:
         True
         """
         _check_level(level)
-        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-            raise ValueError(f"draws: need a positive integer, got {draws!r}")
-        a = self.posterior_draws(draws, np.random.default_rng(seed))
-        samples = tpf(a, cost)
-        low, median, high = np.quantile(samples, [(1 - level) / 2, 0.5, (1 + level) / 2])
-        return TPFInterval(float(median), float(low), float(high), level, draws, self.tpf(cost))
+        _check_draws(draws)
+        samples = tpf(self.posterior_draws(draws, np.random.default_rng(seed)), cost)
+        return TPFInterval(*_median_interval(samples, level), level, draws, self.tpf(cost))
 
 
 class ProfileTracker:

@@ -36,10 +36,15 @@ __all__ = ["break_even_overhead", "tokens_per_second", "wall_clock_speedup"]
 Number: TypeAlias = "ArrayInput | torch.Tensor"
 
 
-def _read(x: Number, name: str, *, positive: bool) -> tuple[Array, Kind]:
+_MAY_BE_ZERO = frozenset({"overhead_s", "base_overhead_s"})
+"""Inputs that may be 0 (a method that adds no time per step); every other one must be > 0."""
+
+
+def _read(x: Number, name: str) -> tuple[Array, Kind]:
     t, kind = as_array(x, name)
     check_finite(t, name)
     values = detach(t)
+    positive = name not in _MAY_BE_ZERO
     if bool((values <= 0).any() if positive else (values < 0).any()):
         raise ValueError(
             f"{name}: must be {'> 0' if positive else '≥ 0'}, got {float(values.min())!r}"
@@ -69,17 +74,21 @@ def _broadcastable(**named: Array) -> None:
             ) from None
 
 
+def _read_all(**named: Number) -> tuple[list[Array], Kind]:
+    """The named inputs checked (:func:`_read`), in one kind (:func:`_common`), with shapes
+    that broadcast together."""
+    arrays, kind = _common(*(_read(x, name) for name, x in named.items()))
+    _broadcastable(**dict(zip(named, arrays, strict=True)))
+    return arrays, kind
+
+
 def tokens_per_second(
     tpf: Number, forward_s: Number, overhead_s: Number = 0.0, concurrency: Number = 1
 ) -> Any:
     """TPS = concurrency · TPF / (forward_s + overhead_s); broadcasts over its arguments."""
-    (t, f, o, n), kind = _common(
-        _read(tpf, "tpf", positive=True),
-        _read(forward_s, "forward_s", positive=True),
-        _read(overhead_s, "overhead_s", positive=False),
-        _read(concurrency, "concurrency", positive=True),
+    (t, f, o, n), kind = _read_all(
+        tpf=tpf, forward_s=forward_s, overhead_s=overhead_s, concurrency=concurrency
     )
-    _broadcastable(tpf=t, forward_s=f, overhead_s=o, concurrency=n)
     return to_kind(n * t / (f + o), kind)
 
 
@@ -91,14 +100,13 @@ def wall_clock_speedup(
     base_overhead_s: Number = 0.0,
 ) -> Any:
     """TPS ratio new/base at equal concurrency: (TPF_new/TPF_base)·(f + o_base)/(f + o_new)."""
-    (b, n, f, o, ob), kind = _common(
-        _read(tpf_base, "tpf_base", positive=True),
-        _read(tpf_new, "tpf_new", positive=True),
-        _read(forward_s, "forward_s", positive=True),
-        _read(overhead_s, "overhead_s", positive=False),
-        _read(base_overhead_s, "base_overhead_s", positive=False),
+    (b, n, f, o, ob), kind = _read_all(
+        tpf_base=tpf_base,
+        tpf_new=tpf_new,
+        forward_s=forward_s,
+        overhead_s=overhead_s,
+        base_overhead_s=base_overhead_s,
     )
-    _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, overhead_s=o, base_overhead_s=ob)
     return to_kind((n / b) * (f + ob) / (f + o), kind)
 
 
@@ -110,11 +118,7 @@ def break_even_overhead(
     Δo* = (forward_s + base_overhead_s)(TPF_new / TPF_base − 1); negative when TPF_new is
     lower (no overhead budget at all).
     """
-    (b, n, f, ob), kind = _common(
-        _read(tpf_base, "tpf_base", positive=True),
-        _read(tpf_new, "tpf_new", positive=True),
-        _read(forward_s, "forward_s", positive=True),
-        _read(base_overhead_s, "base_overhead_s", positive=False),
+    (b, n, f, ob), kind = _read_all(
+        tpf_base=tpf_base, tpf_new=tpf_new, forward_s=forward_s, base_overhead_s=base_overhead_s
     )
-    _broadcastable(tpf_base=b, tpf_new=n, forward_s=f, base_overhead_s=ob)
     return to_kind((f + ob) * (n / b - 1), kind)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from brisk.mechanism import Bootstrap, Interval
+from brisk.mechanism.stats import Mean, Rate
 
 
 def test_equal_request_excludes_zero_denominators_and_pools_beside() -> None:
@@ -23,6 +25,31 @@ def test_equal_request_excludes_zero_denominators_and_pools_beside() -> None:
     assert 0 <= r.low <= r.equal_request <= r.high <= 1
     (m,) = boot.means([3.0, 0.0, -1.0, 2.0], [3, 0, 1, 4])
     assert (m.equal_request, m.pooled, m.excluded) == ((1 - 1 + 0.5) / 3, 4 / 8, 1)
+
+
+def test_rate_and_mean_write_their_fields_in_order() -> None:
+    r = Rate(0.5, 0.25, math.nan, 0.4, 2, 5, 3, 1)
+    assert r.to_dict() == {
+        "equal_request": 0.5,
+        "low": 0.25,
+        "high": None,
+        "pooled": 0.4,
+        "numerator": 2,
+        "denominator": 5,
+        "requests": 3,
+        "excluded": 1,
+    }
+    assert list(r.to_dict()) == [f.name for f in dataclasses.fields(r)]
+    m = Mean(1.5, 1.0, 2.0, math.inf, 7, 4, 0)
+    assert list(m.to_dict().items()) == [
+        ("equal_request", 1.5),
+        ("low", 1.0),
+        ("high", 2.0),
+        ("pooled", None),
+        ("count", 7),
+        ("requests", 4),
+        ("excluded", 0),
+    ]
 
 
 def test_bootstrap_is_seeded_and_resamples_whole_requests() -> None:

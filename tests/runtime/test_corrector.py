@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from brisk.runtime.corrector import Corrector, CorrectorConfig
+from brisk.runtime.corrector import Corrector, CorrectorConfig, CorrectorInputs, CorrectorSelection
 from brisk.runtime.kernels.corrector_step import confidence_features
 
 
@@ -40,11 +40,23 @@ def block_inputs(backbone: TableBackbone, B: int, M: int, seed: int = 1) -> dict
     }
 
 
-def select(head: Corrector, backbone: TableBackbone, inputs: dict[str, Tensor], **kw: object):
+def candidates(inputs: dict[str, Tensor], K: int, u: Tensor | None = None) -> CorrectorInputs:
+    """The head's inputs on the Top-K of the inputs' base logits, as ISD builds them."""
+    cand_logits, cand_ids = inputs["base_logits"].topk(K, dim=-1)
+    hidden = (inputs["anchor_hidden"], inputs["anchor_ids"], inputs["mask_hidden"])
+    return CorrectorInputs(*hidden, cand_logits, cand_ids, u=u)
+
+
+def select(
+    head: Corrector,
+    backbone: TableBackbone,
+    inputs: dict[str, Tensor],
+    temperature: float = 0.0,
+    u: Tensor | None = None,
+) -> CorrectorSelection:
     """``head.select`` on the Top-K of the inputs' base logits, as ISD calls it."""
-    cand_logits, cand_ids = inputs["base_logits"].topk(head.config.K, dim=-1)
-    args = (inputs["anchor_hidden"], inputs["anchor_ids"], inputs["mask_hidden"])
-    return head.select(backbone, *args, cand_logits, cand_ids, **kw)  # type: ignore[arg-type]
+    block = candidates(inputs, head.config.K, u)
+    return head.select(backbone, block, temperature)  # type: ignore[arg-type]
 
 
 def randomized(config: CorrectorConfig, seed: int = 0) -> Corrector:
@@ -110,18 +122,10 @@ def test_untrained_head_keeps_the_base_ranking() -> None:
 def test_teacher_forcing_on_own_choices_reproduces_selection() -> None:
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=5, K=6))
-    inputs = block_inputs(backbone, B=8, M=5)
-    sel = select(head, backbone, inputs)
-    assert not torch.equal(sel.tokens, inputs["base_logits"].argmax(-1))  # the head intervenes
-    forced = head(
-        backbone,
-        inputs["anchor_hidden"],
-        inputs["anchor_ids"],
-        inputs["mask_hidden"],
-        sel.cand_logits,
-        sel.cand_ids,
-        sel.tokens,
-    )
+    block = candidates(block_inputs(backbone, B=8, M=5), K=6)
+    sel = head.select(backbone, block)  # type: ignore[arg-type]
+    assert not torch.equal(sel.tokens, block.cand_ids[..., 0])  # the head intervenes
+    forced = head(backbone, block, sel.tokens)
     torch.testing.assert_close(forced, sel.refined, rtol=1e-6, atol=1e-6)
 
 
@@ -129,13 +133,12 @@ def test_selection_feeds_back_the_chosen_token() -> None:
     # Changing the token chosen at position 1 must change the refined logits at position 2.
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=2, K=6))
-    inputs = block_inputs(backbone, B=1, M=2)
-    sel = select(head, backbone, inputs)
-    args = (inputs["anchor_hidden"], inputs["anchor_ids"], inputs["mask_hidden"])
+    block = candidates(block_inputs(backbone, B=1, M=2), K=6)
+    sel = head.select(backbone, block)  # type: ignore[arg-type]
     other = sel.tokens.clone()
     other[0, 0] = sel.cand_ids[0, 0, (sel.ranks[0, 0] + 1) % 6]
-    a = head(backbone, *args, sel.cand_logits, sel.cand_ids, sel.tokens)
-    b = head(backbone, *args, sel.cand_logits, sel.cand_ids, other)
+    a = head(backbone, block, sel.tokens)
+    b = head(backbone, block, other)
     torch.testing.assert_close(a[:, 0], b[:, 0])  # position 1 does not see its own choice
     assert not torch.allclose(a[:, 1], b[:, 1])
 
@@ -160,17 +163,9 @@ def test_sampling_follows_the_refined_softmax() -> None:
 def test_gradients_reach_every_parameter() -> None:
     backbone = TableBackbone(40, 16)
     head = randomized(CorrectorConfig.small(16, 40, M=3, K=6))
-    inputs = block_inputs(backbone, B=4, M=3)
-    sel = select(head, backbone, inputs)
-    refined = head(
-        backbone,
-        inputs["anchor_hidden"],
-        inputs["anchor_ids"],
-        inputs["mask_hidden"],
-        sel.cand_logits,
-        sel.cand_ids,
-        sel.tokens,
-    )
+    block = candidates(block_inputs(backbone, B=4, M=3), K=6)
+    sel = head.select(backbone, block)  # type: ignore[arg-type]
+    refined = head(backbone, block, sel.tokens)
     torch.log_softmax(refined, -1)[..., 0].sum().backward()
     missing = [n for n, p in head.named_parameters() if p.grad is None or not p.grad.abs().sum()]
     assert not missing
@@ -182,16 +177,9 @@ def test_select_checks_candidates_and_uniforms() -> None:
     inputs = block_inputs(backbone, B=2, M=3)
     with pytest.raises(ValueError, match=r"^u: uniforms"):
         select(head, backbone, inputs, temperature=1.0)
-    cand_logits, cand_ids = inputs["base_logits"].topk(4, dim=-1)  # K = 4, the head wants 5
+    four = candidates(inputs, K=4)  # the head wants 5
     with pytest.raises(ValueError, match=r"^cand_ids: expected \[B, 3, 5\]"):
-        head.select(
-            backbone,
-            inputs["anchor_hidden"],
-            inputs["anchor_ids"],
-            inputs["mask_hidden"],
-            cand_logits,
-            cand_ids,
-        )
+        head.select(backbone, four)  # type: ignore[arg-type]
 
 
 def test_confidence_features_by_hand() -> None:

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor
 
-from brisk.runtime.corrector import CorrectorConfig
-from brisk.runtime.kernels.corrector_step import StepWeights, corrector_select, select
-from tests.runtime.test_corrector import TableBackbone, randomized
+from brisk.runtime.corrector import CorrectorConfig, CorrectorInputs
+from brisk.runtime.kernels.corrector_step import (
+    SelectOutput,
+    StepInputs,
+    StepWeights,
+    corrector_select,
+    select,
+)
+from tests.runtime.test_corrector import TableBackbone, candidates, randomized
 
 pytest.importorskip("triton")  # a dependency of brisk on Linux: present in make test
 
@@ -36,6 +44,22 @@ DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET", "0") != "1" else "cpu"
 ATOL, RTOL, P_RTOL = 1e-4, 1e-5, 2e-4
 
 
+def each(inputs: StepInputs, fn: Callable[[Tensor], Tensor]) -> StepInputs:
+    """``inputs`` with ``fn`` applied to every tensor (the uniforms and a forced trajectory too)."""
+
+    def apply(value: object) -> object:
+        if isinstance(value, tuple):
+            return tuple(fn(t) for t in value)
+        return fn(value) if isinstance(value, Tensor) else value
+
+    return StepInputs(**{f.name: apply(getattr(inputs, f.name)) for f in fields(inputs)})
+
+
+def floating(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """``fn`` on floating-point tensors, the identity on token ids."""
+    return lambda t: fn(t) if t.is_floating_point() else t
+
+
 def kernel_inputs(
     B: int,
     M: int,
@@ -44,7 +68,7 @@ def kernel_inputs(
     widths: tuple[int, ...] = (128, 64, 64, 16, 16, 64),
     V: int = 500,
     dtype: torch.dtype = torch.float32,
-) -> tuple[tuple[Tensor, ...], StepWeights]:
+) -> tuple[StepInputs, StepWeights]:
     """Random inputs of corrector_select (everything after the parallel projections) and
     weights large enough that the residual reorders candidates."""
     S, Dh, De, Dp, Df, R = widths
@@ -58,18 +82,15 @@ def kernel_inputs(
         B, M, K
     )
     anchor_ids = torch.randint(0, V, (B,), generator=g)
-    inputs = (
-        torch.tanh(r(B, S)),
-        r(B, M, Dh),
-        r(B, De),
-        r(B, M, K, De),
-        r(B, M, K, R),
-        cand_logits,
-        cand_ids,
-        anchor_ids,
-    )
-    inputs = tuple(
-        t.to(dtype) if t.is_floating_point() and i < 6 else t for i, t in enumerate(inputs)
+    inputs = StepInputs(
+        s0=torch.tanh(r(B, S)),
+        mask_x=r(B, M, Dh),
+        anchor_e=r(B, De),
+        cand_e=r(B, M, K, De),
+        cand_c=r(B, M, K, R),
+        cand_logits=cand_logits,
+        cand_ids=cand_ids,
+        anchor_ids=anchor_ids,
     )
     D_in = Dh + De + Dp + Df
     weights = StepWeights(
@@ -83,17 +104,22 @@ def kernel_inputs(
         gate_b=r(()),
         alpha=torch.tensor(2.0),
     )
-    return tuple(t.to(DEVICE) for t in inputs), StepWeights(
+    inputs = each(inputs, floating(lambda t: t.to(dtype)))
+    return each(inputs, lambda t: t.to(DEVICE)), StepWeights(
         **{k: v.to(DEVICE) for k, v in weights.__dict__.items()}
     )
 
 
-def both(inputs: tuple[Tensor, ...], weights: StepWeights, T: float, seed: int = 0, **kw: object):  # type: ignore[no-untyped-def]
-    B, M = inputs[5].shape[:2]
+def both(
+    inputs: StepInputs, weights: StepWeights, T: float, seed: int = 0, feedback: bool = True
+) -> tuple[SelectOutput, SelectOutput]:
+    """The naive loop (in float32) and the fused kernel on the same inputs, uniforms from
+    ``seed`` when T > 0."""
+    B, M = inputs.cand_logits.shape[:2]
     u = torch.rand(B, M, generator=torch.Generator().manual_seed(seed)).to(DEVICE) if T else None
-    as_float = tuple(t.float() if t.is_floating_point() else t for t in inputs)
-    naive = corrector_select(*as_float, weights, T, u, **kw)  # type: ignore[arg-type]
-    fused = select(*inputs, weights, T, u, impl="triton", **kw)  # type: ignore[arg-type]
+    inputs = replace(inputs, u=u)
+    naive = corrector_select(each(inputs, floating(Tensor.float)), weights, T, feedback)
+    fused = select(inputs, weights, T, feedback, impl="triton")
     return naive, fused
 
 
@@ -130,16 +156,16 @@ def test_fewer_than_four_candidates(K: int) -> None:
 
 def test_int32_token_ids() -> None:
     inputs, weights = kernel_inputs(4, 3, 8, seed=30)
-    as_int32 = tuple(t.int() if i in (6, 7) else t for i, t in enumerate(inputs))
-    naive = corrector_select(*inputs, weights, 0.0, None)
-    fused = select(*as_int32, weights, 0.0, None, impl="triton")
+    as_int32 = replace(inputs, cand_ids=inputs.cand_ids.int(), anchor_ids=inputs.anchor_ids.int())
+    naive = corrector_select(inputs, weights, 0.0)
+    fused = select(as_int32, weights, 0.0, impl="triton")
     assert_same(naive, fused)
 
 
 @pytest.mark.parametrize("T", [0.0, 1.0], ids=["greedy", "T1"])
 def test_bfloat16_inputs(T: float) -> None:
     inputs, weights = kernel_inputs(8, 7, 16, seed=3, dtype=torch.bfloat16)
-    assert inputs[0].dtype == torch.bfloat16
+    assert inputs.s0.dtype == torch.bfloat16
     assert_same(*both(inputs, weights, T, seed=4))
 
 
@@ -155,14 +181,13 @@ def test_other_head_widths(widths: tuple[int, ...]) -> None:
 def test_ties_take_the_first_candidate() -> None:
     """Equal base logits and equal residual rows give equal refined logits; both pick the first."""
     inputs, weights = kernel_inputs(6, 4, 8, seed=6)
-    s0, mask_x, anchor_e, cand_e, cand_c, logits, ids, anchor = inputs
-    logits = logits.clone()
+    logits = inputs.cand_logits.clone()
     logits[..., 1] = logits[..., 0]
     logits[..., 3] = logits[..., 2] = logits[..., 0] - 0.5
-    cand_c = cand_c.clone()
+    cand_c = inputs.cand_c.clone()
     cand_c[..., 1, :] = cand_c[..., 0, :]
     cand_c[..., 3, :] = cand_c[..., 2, :]
-    tied = (s0, mask_x, anchor_e, cand_e, cand_c, logits, ids, anchor)
+    tied = replace(inputs, cand_logits=logits, cand_c=cand_c)
     naive, fused = both(tied, weights, 0.0)
     assert_same(naive, fused)
     assert torch.equal(fused.refined[..., 0], fused.refined[..., 1])
@@ -173,21 +198,21 @@ def test_previous_token_outside_the_candidates() -> None:
     """x_0 and forced tokens drawn from ids no candidate list holds: φ's previous-token
     features take their 'absent' values in both."""
     inputs, weights = kernel_inputs(4, 5, 8, seed=7, V=40)
-    s0, mask_x, anchor_e, cand_e, cand_c, logits, ids, _ = inputs
     outside = torch.full((4,), 1000, device=DEVICE)  # no candidate id is ≥ 40
-    tied = (s0, mask_x, anchor_e, cand_e, cand_c, logits, ids, outside)
+    tied = replace(inputs, anchor_ids=outside)
     assert_same(*both(tied, weights, 0.0))
     forced_ids = torch.full((4, 5), 2000, device=DEVICE)
-    forced_e = torch.randn(4, 5, anchor_e.shape[-1]).to(DEVICE)
+    forced_e = torch.randn(4, 5, inputs.anchor_e.shape[-1]).to(DEVICE)
+    forced = replace(tied, forced_prev=(forced_ids, forced_e))
     for T in (0.0, 0.7):
-        assert_same(*both(tied, weights, T, forced_prev=(forced_ids, forced_e)))
+        assert_same(*both(forced, weights, T))
 
 
 def test_teacher_forcing_and_the_no_feedback_ablation() -> None:
     inputs, weights = kernel_inputs(7, 7, 16, seed=8)
-    forced_ids = inputs[6][:, :, 2].contiguous()  # the third candidate everywhere
-    forced_e = inputs[3][:, :, 2].contiguous()
-    assert_same(*both(inputs, weights, 0.0, forced_prev=(forced_ids, forced_e)))
+    forced_ids = inputs.cand_ids[:, :, 2].contiguous()  # the third candidate everywhere
+    forced_e = inputs.cand_e[:, :, 2].contiguous()
+    assert_same(*both(replace(inputs, forced_prev=(forced_ids, forced_e)), weights, 0.0))
     assert_same(*both(inputs, weights, 0.5, seed=2, feedback=False))
     with_fb, _ = both(inputs, weights, 0.0)
     no_fb, _ = both(inputs, weights, 0.0, feedback=False)
@@ -204,18 +229,18 @@ def test_through_the_head_at_hidden_sizes_up_to_4096(H: int) -> None:
     g = torch.Generator().manual_seed(H)
     B = 3
     logits, ids = (3 * torch.randn(B, 7, 300, generator=g)).topk(16, dim=-1)
-    cpu_args = (
-        torch.randn(B, H, generator=g),
-        torch.randint(0, 300, (B,), generator=g),
-        torch.randn(B, 7, H, generator=g),
-        logits,
-        ids,
+    block = CorrectorInputs(
+        anchor_hidden=torch.randn(B, H, generator=g).to(DEVICE),
+        anchor_ids=torch.randint(0, 300, (B,), generator=g).to(DEVICE),
+        mask_hidden=torch.randn(B, 7, H, generator=g).to(DEVICE),
+        cand_logits=logits.to(DEVICE),
+        cand_ids=ids.to(DEVICE),
     )
-    args = tuple(t.to(DEVICE) for t in cpu_args)
     u = torch.rand(B, 7, generator=g).to(DEVICE)
     for T in (0.0, 1.0):
-        a = head.select(backbone, *args, T, u=u if T else None, impl="naive")  # type: ignore[arg-type]
-        b = head.select(backbone, *args, T, u=u if T else None, impl="triton")  # type: ignore[arg-type]
+        x = replace(block, u=u if T else None)
+        a = head.select(backbone, x, T, impl="naive")  # type: ignore[arg-type]
+        b = head.select(backbone, x, T, impl="triton")  # type: ignore[arg-type]
         assert torch.equal(a.tokens, b.tokens)
         # a randomized head at H = 4096 gives refined logits of magnitude ~600
         torch.testing.assert_close(b.refined, a.refined, atol=1e-4, rtol=1e-3)
@@ -228,24 +253,24 @@ def test_auto_on_cpu_is_the_naive_loop_and_unsupported_inputs_fall_back_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     inputs, weights = kernel_inputs(2, 3, 4, seed=9)  # on the GPU when one runs the kernels
-    naive = corrector_select(*inputs, weights, 0.0, None)
-    cpu = tuple(t.cpu() for t in inputs)
+    naive = corrector_select(inputs, weights, 0.0)
+    cpu = each(inputs, Tensor.cpu)
     cpu_weights = StepWeights(**{k: v.cpu() for k, v in weights.__dict__.items()})
-    auto = select(*cpu, cpu_weights, 0.0, None, impl="auto")
+    auto = select(cpu, cpu_weights, 0.0, impl="auto")
     assert auto.refined.device.type == "cpu"
-    assert torch.equal(auto.refined, corrector_select(*cpu, cpu_weights, 0.0, None).refined)
-    doubles = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    assert torch.equal(auto.refined, corrector_select(cpu, cpu_weights, 0.0).refined)
+    doubles = each(inputs, floating(Tensor.double))
     weights = StepWeights(**{k: v.double() for k, v in weights.__dict__.items()})
     import brisk.runtime.kernels.corrector_step as dispatch
 
     monkeypatch.setattr(dispatch, "_warned", set())
     with pytest.warns(RuntimeWarning, match=r"s0 has dtype torch\.float64"):
-        out = select(*doubles, weights, 0.0, None, impl="triton")
+        out = select(doubles, weights, 0.0, impl="triton")
     torch.testing.assert_close(out.refined.float(), naive.refined, atol=ATOL, rtol=RTOL)
     assert out.refined.dtype == torch.float64  # the naive loop ran
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
-        select(*doubles, weights, 0.0, None, impl="triton")
+        select(doubles, weights, 0.0, impl="triton")
 
 
 def test_gradients_go_through_the_naive_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,10 +278,9 @@ def test_gradients_go_through_the_naive_loop(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(dispatch, "_warned", set())
     inputs, weights = kernel_inputs(2, 3, 4, seed=10)
-    mask_x = inputs[1].clone().requires_grad_(True)
-    args = (inputs[0], mask_x, *inputs[2:])
+    mask_x = inputs.mask_x.clone().requires_grad_(True)
     with pytest.warns(RuntimeWarning, match="gradients are required"):
-        out = select(*args, weights, 0.0, None, impl="triton")
+        out = select(replace(inputs, mask_x=mask_x), weights, 0.0, impl="triton")
     out.refined.sum().backward()
     assert mask_x.grad is not None
 
@@ -266,12 +290,12 @@ def test_triton_without_cuda_or_interpreter_is_a_clear_error(
 ) -> None:
     inputs, weights = kernel_inputs(1, 2, 4, seed=11)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    cpu = tuple(t.cpu() for t in inputs)
+    cpu = each(inputs, Tensor.cpu)
     cpu_w = StepWeights(**{k: v.cpu() for k, v in weights.__dict__.items()})
     with pytest.raises(ValueError, match="impl: 'triton' cannot run: tensors are on cpu"):
-        select(*cpu, cpu_w, 0.0, None, impl="triton")
+        select(cpu, cpu_w, 0.0, impl="triton")
     with pytest.raises(ValueError, match="impl: expected one of auto, naive, triton"):
-        select(*cpu, cpu_w, 0.0, None, impl="cuda")
+        select(cpu, cpu_w, 0.0, impl="cuda")
 
 
 # -- ISD with the kernel ----------------------------------------------------------------------
@@ -321,21 +345,11 @@ def test_cuda_graph_replay_equals_the_naive_head(T: float) -> None:
     graphs = CorrectorGraphs(head, backbone, buckets=(1, 4, 8))
     for B, seed in [(1, 1), (3, 2), (3, 3), (8, 4), (11, 5)]:  # 11: beyond the buckets, eager
         x = {k: v.cuda() for k, v in block_inputs(backbone, B, 3, seed=seed).items()}
-        cand_logits, cand_ids = x["base_logits"].topk(8, dim=-1)
         g = torch.Generator().manual_seed(seed)
         u = torch.rand(B, 3, generator=g).cuda() if T > 0 else None
-        args = (
-            backbone,
-            x["anchor_hidden"],
-            x["anchor_ids"],
-            x["mask_hidden"],
-            cand_logits,
-            cand_ids,
-            T,
-            u,
-        )
-        want = head.select(*args, impl="naive")
-        got = graphs.select(*args)
+        block = candidates(x, 8, u)
+        want = head.select(backbone, block, T, impl="naive")  # type: ignore[arg-type]
+        got = graphs.select(backbone, block, T)  # type: ignore[arg-type]
         assert torch.equal(got.ranks, want.ranks), (B, seed)
         assert torch.equal(got.tokens, want.tokens), (B, seed)
         torch.testing.assert_close(got.refined, want.refined, atol=ATOL, rtol=RTOL)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from brisk.runtime.backbone import ModelHeads
-from brisk.runtime.corrector import Corrector
+from brisk.runtime.corrector import Corrector, CorrectorInputs
 from tests.runtime.test_isd import MASK, micro_backbone, random_corrector
 
 pytestmark = pytest.mark.usefixtures("plugins")
@@ -44,15 +44,10 @@ def test_the_dflash_hook_fires() -> None:
         reranked = sample(worker, hidden_states=hidden, lm_head=model.lm_head)
         mask_hidden = hidden.view(bs, block - 1, H)
         cand_logits, cand_ids = (mask_hidden @ model.lm_head.weight.T).topk(6, dim=-1)
-        expected = head.select(
-            ModelHeads(model),
-            torch.zeros(bs, H),
-            anchors[:, 0],
-            mask_hidden,
-            cand_logits,
-            cand_ids,
-            0.0,
-        ).tokens.reshape(-1)
+        inputs = CorrectorInputs(
+            torch.zeros(bs, H), anchors[:, 0], mask_hidden, cand_logits, cand_ids
+        )
+        expected = head.select(ModelHeads(model), inputs, 0.0).tokens.reshape(-1)
     assert torch.equal(reranked, expected)
     assert not torch.equal(reranked, own)  # the head changed some drafts
     assert DFlashWorkerV2._maybe_build_draft_sampler(worker) is None  # eager while reranking

@@ -5,6 +5,7 @@ interval of predict_run_tpf against simulated runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from fractions import Fraction
@@ -270,6 +271,10 @@ def test_prediction_point_seed_and_edges() -> None:
     assert first.level == 0.95
     assert first.draws == 300
     assert "(predictive median, 95% predictive interval)" in str(first)
+    names = [f.name for f in dataclasses.fields(first)]
+    assert names == ["point", "low", "high", "level", "draws", "plugin"]
+    made = RunTPFPrediction(3.0, 2.5, 3.5, 0.9, 100, 4.0)
+    assert str(made) == "3.000 [2.500, 3.500] (predictive median, 90% predictive interval)"
     narrow = predict_run_tpf(profile, lengths, level=0.5, draws=300, seed=3)
     assert first.low <= narrow.low <= narrow.high <= first.high
     nothing = predict_run_tpf(AcceptanceProfile.empty(3), lengths, draws=50)

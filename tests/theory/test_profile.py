@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from brisk.theory import AcceptanceProfile, CostModel, ProfileTracker, accept_length_pmf, tpf
+from brisk.theory import (
+    AcceptanceProfile,
+    CostModel,
+    ProfileTracker,
+    TPFInterval,
+    accept_length_pmf,
+    tpf,
+)
 
 
 def _leading_run(row: np.ndarray) -> int:
@@ -123,6 +132,14 @@ def test_tpf_interval_is_seeded_and_honours_cost() -> None:
     sd = p.tpf_interval(CostModel.speculative(7))
     assert sd.plugin == pytest.approx(1 + np.cumprod(p.rates()).sum())
     assert "(posterior median, 95% credible interval)" in str(sd)
+
+
+def test_interval_constructor_leads_with_its_median() -> None:
+    # The interval's fields live in a base shared with RunTPFPrediction; the median comes first.
+    i = TPFInterval(3.0, 2.5, 3.5, 0.9, 100, 4.0)
+    names = [f.name for f in dataclasses.fields(i)]
+    assert names == ["estimate", "low", "high", "level", "draws", "plugin"]
+    assert str(i) == "3.000 [2.500, 3.500] (posterior median, 90% credible interval)"
 
 
 def test_tracker_is_an_exponential_average() -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from brisk.runtime.corrector import CorrectorInputs
 from brisk.runtime.isd.state import Draft, ISDState, StepContext, StepResult, init_state
 from brisk.runtime.sampling import Slots, sample_inverse_cdf
 
@@ -202,12 +203,14 @@ def propose(
         base_rank = sample_inverse_cdf(base_law, u)
     head, shadow = ctx.corrector, ctx.options.shadow
     head_drafted = head is not None and not shadow
+    block = CorrectorInputs(
+        anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, u=u if T > 0 else None
+    )
 
     def free_block() -> Any:  # the head's own block, free-running over C_i
         assert head is not None
         assert ctx.backbone is not None
-        args = (ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, T)
-        return head.select(*args, u=u if T > 0 else None)
+        return head.select(ctx.backbone, block, T)
 
     ranks, law = base_rank, base_law
     head_choice: Tensor | None = None
@@ -221,9 +224,7 @@ def propose(
     elif head is not None and ctx.log:  # shadow: the head beside the base, for the logs
         assert ctx.backbone is not None
         tokens = cand_ids.gather(-1, ranks[..., None])[..., 0]
-        refined = head(
-            ctx.backbone, anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids, tokens
-        )
+        refined = head(ctx.backbone, block, tokens)
         head_choice = refined.argmax(-1) if T == 0 else sample_inverse_cdf(probs_at(refined, T), u)
         free = free_block()
         head_ranks, alt = free.ranks, free.tokens

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import Backbone
-from brisk.runtime.corrector import Corrector
+from brisk.runtime.corrector import Corrector, CorrectorInputs
 from brisk.runtime.isd.options import ISDOptions
 from brisk.runtime.isd.result import RequestOutput
 from brisk.runtime.sampling import counter_uniforms
@@ -109,16 +109,15 @@ def _propose(
     """The next block from the M MASK slots' ``logits [M, V]`` and ``hidden [M, H]``."""
     cand_logits, candidates = logits.topk(K, dim=-1)
     if corrector is not None and not shadow:
-        sel = corrector.select(
-            backbone,
-            anchor_hidden[None],
-            torch.tensor([anchor]),
-            hidden[None],
-            cand_logits[None],
-            candidates[None],
-            T,
+        block = CorrectorInputs(
+            anchor_hidden=anchor_hidden[None],
+            anchor_ids=torch.tensor([anchor]),
+            mask_hidden=hidden[None],
+            cand_logits=cand_logits[None],
+            cand_ids=candidates[None],
             u=u[None] if T > 0 else None,
         )
+        sel = corrector.select(backbone, block, T)
         ranks, law = sel.ranks[0].tolist(), sel.probs[0]
     else:
         law = _law(cand_logits, T)

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from brisk.runtime.decode_options import LoopOptions
 from brisk.runtime.prompts import encode_prompt
 
 __all__ = ["server_answers"]
@@ -28,22 +29,24 @@ def server_answers(
     url: str,
     requests: Sequence[dict[str, Any]],
     tokenizer: Any,
+    ask: LoopOptions,
     *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
     seed: int = 0,
     timeout_s: float = 600.0,
     on_answer: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per request (``requests``: ``{"prompt", "id"?, "category"?}``, as ``brisk
-    decode --prompts`` reads them), in order. A server that cannot be reached, refuses a request
-    or answers without token ids is a ``ValueError`` naming ``--url`` and the request."""
+    decode --prompts`` reads them), in order, each asked for ``ask.max_new_tokens`` tokens at
+    ``ask.temperature`` (request r sampled with the seed ``seed + r``). A server that cannot be
+    reached, refuses a request or answers without token ids is a ``ValueError`` naming
+    ``--url`` and the request."""
     rows = []
+    T = ask.temperature
     for r, request in enumerate(requests):
         prompt_ids = encode_prompt(tokenizer, request["prompt"])
-        sampling: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+        sampling: dict[str, Any] = {"max_new_tokens": ask.max_new_tokens, "temperature": T}
         body: dict[str, Any] = {"input_ids": prompt_ids, "sampling_params": sampling}
-        if temperature > 0:
+        if T > 0:
             body["sampling_params"]["sampling_seed"] = seed + r
         start = time.perf_counter()
         answer = _post(url, body, f"--url: {url}: request {request.get('id', r)}", timeout_s)

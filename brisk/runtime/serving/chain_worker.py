@@ -68,10 +68,27 @@ class ChainWorker(BaseSpecWorker):
     ``options`` and supplies the prefill (``_prefill``) and the decode round (``_decode``)."""
 
     algorithm: ClassVar[str]  # SGLang's name of the algorithm
-    log: ClassVar[logging.Logger]  # SGLang's handlers print it
+    options_type: ClassVar[type[ServedOptions]]  # read from the served model's config
+    log: ClassVar[logging.Logger]  # SGLang's handlers print it: sglang.srt.speculative.<name>
     options: ServedOptions
 
-    def __init__(self, server_args: Any, target_worker: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.log = logging.getLogger(f"sglang.srt.speculative.{cls.algorithm.lower()}")
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        """SGLang's constructor of a speculative worker: the chain verify's state
+        (:meth:`_chain_state`), the plugin's options (:attr:`options_type`, from the served
+        model's config) and then the subclass's own (:meth:`_setup`)."""
+        self._chain_state(server_args, target_worker)
+        self.options = self.options_type.of_model(self.model_runner.model_config.hf_config)
+        self._setup()
+
+    def _setup(self) -> None:
+        """The subclass's own state, built after :attr:`options` is read."""
+        raise NotImplementedError
+
+    def _chain_state(self, server_args: Any, target_worker: Any) -> None:
         """What SGLang's scheduler reads of a speculative worker without a draft model (as
         ``NGRAMWorker``: the target's runner, a chain of the verify width), and the counters
         of the chain verify and the TPF log."""

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.backbone import ModelHeads
-from brisk.runtime.corrector import Corrector
+from brisk.runtime.corrector import Corrector, CorrectorInputs
 
 __all__ = ["ENV", "eager_when_reranking", "rerank", "reranker"]
 
@@ -101,15 +101,8 @@ def rerank(
     cand_logits, cand_ids = logits.float().topk(head.config.K, dim=-1)
     anchor = self._draft_block_ids_buf[:bs, 0]
     anchor_hidden = torch.zeros_like(mask_hidden[:, 0])
-    sel = head.select(
-        heads,
-        anchor_hidden,
-        anchor,
-        mask_hidden,
-        cand_logits,  # type: ignore[arg-type]
-        cand_ids,
-        0.0,
-    )
+    block = CorrectorInputs(anchor_hidden, anchor, mask_hidden, cand_logits, cand_ids)
+    sel = head.select(heads, block, 0.0)  # type: ignore[arg-type]
     return sel.tokens.reshape(-1).to(torch.long)
 
 

@@ -39,7 +39,6 @@ itself, the prefill's refusals, SGLang's results and the TPF log are
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +113,11 @@ class BriskDrafterWorker(ChainWorker):
     :class:`~brisk.runtime.serving.chain_worker.ChainWorker`."""
 
     algorithm = ALGORITHM
-    log = logging.getLogger("sglang.srt.speculative.brisk_drafter")
+    options_type = BriskDrafterOptions
     options: BriskDrafterOptions
 
-    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        super().__init__(server_args, target_worker)
-        model = self.model_runner.model
-        self.options = opt = BriskDrafterOptions.of_model(self.model_runner.model_config.hf_config)
+    def _setup(self) -> None:
+        model, opt = self.model_runner.model, self.options
         dtype = next(model.parameters()).dtype
         self.drafter: DFlashDrafter = load_drafter(opt.drafter, device=self.device).to(dtype)
         self.drafter.eval()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from brisk._json import parse_json_object
 from brisk.runtime.serving.cpu import activate
 from brisk.runtime.serving.drafter_options import (
     BriskDrafterOptions,
@@ -217,13 +218,7 @@ def _model_overrides_passed(extra_args: Sequence[str]) -> tuple[list[str], dict[
             rest.append(arg)
             i += 1
             continue
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{OVERRIDE_FLAG}: not JSON ({err})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError(f"{OVERRIDE_FLAG}: expected a JSON object, got {value}")
-        asked = parsed
+        asked = parse_json_object(value, OVERRIDE_FLAG)
     return rest, asked
 
 

@@ -24,9 +24,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self, get_args
+from typing import Any, ClassVar, Self
 
-from brisk.runtime.decode_options import DecodeOptions, SamplingOptions, is_int
+from brisk.runtime.decode_options import IMPLS, DecodeOptions, Impl, SamplingOptions, is_int
 
 __all__ = ["PLUGIN_KEY", "BriskISDOptions", "OptionError", "ServedOptions", "plugin_config"]
 
@@ -36,9 +36,6 @@ PLUGIN_KEY = "brisk"
 
 class OptionError(ValueError):
     """An option the server cannot start with; the message names the option."""
-
-
-IMPL = Literal["auto", "naive", "triton"]
 
 
 def plugin_config(model_config: Any) -> dict[str, Any] | None:
@@ -107,7 +104,7 @@ class BriskISDOptions(ServedOptions, DecodeOptions):
     label: ClassVar[str] = "BriskISD"
 
     corrector: str | None = None  # a corrector checkpoint directory (Corrector.from_pretrained)
-    impl: IMPL = "auto"  # the head's step (auto: Triton on CUDA)
+    impl: Impl = "auto"  # the head's step (auto: Triton on CUDA)
     # a directory for the block log (Parquet, the brisk mechanism format), written by TP rank 0
     log_blocks: str | None = None
 
@@ -115,7 +112,7 @@ class BriskISDOptions(ServedOptions, DecodeOptions):
         super().__post_init__()
         path = self.corrector is None or isinstance(self.corrector, str)
         self.need(path, "corrector", "need a path")
-        self.need(self.impl in get_args(IMPL), "impl", "need auto, naive or triton")
+        self.need(self.impl in IMPLS, "impl", "need auto, naive or triton")
         logs = self.log_blocks is None or isinstance(self.log_blocks, str)
         self.need(logs, "log_blocks", "need a path")
         if self.shadow and self.corrector is None:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import time
 from typing import Any
 
@@ -65,12 +64,10 @@ from brisk.runtime.serving.chain_worker import (
     commits_prefill,
     pool_indices_cpu,
 )
-from brisk.runtime.serving.common import check_model, rank_logger, request_key
+from brisk.runtime.serving.common import ALGORITHM, check_model, rank_logger, request_key
 from brisk.runtime.serving.options import BriskISDOptions, OptionError
 
 __all__ = ["ALGORITHM", "BriskISDSpec", "BriskISDWorker"]
-
-ALGORITHM = "BRISK_ISD"
 
 
 class BriskISDSpec(ChainSpec):
@@ -107,13 +104,11 @@ class BriskISDWorker(ChainWorker):
     verify of :class:`~brisk.runtime.serving.chain_worker.ChainWorker`."""
 
     algorithm = ALGORITHM
-    log = logging.getLogger("sglang.srt.speculative.brisk_isd")
+    options_type = BriskISDOptions
     options: BriskISDOptions
 
-    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
-        super().__init__(server_args, target_worker)
-        model_config = self.model_runner.model_config
-        self.options = opt = BriskISDOptions.of_model(model_config.hf_config)
+    def _setup(self) -> None:
+        model_config, opt = self.model_runner.model_config, self.options
         if self.draft_token_num != opt.block_size:
             raise OptionError(
                 f"--speculative-num-draft-tokens: need {opt.block_size} at stride "

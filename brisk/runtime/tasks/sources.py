@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from brisk._json import parse_json_object
 
 __all__ = ["KINDS", "Source", "read_json_lines", "read_lines", "read_records"]
 
@@ -142,13 +143,7 @@ def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     ``ValueError`` naming the file, line and column."""
     records = []
     for number, line in read_lines(path):
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} line {number}: {err.msg} (column {err.colno})") from None
-        if not isinstance(item, dict):
-            raise ValueError(f"{path} line {number}: expected a JSON object")
-        records.append((number, item))
+        records.append((number, parse_json_object(line, f"{path} line {number}")))
     return records
 
 

@@ -1,7 +1,8 @@
 """What the training loops share beyond resuming (:mod:`brisk.runtime.train.resume`): the
-result of a run of steps, AdamW as every loop builds it, a run's CPU settings, and the tokens
+result of a run of steps, AdamW as every loop builds it, a run's CPU settings, the tokens
 of a run that trains from a checkpoint (its MASK id, resolved once for base and proposal
-training, and the row ``--add-mask-token`` gives it)."""
+training, and the row ``--add-mask-token`` gives it), and the loss weights of the
+position-weighting schemes proposal and drafter training offer."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from brisk.runtime.train.fields import MaskToken
+from brisk.theory import CostModel, decay_weights, dpace_weights, progress_weights, uniform_weights
 
 __all__ = [
     "TrainingTokens",
@@ -21,6 +23,7 @@ __all__ = [
     "carry_mask",
     "cpu_settings",
     "init_tokens",
+    "scheme_weights",
 ]
 
 
@@ -99,3 +102,38 @@ def carry_mask(model: Any, tokens: TrainingTokens, add: bool) -> None:
     if add:
         add_mask_token(model, tokens.tokenizer)
     model.config.mask_token_id = tokens.mask_id
+
+
+def scheme_weights(
+    scheme: str,
+    M: int,
+    cost: CostModel,
+    *,
+    rates: Any = None,
+    token_probs: torch.Tensor | None = None,
+    alpha: float = 0.5,
+    gamma: float = 7.0,
+) -> torch.Tensor:
+    """The loss weights of a position-weighting scheme, mean one, float64: ``[M]``, or
+    ``[..., M]`` for D-PACE.
+
+    - ``brisk``: :func:`~brisk.theory.progress_weights` of the acceptance rates ``rates [M]``
+      (no NaN: a complete profile) under ``cost`` (eq:brisk_weighting);
+    - ``uniform``: all ones;
+    - ``decay``: DFlash's exp(−(k − 1)/γ);
+    - ``dpace``: D-PACE (with ``alpha``) from the model's probability of each target token,
+      ``token_probs [..., M]``.
+    """
+    if scheme == "brisk":
+        if rates is None or bool(torch.as_tensor(rates).isnan().any()):
+            raise ValueError(f"rates: BRISK weights need a complete profile, got {rates!r}")
+        return torch.as_tensor(progress_weights(rates, cost))
+    if scheme == "uniform":
+        return torch.as_tensor(uniform_weights(M))
+    if scheme == "decay":
+        return torch.as_tensor(decay_weights(M, gamma))
+    if scheme == "dpace":
+        if token_probs is None:
+            raise ValueError("token_probs: D-PACE weights need each target token's probability")
+        return dpace_weights(token_probs.detach().double().clamp(0, 1), alpha)
+    raise ValueError(f"weights: expected brisk, uniform, dpace or decay, got {scheme!r}")

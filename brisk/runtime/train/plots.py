@@ -1,13 +1,30 @@
-"""Plots of a proposal-training run: the paper's fig:position_weight_evolution."""
+"""Plots of a proposal-training run: the paper's fig:position_weight_evolution; and how every
+figure of a run or an experiment is written (:func:`save_figure`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["plot_weight_evolution"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["plot_weight_evolution", "save_figure"]
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """``fig`` laid out tight, written to ``path`` (a PNG at 120 dpi) and closed; returns the
+    path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
 
 
 def _smooth3(x: np.ndarray) -> np.ndarray:
@@ -49,8 +66,4 @@ def plot_weight_evolution(metrics: str | Path, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
     fig.suptitle("BRISK weight w̄_i of each proposal position over training")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

@@ -41,14 +41,13 @@ from brisk.runtime.configs import Config
 from brisk.runtime.tasks.graders import Grades
 from brisk.runtime.tasks.task import Problem, describe_draw, rebuild_draw
 from brisk.worlds.arithmetic.task import (
-    Split,
     TaskConfig,
     _split_of,
     generate,
     sample_response,
     solutions,
 )
-from brisk.worlds.arithmetic.tasks import ArithmeticTask
+from brisk.worlds.arithmetic.tasks import ArithmeticTask, Draw
 
 __all__ = ["FAMILIES", "BroadConfig", "BroadTask", "Example", "broad_corpus", "export_corpus"]
 
@@ -197,15 +196,11 @@ def export_corpus(cfg: BroadConfig, path: str | Path, n: int, seed: int) -> Path
 
 
 @dataclass(frozen=True)
-class BroadTask:
+class BroadTask(Draw):
     """The broad corpus as a task: :meth:`corpus` streams the mixture, the problems, references
     and grader are those of the target world (``n`` of its ``split`` drawn with ``seed``)."""
 
     config: BroadConfig = field(default_factory=BroadConfig)
-    split: Split = "test"
-    n: int = 200
-    seed: int = 1
-    grader: str = "gsm8k"
 
     @classmethod
     def build(

@@ -17,13 +17,25 @@ from brisk.runtime.tasks.graders import Grades, grade_all
 from brisk.runtime.tasks.task import Problem, describe_draw, rebuild_draw
 from brisk.worlds.arithmetic.task import Split, TaskConfig, make_split, sample_response, solutions
 
-__all__ = ["PRESETS", "ArithmeticTask"]
+__all__ = ["PRESETS", "ArithmeticTask", "Draw"]
 
 PRESETS = {"tiny": TaskConfig.tiny, "paper": TaskConfig.paper, "trivial": TaskConfig.trivial}
 
 
 @dataclass(frozen=True)
-class ArithmeticTask:
+class Draw:
+    """What an arithmetic task draws from its world ``config``: ``n`` distinct problems of
+    ``split`` with ``seed``, graded by ``grader``."""
+
+    config: Any
+    split: Split = "test"
+    n: int = 200
+    seed: int = 1
+    grader: str = "gsm8k"
+
+
+@dataclass(frozen=True)
+class ArithmeticTask(Draw):
     """``n`` distinct problems of ``split`` drawn with ``seed`` from the world ``config``.
 
     >>> task = ArithmeticTask(n=2, seed=1)
@@ -34,10 +46,6 @@ class ArithmeticTask:
     """
 
     config: TaskConfig = field(default_factory=TaskConfig.tiny)
-    split: Split = "test"
-    n: int = 200
-    seed: int = 1
-    grader: str = "gsm8k"
 
     @classmethod
     def build(

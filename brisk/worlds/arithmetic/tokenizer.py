@@ -15,8 +15,10 @@ encodes the text alone.
 
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from brisk.runtime.presets import dlm_tokenizer
 
 __all__ = ["BOS", "EOS", "MASK", "PAD", "UNK", "char_tokenizer"]
 
@@ -39,21 +41,4 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    # saved in tokenizer.json, so loaders that never read add_bos_token (older transformers,
-    # SGLang's tokenizer manager, tokenizers alone) add BOS too
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS}:0 $A:0",
-        pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1",
-        special_tokens=[(BOS, vocab[BOS])],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        mask_token=MASK,
-        # transformers rebuilds the post-processor from these flags: the same template
-        add_bos_token=True,
-        add_eos_token=False,
-    )
+    return dlm_tokenizer(backend, pad=PAD, bos=BOS, eos=EOS, mask=MASK, unk_token=UNK)

@@ -33,6 +33,7 @@ __all__ = ["PROBLEMS", "STOPS", "HumanEvalTask", "humaneval", "read_humaneval", 
 
 PROBLEMS = 164
 STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#")
+_DESCRIBED = ("name", "n", "seed", "split", "grader")  # what rebuilds a task
 
 
 def truncate(completion: str) -> str:
@@ -129,14 +130,8 @@ class HumanEvalTask:
 
     def describe(self) -> dict[str, Any]:
         """What rebuilds this task (:meth:`from_description`)."""
-        return {
-            "name": self.name,
-            "n": self.n,
-            "seed": self.seed,
-            "split": self.split,
-            "grader": self.grader,
-        }
+        return {k: getattr(self, k) for k in _DESCRIBED}
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> HumanEvalTask:
-        return cls(**{k: description[k] for k in ("n", "seed", "split", "grader", "name")})
+        return cls(**{k: description[k] for k in _DESCRIBED})

@@ -24,10 +24,7 @@ __all__ = ["CodeModelConfig", "code_preset", "preset_tokenizer"]
 class CodeModelConfig(Qwen3Shape):
     """A :class:`~brisk.runtime.presets.Qwen3Shape` with the tokenizer it is built for."""
 
-    hidden_size: int = 256
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
+    hidden_size: int = 256  # layers, heads and kv_heads: Qwen3Shape's
     intermediate_size: int = 768
     max_positions: int = 512
     vocab_size: int = 4096  # of the byte-level BPE tokenizer (specials and 256 bytes included)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brisk._atomic import atomic_write
+from brisk.runtime.presets import dlm_tokenizer
 from brisk.worlds.code.corpus import CorpusConfig, documents, provenance, python_files
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ _VERSION = 1  # of the recipe below: a change makes new cache keys
 
 
 def _backend(vocab_size: int, texts: Iterator[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -69,27 +70,18 @@ def _backend(vocab_size: int, texts: Iterator[str]) -> Any:
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer)
-    bos = backend.token_to_id(BOS)
-    # saved in tokenizer.json, so loaders that never read add_bos_token add BOS too
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos)]
-    )
     return backend
 
 
 def wrap(backend: Any) -> PreTrainedTokenizerFast:
     """A ``tokenizers.Tokenizer`` as the transformers tokenizer brisk loads (module
     docstring)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        mask_token=MASK,
-        add_bos_token=True,
-        add_eos_token=False,
+    return dlm_tokenizer(
+        backend,
+        pad=PAD,
+        bos=BOS,
+        eos=EOS,
+        mask=MASK,
         clean_up_tokenization_spaces=False,  # decoding gives the bytes back, spaces untouched
     )
 

@@ -1,5 +1,6 @@
 """Sequential candidate selection of the corrector: the naive reference, its fused Triton twin
-(``fused_recurrent``), and :func:`select`, which picks one.
+(``fused_recurrent``), and :func:`select`, which picks one. Both take one :class:`StepInputs`;
+:class:`CorrectorInputs` is the head's own input, one level up (the raw proposal block).
 
 ``impl``: ``"naive"`` always runs the pure-torch loop; ``"triton"`` runs the fused kernel and
 raises when it cannot (no Triton, or tensors neither on CUDA nor under ``TRITON_INTERPRET=1``);
@@ -14,14 +15,16 @@ import functools
 import importlib.util
 import os
 import warnings
-from typing import Any, Literal
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
+from brisk.runtime.decode_options import IMPLS
 from brisk.runtime.kernels.corrector_step.naive import (
     N_FEATURES,
     SelectOutput,
+    StepInputs,
     StepWeights,
     confidence_features,
     corrector_select,
@@ -30,7 +33,9 @@ from brisk.runtime.kernels.corrector_step.naive import (
 __all__ = [
     "IMPLS",
     "N_FEATURES",
+    "CorrectorInputs",
     "SelectOutput",
+    "StepInputs",
     "StepWeights",
     "confidence_features",
     "corrector_select",
@@ -38,9 +43,28 @@ __all__ = [
     "select",
 ]
 
-Impl = Literal["auto", "naive", "triton"]
-IMPLS: tuple[str, ...] = ("auto", "naive", "triton")
 _warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class CorrectorInputs:
+    """One proposal block as the corrector head reads it (``Corrector.forward`` and
+    ``Corrector.select``, and the CUDA-graph replay's static buffers): the backbone's hidden
+    states and the Top-K candidates of its base proposal q, before any projection. Defined here,
+    below the module layer, so that the replay can build one; :mod:`brisk.runtime.corrector`
+    exports it."""
+
+    anchor_hidden: Tensor  # [B, H]     h_c, hidden state of the slot that produced x_0
+    anchor_ids: Tensor  # [B]           x_0
+    mask_hidden: Tensor  # [B, M, H]    m_j, hidden states of the M MASK slots
+    cand_logits: Tensor  # [B, M, K]    base logits ℓ_j(c_k), descending (what topk returns)
+    cand_ids: Tensor  # [B, M, K]       C_j = TopK(q_j)
+    u: Tensor | None = None  # [B, M]   uniforms that drive the draw at T > 0 (required there)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensors given, by field name (``u`` only when set)."""
+        named = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: t for name, t in named.items() if t is not None}
 
 
 def _warn_once(reason: str) -> None:
@@ -77,46 +101,22 @@ def need_uniforms(temperature: float, u: Tensor | None) -> None:
 
 
 def select(
-    s0: Tensor,
-    mask_x: Tensor,
-    anchor_e: Tensor,
-    cand_e: Tensor,
-    cand_c: Tensor,
-    cand_logits: Tensor,
-    cand_ids: Tensor,
-    anchor_ids: Tensor,
+    inputs: StepInputs,
     weights: StepWeights,
     temperature: float,
-    u: Tensor | None,
-    forced_prev: tuple[Tensor, Tensor] | None = None,
     feedback: bool = True,
     impl: str = "auto",
 ) -> SelectOutput:
     """:func:`corrector_select` (arguments as there) through the implementation ``impl``."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(IMPLS)}, got {impl!r}")
-    need_uniforms(temperature, u)
-    args: tuple[Any, ...] = (
-        s0,
-        mask_x,
-        anchor_e,
-        cand_e,
-        cand_c,
-        cand_logits,
-        cand_ids,
-        anchor_ids,
-        weights,
-        temperature,
-        u,
-        forced_prev,
-        feedback,
-    )
+    need_uniforms(temperature, inputs.u)
     if impl == "naive":
-        return corrector_select(*args)
-    device = cand_logits.device
+        return corrector_select(inputs, weights, temperature, feedback)
+    device = inputs.cand_logits.device
     reason = _kernel_reason(device)
     if impl == "auto" and (reason is not None or device.type != "cuda"):
-        return corrector_select(*args)  # the naive loop is the CPU path
+        return corrector_select(inputs, weights, temperature, feedback)  # the CPU path
     if reason is not None:
         raise ValueError(f"impl: 'triton' cannot run: {reason}")
     from brisk.runtime.kernels.corrector_step.fused_recurrent import (
@@ -124,14 +124,10 @@ def select(
         unsupported,
     )
 
-    why = unsupported(s0, mask_x, cand_e, cand_c, cand_logits, weights)
-    if (
-        why is None
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in (s0, mask_x, anchor_e, cand_e, cand_c, cand_logits))
-    ):
+    why = unsupported(inputs, weights)
+    if why is None and torch.is_grad_enabled() and inputs.requires_grad:
         why = "gradients are required (the kernel has no backward)"
     if why is not None:
         _warn_once(why)
-        return corrector_select(*args)
-    return corrector_select_fused(*args)
+        return corrector_select(inputs, weights, temperature, feedback)
+    return corrector_select_fused(inputs, weights, temperature, feedback)

@@ -1,6 +1,7 @@
 """The corrector's sequential part as one Triton launch per verify round (the naive twin's math).
 
-Same signature and outputs as :func:`brisk.runtime.kernels.corrector_step.naive.corrector_select`
+Same signature (a :class:`~brisk.runtime.kernels.corrector_step.naive.StepInputs`, the weights,
+the temperature) and outputs as :func:`brisk.runtime.kernels.corrector_step.naive.corrector_select`
 (ranks, probs, refined): one program per request of the batch runs all M positions in order,
 and for each position the 5 confidence features φ_j, the input projections of the minimal GRU
 (its weight matrices split by column into the MASK-state, previous-token, position and feature
@@ -24,7 +25,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from brisk.runtime.kernels.corrector_step.naive import N_FEATURES, SelectOutput, StepWeights
+from brisk.runtime.kernels.corrector_step.naive import (
+    N_FEATURES,
+    SelectOutput,
+    StepInputs,
+    StepWeights,
+)
 
 __all__ = ["INTERPRET", "MAX_BLOCK", "corrector_select_fused", "unsupported"]
 
@@ -193,30 +199,23 @@ def _block(n: int) -> int:
     return max(triton.next_power_of_2(n), 2)
 
 
-def unsupported(
-    s0: Tensor,
-    mask_x: Tensor,
-    cand_e: Tensor,
-    cand_c: Tensor,
-    cand_logits: Tensor,
-    weights: StepWeights,
-) -> str | None:
+def unsupported(inputs: StepInputs, weights: StepWeights) -> str | None:
     """Why the kernel cannot take these inputs (None: it can)."""
     for name, t in (
-        ("s0", s0),
-        ("mask_x", mask_x),
-        ("cand_e", cand_e),
-        ("cand_c", cand_c),
-        ("cand_logits", cand_logits),
+        ("s0", inputs.s0),
+        ("mask_x", inputs.mask_x),
+        ("cand_e", inputs.cand_e),
+        ("cand_c", inputs.cand_c),
+        ("cand_logits", inputs.cand_logits),
     ):
         if t.dtype not in DTYPES:
             return f"{name} has dtype {t.dtype} (the kernel reads float32, bfloat16, float16)"
     widths = {
-        "K": cand_logits.shape[-1],
-        "state": s0.shape[-1],
-        "rank": cand_c.shape[-1],
-        "hidden projection": mask_x.shape[-1],
-        "token projection": cand_e.shape[-1],
+        "K": inputs.cand_logits.shape[-1],
+        "state": inputs.s0.shape[-1],
+        "rank": inputs.cand_c.shape[-1],
+        "hidden projection": inputs.mask_x.shape[-1],
+        "token projection": inputs.cand_e.shape[-1],
         "position": weights.pos_emb.shape[-1],
         "feature": weights.feat_w.shape[0],
     }
@@ -229,24 +228,13 @@ def unsupported(
 
 
 def corrector_select_fused(
-    s0: Tensor,
-    mask_x: Tensor,
-    anchor_e: Tensor,
-    cand_e: Tensor,
-    cand_c: Tensor,
-    cand_logits: Tensor,
-    cand_ids: Tensor,
-    anchor_ids: Tensor,
-    weights: StepWeights,
-    temperature: float,
-    u: Tensor | None,
-    forced_prev: tuple[Tensor, Tensor] | None = None,
-    feedback: bool = True,
+    inputs: StepInputs, weights: StepWeights, temperature: float, feedback: bool = True
 ) -> SelectOutput:
     """The naive twin's selection in one launch (module docstring); same arguments."""
-    B, M, K = cand_logits.shape
-    device = cand_logits.device
-    S, DH, DE, R = s0.shape[-1], mask_x.shape[-1], cand_e.shape[-1], cand_c.shape[-1]
+    B, M, K = inputs.cand_logits.shape
+    device = inputs.cand_logits.device
+    S, DH = inputs.s0.shape[-1], inputs.mask_x.shape[-1]
+    DE, R = inputs.cand_e.shape[-1], inputs.cand_c.shape[-1]
     DP, DF = weights.pos_emb.shape[-1], weights.feat_w.shape[0]
     # NaN / −1 poisoned: an element the kernel fails to write cannot pass for a result
     ranks = torch.full((B, M), -1, dtype=torch.long, device=device)
@@ -265,19 +253,18 @@ def corrector_select_fused(
         return t.long().contiguous()
 
     sample = temperature > 0
-    u_arg = c(u) if u is not None else probs  # never read when greedy
-    f_ids, f_e = (
-        (c(forced_prev[0]), c(forced_prev[1])) if forced_prev is not None else (ranks, probs)
-    )
+    u_arg = c(inputs.u) if inputs.u is not None else probs  # never read when greedy
+    forced = inputs.forced_prev
+    f_ids, f_e = (c(forced[0]), c(forced[1])) if forced is not None else (ranks, probs)
     _corrector_select_kernel[(B,)](
-        c(s0),
-        c(mask_x),
-        c(anchor_e),
-        c(cand_e),
-        c(cand_c),
-        c(cand_logits),
-        ids(cand_ids),
-        ids(anchor_ids),
+        c(inputs.s0),
+        c(inputs.mask_x),
+        c(inputs.anchor_e),
+        c(inputs.cand_e),
+        c(inputs.cand_c),
+        c(inputs.cand_logits),
+        ids(inputs.cand_ids),
+        ids(inputs.anchor_ids),
         u_arg,
         f_ids,
         f_e,
@@ -311,7 +298,7 @@ def corrector_select_fused(
         BR=_block(R),
         NF=N_FEATURES,
         SAMPLE=sample,
-        FORCED=forced_prev is not None,
+        FORCED=forced is not None,
         FEEDBACK=feedback,
     )
     return SelectOutput(ranks, probs, refined)

@@ -9,7 +9,8 @@ needs CUDA tensors; the folded tables are computed before the first capture so t
 inside a graph allocates them.
 
 The graphs take the head as what it offers (:class:`Head`), not as the module class above this
-package: kernels never import the module layer.
+package: kernels never import the module layer. Its input, :class:`CorrectorInputs`, lives in
+this package so that the static buffers can be one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from brisk.runtime.kernels.corrector_step import need_uniforms
+from brisk.runtime.kernels.corrector_step import CorrectorInputs, need_uniforms
 
 if TYPE_CHECKING:
     from brisk.runtime.backbone import Backbone
@@ -44,13 +45,15 @@ class Head(Protocol):
 
     def tables(self, backbone: Backbone) -> tuple[Tensor, Tensor]: ...
 
-    def select(self, backbone: Backbone, *args: Any, **kwargs: Any) -> Any: ...
+    def select(
+        self, backbone: Backbone, inputs: CorrectorInputs, temperature: float, impl: str
+    ) -> Any: ...
 
 
 @dataclass
 class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
-    inputs: dict[str, Tensor]
+    inputs: CorrectorInputs  # static [bucket, …] buffers
     output: Any  # the head's selection, a dataclass of static [bucket, …] tensors
     tables: tuple[Tensor, Tensor]  # the folded tables the graph reads (kept alive here)
 
@@ -60,7 +63,8 @@ class CorrectorGraphs:
 
     Graphs are captured lazily on first use of a (bucket, temperature) pair, or all at once
     with :meth:`capture`. ``impl`` is the head's implementation inside the graph (the fused
-    kernel by default). Batches larger than the largest bucket run eagerly.
+    kernel by default), fixed when the graphs are built: ``select`` takes no ``impl`` of its
+    own. Batches larger than the largest bucket run eagerly, with the same ``impl``.
     """
 
     def __init__(
@@ -106,18 +110,10 @@ class CorrectorGraphs:
         with torch.inference_mode(False):  # static buffers callers may fill in any mode
             inputs = self._buffers(bucket, H, dtype, dev)
 
+        static = inputs if temperature > 0 else dataclasses.replace(inputs, u=None)
+
         def run() -> Any:
-            return self.head.select(
-                self.backbone,
-                inputs["anchor_hidden"],
-                inputs["anchor_ids"],
-                inputs["mask_hidden"],
-                inputs["cand_logits"],
-                inputs["cand_ids"],
-                temperature,
-                u=inputs["u"] if temperature > 0 else None,
-                impl=self.impl,
-            )
+            return self.head.select(self.backbone, static, temperature, impl=self.impl)
 
         stream = torch.cuda.Stream(device=dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
@@ -134,66 +130,35 @@ class CorrectorGraphs:
 
     def _buffers(
         self, bucket: int, H: int, dtype: torch.dtype, dev: torch.device
-    ) -> dict[str, Tensor]:
+    ) -> CorrectorInputs:
         c = self.head.config
-        return {
-            "anchor_hidden": torch.zeros(bucket, H, dtype=dtype, device=dev),
-            "anchor_ids": torch.zeros(bucket, dtype=torch.long, device=dev),
-            "mask_hidden": torch.zeros(bucket, c.M, H, dtype=dtype, device=dev),
-            "cand_logits": torch.zeros(bucket, c.M, c.K, dtype=dtype, device=dev),
-            "cand_ids": torch.arange(c.K, device=dev).expand(bucket, c.M, c.K).contiguous(),
-            "u": torch.full((bucket, c.M), 0.5, dtype=torch.float32, device=dev),
-        }
+        return CorrectorInputs(
+            anchor_hidden=torch.zeros(bucket, H, dtype=dtype, device=dev),
+            anchor_ids=torch.zeros(bucket, dtype=torch.long, device=dev),
+            mask_hidden=torch.zeros(bucket, c.M, H, dtype=dtype, device=dev),
+            cand_logits=torch.zeros(bucket, c.M, c.K, dtype=dtype, device=dev),
+            cand_ids=torch.arange(c.K, device=dev).expand(bucket, c.M, c.K).contiguous(),
+            u=torch.full((bucket, c.M), 0.5, dtype=torch.float32, device=dev),
+        )
 
     @torch.no_grad()
-    def select(
-        self,
-        backbone: Backbone,
-        anchor_hidden: Tensor,
-        anchor_ids: Tensor,
-        mask_hidden: Tensor,
-        cand_logits: Tensor,
-        cand_ids: Tensor,
-        temperature: float = 0.0,
-        u: Tensor | None = None,
-        impl: str | None = None,
-    ) -> Any:
-        """:meth:`Corrector.select` by graph replay (same arguments and result)."""
+    def select(self, backbone: Backbone, inputs: CorrectorInputs, temperature: float = 0.0) -> Any:
+        """:meth:`Corrector.select` by graph replay (same result; ``impl`` is the graphs')."""
         if backbone is not self.backbone:
             raise ValueError("backbone: the graphs were captured for another backbone")
-        B = anchor_ids.shape[0]
+        B = inputs.anchor_ids.shape[0]
         bucket = self.bucket(B)
         if bucket is None:  # beyond the largest bucket: eager
-            return self.head.select(
-                backbone,
-                anchor_hidden,
-                anchor_ids,
-                mask_hidden,
-                cand_logits,
-                cand_ids,
-                temperature,
-                u,
-                impl=impl or self.impl,
-            )
-        need_uniforms(temperature, u)
-        if impl is not None and impl != self.impl:
-            raise ValueError(f"impl: the graphs were captured with {self.impl!r}, not {impl!r}")
+            return self.head.select(backbone, inputs, temperature, impl=self.impl)
+        need_uniforms(temperature, inputs.u)
         cap = self._graph(bucket, temperature)
-        given = {
-            "anchor_hidden": anchor_hidden,
-            "anchor_ids": anchor_ids,
-            "mask_hidden": mask_hidden,
-            "cand_logits": cand_logits,
-            "cand_ids": cand_ids,
-        }
-        if u is not None:
-            given["u"] = u
-        for name, value in given.items():  # copy_ would broadcast a wrong shape: refuse it
-            if value.shape != (B, *cap.inputs[name].shape[1:]):
+        static = cap.inputs.tensors()
+        for name, value in inputs.tensors().items():  # copy_ would broadcast a wrong shape
+            if value.shape != (B, *static[name].shape[1:]):
                 raise ValueError(
-                    f"{name}: expected {[B, *cap.inputs[name].shape[1:]]}, got {list(value.shape)}"
+                    f"{name}: expected {[B, *static[name].shape[1:]]}, got {list(value.shape)}"
                 )
-            cap.inputs[name][:B].copy_(value)
+            static[name][:B].copy_(value)
         cap.graph.replay()
         out = cap.output  # the static buffers: the next replay overwrites them
         rows = {f.name: getattr(out, f.name)[:B].clone() for f in dataclasses.fields(out)}

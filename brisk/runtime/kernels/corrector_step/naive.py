@@ -4,9 +4,9 @@ Paper: sec:inference_head, app:head_implementation.
 
 Pure-torch float32 reference, written like the equations. A fused Triton kernel shares this
 signature. Everything the recurrence needs that does not depend on earlier selections is
-projected in parallel by the caller (:class:`brisk.runtime.corrector.Corrector`); this loop is
-the sequential part. For proposal position j = 1..M with candidates C_j = TopK(q_j) (ranked by
-base logit, descending):
+projected in parallel by the caller (:class:`brisk.runtime.corrector.Corrector`) into one
+:class:`StepInputs`; this loop is the sequential part. For proposal position j = 1..M with
+candidates C_j = TopK(q_j) (ranked by base logit, descending):
 
     φ_j   = [ℓ_j(c_1) − ℓ_j(c_2),  ℓ_j(c_1) − ℓ_j(c_4),  1[x_{j−1} = c_1],
              1[x_{j−1} ∈ c_{1..4}],  ℓ_j(c_1) − ℓ_j(x_{j−1})]                (5 features)
@@ -36,7 +36,14 @@ from torch import Tensor
 
 from brisk.runtime.sampling import sample_inverse_cdf
 
-__all__ = ["N_FEATURES", "SelectOutput", "StepWeights", "confidence_features", "corrector_select"]
+__all__ = [
+    "N_FEATURES",
+    "SelectOutput",
+    "StepInputs",
+    "StepWeights",
+    "confidence_features",
+    "corrector_select",
+]
 
 N_FEATURES = 5
 
@@ -54,6 +61,31 @@ class StepWeights:
     gate_w: Tensor  # [S + 5]
     gate_b: Tensor  # []
     alpha: Tensor  # []
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One block's inputs to the sequential loop, as every implementation takes them: the
+    projections that do not depend on earlier selections (computed in parallel by the caller),
+    the candidates, the uniforms of the draw and, for teacher forcing, a recorded trajectory."""
+
+    s0: Tensor  # [B, S]             initial state tanh(Init_ψ(h_c, E(x_0)))
+    mask_x: Tensor  # [B, M, Dh]     P_m m_j
+    anchor_e: Tensor  # [B, De]      P_e E(x_0)
+    cand_e: Tensor  # [B, M, K, De]  P_e E(c_jk)
+    cand_c: Tensor  # [B, M, K, R]   W_c E_out(c_jk)
+    cand_logits: Tensor  # [B, M, K] base logits ℓ_j(c_k), descending in k
+    cand_ids: Tensor  # [B, M, K]    C_j
+    anchor_ids: Tensor  # [B]        x_0
+    u: Tensor | None = None  # [B, M] uniforms that drive the draw at T > 0 (required there)
+    # teacher forcing: (ids [B, M], P_e E(ids) [B, M, De]) fed back as x_{j−1} at every position
+    forced_prev: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether gradients flow back through a projected input (the fused kernel has none)."""
+        projected = (self.s0, self.mask_x, self.anchor_e, self.cand_e, self.cand_c)
+        return any(t.requires_grad for t in (*projected, self.cand_logits))
 
 
 @dataclass(frozen=True)
@@ -83,34 +115,22 @@ def confidence_features(cand_logits: Tensor, cand_ids: Tensor, prev_ids: Tensor)
 
 
 def corrector_select(
-    s0: Tensor,
-    mask_x: Tensor,
-    anchor_e: Tensor,
-    cand_e: Tensor,
-    cand_c: Tensor,
-    cand_logits: Tensor,
-    cand_ids: Tensor,
-    anchor_ids: Tensor,
-    weights: StepWeights,
-    temperature: float,
-    u: Tensor | None,
-    forced_prev: tuple[Tensor, Tensor] | None = None,
-    feedback: bool = True,
+    inputs: StepInputs, weights: StepWeights, temperature: float, feedback: bool = True
 ) -> SelectOutput:
     """Select one token per position, left to right, feeding each choice into the next step.
 
-    s0 ``[B, S]`` initial state; mask_x ``[B, M, Dh]`` = P_m m_j; anchor_e ``[B, De]`` =
-    P_e E(x_0); cand_e ``[B, M, K, De]`` = P_e E(c_jk); cand_c ``[B, M, K, R]`` = W_c E_out(c_jk);
-    cand_logits ``[B, M, K]`` descending; cand_ids ``[B, M, K]``; anchor_ids ``[B]``.
-    ``temperature`` 0 selects the argmax; otherwise ``u`` ``[B, M]`` uniforms drive the draw.
-    ``forced_prev`` = (ids ``[B, M]``, P_e E(ids) ``[B, M, De]``) replaces the fed-back previous
-    token x_{j−1} at every position (teacher forcing on a recorded trajectory). ``feedback``
-    False hides x_{j−1} from the head (module docstring).
+    ``inputs`` as :class:`StepInputs` lists them (cand_logits descending). ``temperature`` 0
+    selects the argmax; otherwise the uniforms ``inputs.u`` drive the draw.
+    ``inputs.forced_prev`` replaces the fed-back previous token x_{j−1} at every position
+    (teacher forcing on a recorded trajectory). ``feedback`` False hides x_{j−1} from the head
+    (module docstring).
     """
+    mask_x, cand_e, cand_c, u = inputs.mask_x, inputs.cand_e, inputs.cand_c, inputs.u
+    cand_logits, cand_ids, forced_prev = inputs.cand_logits, inputs.cand_ids, inputs.forced_prev
     B, M, _K = cand_logits.shape
     batch = torch.arange(B, device=cand_logits.device)
-    s = s0
-    prev_ids, prev_e = anchor_ids, anchor_e
+    s = inputs.s0
+    prev_ids, prev_e = inputs.anchor_ids, inputs.anchor_e
     ranks, probs, refined = [], [], []
     for j in range(M):
         if forced_prev is not None and j > 0:
@@ -118,7 +138,7 @@ def corrector_select(
         if not feedback:
             prev_ids, prev_e = torch.full_like(prev_ids, -1), torch.zeros_like(prev_e)
         phi = confidence_features(cand_logits[:, j], cand_ids[:, j], prev_ids)  # [B, 5]
-        inputs = torch.cat(
+        in_j = torch.cat(
             [
                 mask_x[:, j],
                 prev_e,
@@ -127,8 +147,8 @@ def corrector_select(
             ],
             dim=1,
         )  # [B, D_in]
-        z = torch.sigmoid(inputs @ weights.w_z.T)  # [B, S]
-        s = (1 - z) * s + z * (inputs @ weights.w_h.T)  # [B, S]
+        z = torch.sigmoid(in_j @ weights.w_z.T)  # [B, S]
+        s = (1 - z) * s + z * (in_j @ weights.w_h.T)  # [B, S]
         d = torch.einsum("bkr,br->bk", cand_c[:, j], s @ weights.w_s.T)  # [B, K]
         gate = torch.sigmoid(weights.alpha) * torch.sigmoid(
             torch.cat([s, phi], dim=1) @ weights.gate_w + weights.gate_b

@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from brisk._interrupt import stop_signals
 from brisk.runtime.train.corrector.config import CollectOptions
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from brisk.runtime.isd.options import ISDOptions
 
 __all__ = [
+    "CollectArgs",
     "CollectOptions",
     "EventStore",
     "collect_draft_events",
@@ -48,34 +49,43 @@ __all__ = [
 ]
 
 
+class CollectArgs(TypedDict, total=False):
+    """The keyword arguments of both collectors (:func:`collect_events`,
+    :func:`collect_draft_events`): which requests, how they are graded, and the run's rules."""
+
+    seeds: Sequence[int] | None  # per request (default 0..n − 1)
+    request_ids: Sequence[int] | None  # per request (default 0..n − 1)
+    correct: Callable[[int, Any], bool] | None  # grades request r (default: all correct)
+    provenance: dict[str, Any] | None  # merged into ``_events.json``
+    feature_dtype: str  # the stored hidden states' dtype (default float32)
+    batch_size: int  # requests a decode batch (default 64 for ISD, 16 for the drafter's loop)
+    on_finish: Callable[[int, Any], None] | None  # hears each request's output as it finishes
+    on_resume: Callable[[int], None] | None  # hears how many requests were collected before
+    resume: bool  # continue after a partial store's complete batches (default True)
+
+
 def collect_events(
     backbone: Backbone,
     prompts: Sequence[Sequence[int]],
     options: ISDOptions,
     out: str | Path,
-    *,
-    seeds: Sequence[int] | None = None,
-    request_ids: Sequence[int] | None = None,
-    correct: Any = None,
-    provenance: dict[str, Any] | None = None,
-    feature_dtype: str = "float32",
-    batch_size: int = 64,
-    on_finish: Any = None,
-    on_resume: Any = None,
-    resume: bool = True,
+    **how: Unpack[CollectArgs],
 ) -> EventStore:
     """Decode ``prompts`` head-off with ``options`` and write an event store at ``out``.
 
     ``correct(r, output) -> bool`` grades request r (default: every response counts as correct);
-    ``provenance`` is merged into ``_events.json``. ``out`` must not exist yet: the store is
-    built in ``.<name>.partial`` beside it, one decode batch of ``batch_size`` requests at a
-    time (the batches :func:`~brisk.runtime.isd.decode` would run), and renamed when complete.
-    SIGINT or SIGTERM discards the batch being decoded and ends with
-    :class:`~brisk._interrupt.Interrupted`; the complete batches stay, and ``resume`` (the
-    library's default) continues after them to the store an uninterrupted run writes, while
-    without it they are refused. ``on_resume(n)`` hears how many requests were collected before.
+    ``provenance`` is merged into ``_events.json`` (the keywords: :class:`CollectArgs`).
+    ``out`` must not exist yet: the store is built in ``.<name>.partial`` beside it, one decode
+    batch of ``batch_size`` requests (default 64) at a time (the batches
+    :func:`~brisk.runtime.isd.decode` would run), and renamed when complete. SIGINT or SIGTERM
+    discards the batch being decoded and ends with :class:`~brisk._interrupt.Interrupted`; the
+    complete batches stay, and ``resume`` (the library's default) continues after them to the
+    store an uninterrupted run writes, while without it they are refused. ``on_resume(n)``
+    hears how many requests were collected before.
     """
     from brisk.runtime.isd import decode
+
+    batch_size = how.get("batch_size", 64)
 
     def decode_batch(batch: _Batch, writer: EventWriter, finished: Any) -> list[int]:
         result = decode(
@@ -100,21 +110,7 @@ def collect_events(
         options.temperature,
     )
     return _collect(
-        Path(out),
-        prompts,
-        seeds,
-        request_ids,
-        sizes,
-        asdict(options),
-        decode_batch,
-        "isd",
-        correct=correct,
-        provenance=provenance,
-        feature_dtype=feature_dtype,
-        batch_size=batch_size,
-        on_finish=on_finish,
-        on_resume=on_resume,
-        resume=resume,
+        Path(out), prompts, sizes, asdict(options), decode_batch, "isd", how, batch_size
     )
 
 
@@ -124,16 +120,7 @@ def collect_draft_events(
     prompts: Sequence[Sequence[int]],
     options: SDOptions,
     out: str | Path,
-    *,
-    seeds: Sequence[int] | None = None,
-    request_ids: Sequence[int] | None = None,
-    correct: Any = None,
-    provenance: dict[str, Any] | None = None,
-    feature_dtype: str = "float32",
-    batch_size: int = 16,
-    on_finish: Any = None,
-    on_resume: Any = None,
-    resume: bool = True,
+    **how: Unpack[CollectArgs],
 ) -> EventStore:
     """The corrector's events of speculative decoding: ``drafter`` proposing, ``target``
     verifying (:func:`brisk.runtime.drafter.speculative_decode`, head off; greedy drafts at
@@ -141,7 +128,7 @@ def collect_draft_events(
     rows hold the drafter's MASK-slot hidden states, a zero anchor hidden state (what SGLang's
     DFlash sampler gives the head) and the drafter's Top-K logits; the store's ``backbone`` is
     the target, whose E and E_out the head reads. Otherwise as :func:`collect_events`: batches
-    of ``batch_size`` requests, interruption, ``resume``."""
+    of ``batch_size`` requests (default 16), interruption, ``resume``."""
     from brisk.runtime.drafter import check_pair, speculative_decode, target_heads
 
     check_pair(target, drafter)  # before the partial store exists
@@ -168,22 +155,10 @@ def collect_draft_events(
     sizes = _Sizes(
         M, min(options.top_k, V), drafter.config.hidden_size, V, M + 1, options.temperature
     )
+    decoder = {"algorithm": "speculative", **asdict(options)}
+    batch_size = how.get("batch_size", 16)
     return _collect(
-        Path(out),
-        prompts,
-        seeds,
-        request_ids,
-        sizes,
-        {"algorithm": "speculative", **asdict(options)},
-        decode_batch,
-        "speculative",
-        correct=correct,
-        provenance=provenance,
-        feature_dtype=feature_dtype,
-        batch_size=batch_size,
-        on_finish=on_finish,
-        on_resume=on_resume,
-        resume=resume,
+        Path(out), prompts, sizes, decoder, decode_batch, "speculative", how, batch_size
     )
 
 
@@ -211,20 +186,12 @@ class _Batch:
 def _collect(
     out: Path,
     prompts: Sequence[Sequence[int]],
-    seeds: Sequence[int] | None,
-    request_ids: Sequence[int] | None,
     sizes: _Sizes,
     decoder: dict[str, Any],
     decode_batch: Callable[[_Batch, EventWriter, Any], list[int]],
     family: Decoder,
-    *,
-    correct: Any,
-    provenance: dict[str, Any] | None,
-    feature_dtype: str,
+    how: CollectArgs,
     batch_size: int,
-    on_finish: Any,
-    on_resume: Any,
-    resume: bool,
 ) -> EventStore:
     """The collection loop both decoders share: ``decode_batch(batch, writer, finished)``
     decodes a batch into ``writer`` (calling ``finished(r, output)`` with r counted within the
@@ -233,12 +200,16 @@ def _collect(
 
     refuse_complete(out)
     n = len(prompts)
-    ids = list(range(n)) if request_ids is None else list(request_ids)
-    seeds = list(range(n)) if seeds is None else list(seeds)
+    given_ids, given_seeds = how.get("request_ids"), how.get("seeds")
+    ids = list(range(n)) if given_ids is None else list(given_ids)
+    seeds = list(range(n)) if given_seeds is None else list(given_seeds)
+    provenance, feature_dtype = how.get("provenance") or {}, how.get("feature_dtype", "float32")
+    correct, on_finish = how.get("correct"), how.get("on_finish")
+    on_resume = how.get("on_resume")
     inputs = json.dumps([[[int(t) for t in p] for p in prompts], seeds, ids]).encode()
     settings = {  # what makes two runs collect the same store (the path aside: its hash counts)
         "provenance": {  # paths aside: their hashes count
-            k: v for k, v in (provenance or {}).items() if k not in ("checkpoint", "drafter")
+            k: v for k, v in provenance.items() if k not in ("checkpoint", "drafter")
         },
         "decoder": decoder,
         "K": sizes.K,
@@ -248,7 +219,7 @@ def _collect(
         "requests": n,
         "inputs": hashlib.sha256(inputs).hexdigest(),
     }
-    partial = PartialStore.open(out, settings, resume)
+    partial = PartialStore.open(out, settings, how.get("resume", True))
     if on_resume is not None and partial.requests:
         on_resume(partial.requests)
     grades: dict[int, bool] = {}
@@ -283,7 +254,7 @@ def _collect(
     meta = {
         "format": FORMAT,
         "decoder": {"algorithm": family, "head": "off"},  # what the head is trained to draft for
-        **(provenance or {}),
+        **provenance,
         **asdict(sizes),
         "feature_dtype": feature_dtype,
         "events": partial.events,
@@ -360,45 +331,29 @@ def collect_from_checkpoint(
     }
     with Progress(disable=not show_progress) as progress:
         bar = progress.add_task("collect", total=len(index))
-        if drafter is not None:
-            provenance["decoder"] = {"algorithm": "speculative", "head": "off"}
-            provenance["drafter"] = str(drafter)
-            provenance["drafter_hash"] = checkpoint_hash(drafter)
-            return collect_draft_events(
-                target,
-                spec,
-                prompts,
-                SDOptions(
-                    temperature=options.temperature,
-                    draft="top-k" if options.temperature > 0 else "greedy",
-                    top_k=options.top_k,
-                    max_new_tokens=options.max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id,
-                ),
-                out,
-                seeds=seeds,
-                correct=correct,
-                provenance=provenance,
-                feature_dtype=options.feature_dtype,
-                batch_size=options.batch_size,
-                on_finish=lambda _r, _o: progress.advance(bar),
-                on_resume=lambda n: progress.advance(bar, n),
-                resume=resume,
-            )
-        return collect_events(
-            backbone,
-            prompts,
-            dec,
-            out,
-            seeds=seeds,
-            correct=correct,
-            provenance=provenance,
-            feature_dtype=options.feature_dtype,
-            batch_size=options.batch_size,
-            on_finish=lambda _r, _o: progress.advance(bar),
-            on_resume=lambda n: progress.advance(bar, n),
-            resume=resume,
+        how: CollectArgs = {
+            "seeds": seeds,
+            "correct": correct,
+            "provenance": provenance,
+            "feature_dtype": options.feature_dtype,
+            "batch_size": options.batch_size,
+            "on_finish": lambda _r, _o: progress.advance(bar),
+            "on_resume": lambda n: progress.advance(bar, n),
+            "resume": resume,
+        }
+        if drafter is None:
+            return collect_events(backbone, prompts, dec, out, **how)
+        provenance["decoder"] = {"algorithm": "speculative", "head": "off"}
+        provenance["drafter"] = str(drafter)
+        provenance["drafter_hash"] = checkpoint_hash(drafter)
+        sd = SDOptions(
+            temperature=options.temperature,
+            draft="top-k" if options.temperature > 0 else "greedy",
+            top_k=options.top_k,
+            max_new_tokens=options.max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
         )
+        return collect_draft_events(target, spec, prompts, sd, out, **how)
 
 
 def _draft_pair(

@@ -13,7 +13,7 @@ from typing import Any
 
 from brisk._atomic import atomic_write_text
 from brisk._interrupt import Interrupted
-from brisk.runtime.train.corrector.store import META
+from brisk.runtime.train.corrector.store import META, Entry
 from brisk.runtime.train.resume import config_changes
 
 __all__ = ["PROGRESS", "PartialStore", "refuse_complete"]
@@ -83,13 +83,8 @@ class PartialStore:
             },
         )
 
-    @property
-    def requests(self) -> int:
-        return int(self.progress["requests"])
-
-    @property
-    def events(self) -> int:
-        return int(self.progress["events"])
+    requests = Entry("progress")  # committed so far
+    events = Entry("progress")
 
     def commit(self, events: int, correct: list[bool], tokens: list[int]) -> None:
         """Append the staged batch: its block-log files renumbered after those already here

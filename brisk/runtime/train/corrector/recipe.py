@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from brisk.runtime.corrector import Corrector, CorrectorConfig
+from brisk.runtime.corrector import Corrector, CorrectorConfig, CorrectorInputs
 from brisk.runtime.train.corrector.config import CorrectorTrainConfig
 from brisk.runtime.train.corrector.store import EventStore
 from brisk.runtime.train.harness import Recipe, Run, StepRecord, TrainResult, train
@@ -106,15 +106,10 @@ class EventBatch:
         return EventBatch(**moved)
 
     def loss(self, head: Corrector, backbone: Backbone, beta: float) -> tuple[HeadLoss, Tensor]:
-        refined = head(
-            backbone,
-            self.anchor_hidden,
-            self.anchor,
-            self.mask_hidden,
-            self.cand_logits,
-            self.cand_ids,
-            self.tokens,
+        inputs = CorrectorInputs(
+            self.anchor_hidden, self.anchor, self.mask_hidden, self.cand_logits, self.cand_ids
         )
+        refined = head(backbone, inputs, self.tokens)
         return head_loss(refined, self.target, self.q, self.mask, beta), refined
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 
@@ -115,6 +115,24 @@ class EventWriter(BlockLogger):
                 f.close()
 
 
+class Entry:
+    """An integer attribute read from a JSON record the object holds: ``M = Entry("meta")``
+    reads ``int(self.meta["M"])``, its key the attribute's own name."""
+
+    def __init__(self, record: str) -> None:
+        self.record = record
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Entry: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> int: ...
+    def __get__(self, obj: object, owner: type | None = None) -> int | Entry:
+        return self if obj is None else int(getattr(obj, self.record)[self.key])
+
+
 @dataclass(frozen=True)
 class EventStore:
     """An event store opened for training: log columns in memory, features memory-mapped.
@@ -139,21 +157,10 @@ class EventStore:
     mask_hidden: np.ndarray
     cand_logits: np.ndarray
 
-    @property
-    def M(self) -> int:
-        return int(self.meta["M"])
-
-    @property
-    def K(self) -> int:
-        return int(self.meta["K"])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.meta["hidden_size"])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.meta["vocab_size"])
+    M = Entry("meta")
+    K = Entry("meta")
+    hidden_size = Entry("meta")
+    vocab_size = Entry("meta")
 
     def __len__(self) -> int:
         return len(self.anchor)

@@ -16,7 +16,7 @@ the drafter keep fp32 weights; ``bf16`` computes in bfloat16), and under torchru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from brisk.runtime.train.fields import (
     BudgetSchedule,
@@ -31,9 +31,9 @@ from brisk.runtime.train.fields import (
 __all__ = ["DATA", "DrafterTrainConfig"]
 
 Data = Literal["selfgen-correct", "selfgen-all"]
-DATA: tuple[str, ...] = ("selfgen-correct", "selfgen-all")
-Weighting = Literal["brisk", "dpace", "decay", "uniform"]
-WEIGHTINGS: tuple[str, ...] = ("brisk", "dpace", "decay", "uniform")  # train.drafter's
+DATA: tuple[Data, ...] = get_args(Data)
+Weighting = Literal["brisk", "dpace", "decay", "uniform"]  # the position-weighting schemes
+WEIGHTINGS: tuple[Weighting, ...] = get_args(Weighting)
 
 
 @dataclass(frozen=True)

@@ -28,21 +28,19 @@ the same loss scale and a token budget means the same thing):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from brisk.runtime.drafter.model import DFlashDrafter
+from brisk.runtime.train.common import scheme_weights
+from brisk.runtime.train.drafter.config import WEIGHTINGS, Weighting
 from brisk.theory import (
     AcceptanceProfile,
     CostModel,
     ProfileTracker,
-    decay_weights,
-    dpace_weights,
-    progress_weights,
-    uniform_weights,
 )
 
 __all__ = [
@@ -61,9 +59,6 @@ __all__ = [
     "sample_anchors",
     "weights_for",
 ]
-
-Weighting = Literal["brisk", "dpace", "decay", "uniform"]
-WEIGHTINGS: tuple[Weighting, ...] = ("brisk", "dpace", "decay", "uniform")
 
 
 def sample_anchors(
@@ -143,21 +138,20 @@ def weights_for(
     gamma: float = 7.0,
 ) -> Tensor:
     """Per-position weights, mean one: ``[M]`` (``[..., M]`` for D-PACE, from the drafter's
-    probability of each target token ``token_probs [..., M]``)."""
-    if weighting == "uniform":
-        return torch.as_tensor(uniform_weights(M))
-    if weighting == "decay":
-        return torch.as_tensor(decay_weights(M, gamma))
-    if weighting == "dpace":
-        if token_probs is None:
-            raise ValueError("dpace: needs the drafter's probability of each target token")
-        return dpace_weights(token_probs.detach().double().clamp(0, 1), alpha)
-    if weighting == "brisk":
-        if tracker is None:
-            raise ValueError("brisk: needs the acceptance profile tracker")
-        a = torch.as_tensor(tracker.posterior_mean())
-        return progress_weights(a, CostModel.speculative(M))
-    raise ValueError(f"weighting: one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+    probability of each target token ``token_probs [..., M]``; BRISK's from the posterior mean
+    of ``tracker``'s profile under the speculative cost model): :func:`scheme_weights`."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting: one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+    brisk = weighting == "brisk" and tracker is not None
+    return scheme_weights(
+        weighting,
+        M,
+        CostModel.speculative(M),
+        rates=torch.as_tensor(tracker.posterior_mean()) if brisk else None,
+        token_probs=token_probs,
+        alpha=alpha,
+        gamma=gamma,
+    )
 
 
 class DrafterStep(nn.Module):

@@ -34,15 +34,13 @@ import torch
 from torch import Tensor
 
 from brisk.runtime.sampling import counter_uniforms
+from brisk.runtime.train.common import scheme_weights
 from brisk.runtime.train.idlm import IGNORE, IDLMBatch, auto_alpha
 from brisk.runtime.train.proposal.config import ProposalTrainConfig, WeightScheme
 from brisk.theory import (
     AcceptanceProfile,
     CostModel,
     ProfileTracker,
-    decay_weights,
-    dpace_weights,
-    progress_weights,
 )
 
 __all__ = [
@@ -176,21 +174,9 @@ def position_weights(
       ``target_probs [n, M]`` (per block);
     - ``decay``: exp(−(k − 1)/γ), normalized.
     """
-    if scheme == "brisk":
-        if rates is None or np.isnan(rates).any():
-            raise ValueError(f"rates: BRISK weights need a complete profile, got {rates!r}")
-        w = progress_weights(np.asarray(rates, float), CostModel.isd(M))
-    elif scheme == "uniform":
-        w = np.ones(M)
-    elif scheme == "decay":
-        w = decay_weights(M, gamma)
-    elif scheme == "dpace":
-        if target_probs is None:
-            raise ValueError("target_probs: D-PACE weights need the drafter's target probabilities")
-        return dpace_weights(target_probs.detach().double().clamp(0, 1)).float()
-    else:
-        raise ValueError(f"weights: expected brisk, uniform, dpace or decay, got {scheme!r}")
-    return torch.as_tensor(np.asarray(w), dtype=torch.float32)[None]
+    a = None if rates is None else np.asarray(rates, float)
+    w = scheme_weights(scheme, M, CostModel.isd(M), rates=a, token_probs=target_probs, gamma=gamma)
+    return w.float() if scheme == "dpace" else w.float()[None]
 
 
 def profile_counts(hist: Tensor, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

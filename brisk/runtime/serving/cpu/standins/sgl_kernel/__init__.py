@@ -11,28 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from brisk.runtime.serving.cpu.ops import (
-    assign_draft_cache_locs_contiguous_cpu,
-    assign_extend_cache_locs_cpu,
-    assign_req_to_token_pool_cpu,
-    copy_all_layer_kv_cache_cpu,
-    fill_accept_out_cache_loc_cpu,
-    fill_bonus_tokens_cpu,
-)
+from brisk.runtime.serving.cpu import ops
+from brisk.runtime.serving.cpu.ops import *  # noqa: F403 (the ops, named once: ops.__all__)
 
 __version__ = "0.0.0+brisk.cpu.standin"
 
 IMPORT_ONLY = ("build_tree_kernel_efficient_cpu", "rotate_input_ids_cpu", "verify_tree_greedy_cpu")
 
-__all__ = [
-    "assign_draft_cache_locs_contiguous_cpu",
-    "assign_extend_cache_locs_cpu",
-    "assign_req_to_token_pool_cpu",
-    "copy_all_layer_kv_cache_cpu",
-    "fill_accept_out_cache_loc_cpu",
-    "fill_bonus_tokens_cpu",
-    *IMPORT_ONLY,
-]
+__all__ = [*ops.__all__, *IMPORT_ONLY]
 
 
 def _import_only(name: str) -> Any:
