@@ -11,6 +11,7 @@ from __future__ import annotations
 from brisk.experiments.evaluate import (
     ArmSummary,
     CheckpointEval,
+    Decoding,
     evaluate_checkpoint,
     summarize,
 )
@@ -19,6 +20,7 @@ from brisk.experiments.table import markdown_table, plot_summaries
 __all__ = [
     "ArmSummary",
     "CheckpointEval",
+    "Decoding",
     "evaluate_checkpoint",
     "markdown_table",
     "plot_summaries",

@@ -36,7 +36,7 @@ from brisk.runtime.tasks.spec import TaskSpec
 from brisk.runtime.train.fields import MaskId
 
 if TYPE_CHECKING:
-    from brisk.experiments.evaluate import CheckpointEval
+    from brisk.experiments.evaluate import CheckpointEval, Decoding
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -116,25 +116,28 @@ class HeldOut:
         :func:`~brisk.experiments.evaluate.evaluate_checkpoint` takes them) and scored."""
         from brisk.experiments.evaluate import evaluate_checkpoint
 
-        e = self.section
         return evaluate_checkpoint(
             checkpoint,
             problems.prompts,
             problems.answers,
             arm=name,
             seed=seed,
-            stride=self.stride,
-            temperature=e.temperature,
-            max_new_tokens=e.max_new_tokens,
-            batch_size=e.batch_size,
+            decoding=self.decoding,
             corrector=corrector,
             log_blocks=log_blocks,
             shadow=shadow,
             grader=problems.grader,
-            device=self.device,
-            dtype=self.dtype,
-            mask_token_id=self.mask_token_id,
         )
+
+    @property
+    def decoding(self) -> Decoding:
+        """How every row is decoded: ``section``'s settings at ``stride``, where it runs (the
+        fields of :class:`~brisk.experiments.evaluate.Decoding`, in order)."""
+        from brisk.experiments.evaluate import Decoding
+
+        e = self.section
+        settings = (self.stride, e.temperature, e.max_new_tokens, e.batch_size)
+        return Decoding(*settings, self.device, self.dtype, self.mask_token_id)
 
 
 @dataclass(frozen=True)

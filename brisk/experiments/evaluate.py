@@ -36,12 +36,29 @@ from brisk.mechanism.stats import Interval
 __all__ = [
     "ArmSummary",
     "CheckpointEval",
+    "Decoding",
     "TimedCorrector",
     "evaluate_checkpoint",
     "summarize",
 ]
 
 METRICS = ("accuracy", "rejection", "accept_length", "tpf_run", "tpf_cycles", "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How :func:`evaluate_checkpoint` decodes: ISD at ``stride`` and ``temperature``, at most
+    ``max_new_tokens`` tokens a request, ``batch_size`` requests a batch; the model on
+    ``device`` in ``dtype`` with the MASK id ``mask_token_id`` (None: the checkpoint's own;
+    :func:`brisk.runtime.loader.load_model`)."""
+
+    stride: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    batch_size: int = 64
+    device: str | None = None
+    dtype: str | None = None
+    mask_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,19 +118,14 @@ def evaluate_checkpoint(
     *,
     arm: str,
     seed: int,
-    stride: int = 8,
-    temperature: float = 1.0,
-    max_new_tokens: int = 256,
-    batch_size: int = 64,
+    decoding: Decoding = Decoding(),
     corrector: Any = None,
     log_blocks: str | Path | None = None,
     shadow: bool = False,
     grader: str = "gsm8k",
-    device: str | None = None,
-    dtype: str | None = None,
-    mask_token_id: int | None = None,
 ) -> CheckpointEval:
-    """Decode ``prompts`` with ISD from ``checkpoint`` and score the outputs against ``answers``.
+    """Decode ``prompts`` from ``checkpoint`` as ``decoding`` says (ISD) and score the outputs
+    against ``answers`` with ``grader``.
 
     Request r is decoded with seed ``seed · len(prompts) + r`` and request id r, so two
     checkpoints evaluated with the same ``seed`` see the same uniforms for the same problem.
@@ -121,8 +133,6 @@ def evaluate_checkpoint(
     ``brisk mechanism report``). ``shadow`` decodes head-off with the corrector run beside the
     base and both blocks scored by the verifier (the mechanism diagnostics' same-state logs; an
     extra forward per round, so its TPF and speed are the head-off decoder's, not the head's).
-    The model runs on ``device`` in ``dtype`` with the MASK id ``mask_token_id`` (None: its
-    own; :func:`brisk.runtime.loader.load_model`).
     """
     import numpy as np
     import torch
@@ -137,8 +147,10 @@ def evaluate_checkpoint(
         raise ValueError(f"answers: expected {len(prompts)} (one per prompt), got {len(answers)}")
     if not prompts:
         raise ValueError("prompts: need at least one prompt")
+    d = decoding
+    device, dtype, mask_id = d.device, d.dtype, d.mask_token_id
     loaded = load_model(
-        checkpoint, device=device, dtype=dtype, mask_token_id=mask_token_id, where="checkpoint"
+        checkpoint, device=device, dtype=dtype, mask_token_id=mask_id, where="checkpoint"
     )
     tokenizer, backbone = loaded.tokenizer, loaded.backbone
     if corrector is not None:
@@ -147,9 +159,9 @@ def evaluate_checkpoint(
         raise ValueError("shadow: needs a corrector and log_blocks")
     options = isd_options(
         tokenizer,
-        stride=stride,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        stride=d.stride,
+        temperature=d.temperature,
+        max_new_tokens=d.max_new_tokens,
         shadow=shadow,
         score_blocks=shadow,
     )
@@ -170,7 +182,7 @@ def evaluate_checkpoint(
             seeds=[seed * n + r for r in range(n)],
             request_ids=list(range(n)),
             logger=logger,
-            batch_size=batch_size,
+            batch_size=d.batch_size,
         )
     wall = time.perf_counter() - start
     head_s = head.seconds if head is not None else 0.0

@@ -169,7 +169,7 @@ def test_evaluation_times_the_head(
 ) -> None:
     """A head trained on the tiny world's events loads with from_pretrained and decodes; its
     own time is measured apart from the rest."""
-    from brisk.experiments.evaluate import evaluate_checkpoint
+    from brisk.experiments.evaluate import Decoding, evaluate_checkpoint
     from brisk.runtime.train.base.config import BaseTrainConfig
     from brisk.worlds.arithmetic.task import make_split
 
@@ -188,8 +188,7 @@ def test_evaluation_times_the_head(
         [p.answer for p in problems],
         arm="x",
         seed=0,
-        stride=4,
-        max_new_tokens=24,
+        decoding=Decoding(stride=4, max_new_tokens=24),
         corrector=head,
     )
     assert ev.head_s > 0

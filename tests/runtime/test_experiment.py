@@ -17,7 +17,7 @@ from brisk.experiments import (
     plot_summaries,
     summarize,
 )
-from brisk.experiments.evaluate import TimedCorrector
+from brisk.experiments.evaluate import Decoding, TimedCorrector
 from brisk.runtime.corrector import Corrector, CorrectorConfig
 from brisk.worlds.arithmetic.model import TinyModelConfig, build_model
 from brisk.worlds.arithmetic.task import TaskConfig, make_split
@@ -100,9 +100,7 @@ def test_evaluation_decodes_in_batches_of_batch_size(
         [p.answer for p in problems],
         arm="base",
         seed=0,
-        stride=4,
-        max_new_tokens=4,
-        batch_size=80,
+        decoding=Decoding(stride=4, max_new_tokens=4, batch_size=80),
     )
     assert sizes == [80, 20]
 
@@ -110,10 +108,10 @@ def test_evaluation_decodes_in_batches_of_batch_size(
 def test_checkpoint_numbers_follow_their_definitions(checkpoint: Path) -> None:
     problems = make_split(TaskConfig.trivial(), "test", 12, seed=0)
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
-    kw = dict(arm="base", stride=4, temperature=1.0, max_new_tokens=16, batch_size=5)
-    a = evaluate_checkpoint(checkpoint, prompts, answers, seed=0, **kw)  # type: ignore[arg-type]
-    b = evaluate_checkpoint(checkpoint, prompts, answers, seed=0, **kw)  # type: ignore[arg-type]
-    c = evaluate_checkpoint(checkpoint, prompts, answers, seed=1, **kw)  # type: ignore[arg-type]
+    d = Decoding(stride=4, temperature=1.0, max_new_tokens=16, batch_size=5)
+    a = evaluate_checkpoint(checkpoint, prompts, answers, arm="base", seed=0, decoding=d)
+    b = evaluate_checkpoint(checkpoint, prompts, answers, arm="base", seed=0, decoding=d)
+    c = evaluate_checkpoint(checkpoint, prompts, answers, arm="base", seed=1, decoding=d)
     assert a.problems == 12
     assert len(a.reached) == 3
     assert a.tpf_run == pytest.approx(a.output_tokens / a.forwards)
@@ -123,7 +121,7 @@ def test_checkpoint_numbers_follow_their_definitions(checkpoint: Path) -> None:
     assert (a.output_tokens, a.forwards, a.reached) == (b.output_tokens, b.forwards, b.reached)
     assert (a.output_tokens, a.forwards, a.reached) != (c.output_tokens, c.forwards, c.reached)
     with pytest.raises(ValueError, match="answers: expected 12"):
-        evaluate_checkpoint(checkpoint, prompts, answers[:3], seed=0, **kw)  # type: ignore[arg-type]
+        evaluate_checkpoint(checkpoint, prompts, answers[:3], arm="base", seed=0, decoding=d)
 
 
 def test_the_head_is_timed_without_touching_the_callers_object(checkpoint: Path) -> None:
@@ -134,14 +132,16 @@ def test_the_head_is_timed_without_touching_the_callers_object(checkpoint: Path)
     select = head.select
     problems = make_split(TaskConfig.trivial(), "test", 6, seed=0)
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
-    kw = dict(arm="head", seed=0, stride=4, temperature=1.0, max_new_tokens=8)
-    on = evaluate_checkpoint(checkpoint, prompts, answers, corrector=head, **kw)  # type: ignore[arg-type]
+    d = Decoding(stride=4, temperature=1.0, max_new_tokens=8)
+    on = evaluate_checkpoint(
+        checkpoint, prompts, answers, arm="head", seed=0, decoding=d, corrector=head
+    )
     assert "select" not in vars(head)
     assert head.select == select
     assert type(head) is Corrector
     assert on.head_s > 0
     assert on.tokens_per_s_net > on.tokens_per_s
-    off = evaluate_checkpoint(checkpoint, prompts, answers, **kw)  # type: ignore[arg-type]
+    off = evaluate_checkpoint(checkpoint, prompts, answers, arm="head", seed=0, decoding=d)
     assert off.head_s == 0
 
 
@@ -171,8 +171,13 @@ def test_grader_errors_are_counted_in_the_evaluation_and_its_summary(checkpoint:
     prompts, answers = [p.prompt for p in problems], [p.answer for p in problems]
     odd = sum(int(a) % 2 for a in answers)
     assert 0 < odd < len(answers)
-    kw = dict(arm="base", stride=4, max_new_tokens=4, grader=GRADER)
-    evals = [evaluate_checkpoint(checkpoint, prompts, answers, seed=s, **kw) for s in (0, 1)]  # type: ignore[arg-type]
+    d = Decoding(stride=4, max_new_tokens=4)
+    evals = [
+        evaluate_checkpoint(
+            checkpoint, prompts, answers, arm="base", seed=s, decoding=d, grader=GRADER
+        )
+        for s in (0, 1)
+    ]
     assert [e.grader_errors for e in evals] == [odd, odd]
     assert "cannot grade answer" in str(evals[0].first_grader_error)
     assert evals[0].to_dict()["grader_errors"] == odd
@@ -180,6 +185,6 @@ def test_grader_errors_are_counted_in_the_evaluation_and_its_summary(checkpoint:
     assert summary.grader_errors == 2 * odd
     assert summary.to_dict()["grader_errors"] == 2 * odd
     control = evaluate_checkpoint(
-        checkpoint, prompts, answers, seed=0, arm="base", stride=4, max_new_tokens=4
+        checkpoint, prompts, answers, seed=0, arm="base", decoding=d
     )  # the default grader raises on none
     assert (control.grader_errors, control.first_grader_error) == (0, None)
