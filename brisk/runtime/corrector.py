@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,9 +281,10 @@ class Corrector(nn.Module):
                 f"cand_ids: expected [B, {M}, {K}] beside cand_logits of the same "
                 f"shape, got {tuple(cand_ids.shape)} and {tuple(cand_logits.shape)}"
             )
+        cand_logits = cand_logits.to(self.w_c.weight.dtype)  # once: _run reads it as it is
+        inputs = replace(inputs, cand_logits=cand_logits)
         out = self._run(backbone, inputs, temperature, impl=impl)
         tokens = cand_ids.gather(-1, out.ranks[..., None]).squeeze(-1)
-        cand_logits = cand_logits.to(self.w_c.weight.dtype)
         return CorrectorSelection(tokens, out.ranks, cand_ids, cand_logits, out.probs, out.refined)
 
     def num_trainable_parameters(self) -> int:

@@ -139,7 +139,8 @@ def dlm_tokenizer(
     Models are trained on ``[bos, prompt, response, eos]``, so encoding with special tokens puts
     BOS first, as Llama's tokenizers do: a post-processor saved in ``tokenizer.json``, so loaders
     that never read ``add_bos_token`` (older transformers, SGLang's tokenizer manager,
-    ``tokenizers`` alone) add it too, and the flags transformers rebuilds it from.
+    ``tokenizers`` alone) add it too, and the flags transformers rebuilds it from. The
+    post-processor is set on ``backend`` itself.
     """
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast

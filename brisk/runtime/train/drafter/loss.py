@@ -140,8 +140,6 @@ def weights_for(
     """Per-position weights, mean one: ``[M]`` (``[..., M]`` for D-PACE, from the drafter's
     probability of each target token ``token_probs [..., M]``; BRISK's from the posterior mean
     of ``tracker``'s profile under the speculative cost model): :func:`scheme_weights`."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting: one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
     brisk = weighting == "brisk" and tracker is not None
     return scheme_weights(
         weighting,
