@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -179,6 +184,26 @@ def proposal_args(base: Path, dataset: Path, out: Path, *extra: str) -> list[str
         str(out),
         *extra,
     ]
+
+
+def brisk_here(*args: object, env: Mapping[str, str] | None = None) -> CompletedProcess[str]:
+    """``brisk ARGS`` run in this process, as a shell would see it: exit status, stdout and
+    stderr; ``env`` is set in ``os.environ`` for the call. For commands that end before they
+    start work (bad input, dry runs): the same :func:`brisk.cli.main` as the program, without
+    a new interpreter's 4 s of imports. The program's own door, one line and exit 2 from a
+    fresh process, is tested where a process matters: a torchrun job and ``--fsdp`` without one
+    (``test_fsdp.py``), a full disk (``test_full_disk.py``), ``brisk serve`` (the serving
+    suite's ``test_real_server.py``)."""
+    from brisk.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        mock.patch.dict(os.environ, env or {}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        status = main([str(a) for a in args])
+    return CompletedProcess(["brisk", *map(str, args)], status, out.getvalue(), err.getvalue())
 
 
 def torchrun(nproc: int, args: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.proposal.recipe import train_proposal
-from tests.runtime.conftest import proposal_args, torchrun
+from tests.runtime.conftest import brisk_here, proposal_args, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -273,9 +273,7 @@ def test_resuming_with_another_sharding_is_refused(runs: dict[str, Path], tmp_pa
         "4",
         "--resume",
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "brisk.cli", *args], capture_output=True, text=True, env=ENV
-    )
+    done = brisk_here(*args)
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert "was trained with another configuration (fsdp: True ≠ False)" in line

@@ -25,7 +25,7 @@ from brisk.runtime.train.selfgen import (
 )
 from brisk.theory import AcceptanceProfile
 from brisk.worlds.arithmetic.grader import grade
-from tests.runtime.conftest import MICRO_SELFGEN
+from tests.runtime.conftest import MICRO_SELFGEN, brisk_here
 
 
 def test_rows_are_graded_samples_with_their_isd_profile(micro_dataset: Path) -> None:
@@ -157,9 +157,7 @@ def test_bad_input_is_one_line(
     args: list[str], message: str, micro_base: Path, tmp_path: Path
 ) -> None:
     base = ["train", "selfgen", "--checkpoint", str(micro_base), "--out", str(tmp_path / "d")]
-    done = subprocess.run(
-        [sys.executable, "-m", "brisk.cli", *base, *args], capture_output=True, text=True
-    )
+    done = brisk_here(*base, *args)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2
     assert len(lines) == 1

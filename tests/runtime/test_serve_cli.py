@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.runtime.conftest import brisk_here
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -32,8 +33,10 @@ def checkpoint(path: Path, **overrides: object) -> Path:
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "brisk.cli", "serve", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    """``brisk serve ARGS``: every call here is a dry run or refused, so it starts nothing
+    (the program itself, ``python -m brisk.cli serve``, runs in the serving suite's
+    ``test_real_server.py``)."""
+    return brisk_here("serve", *args)
 
 
 def flag(words: list[str], name: str) -> str:
@@ -49,7 +52,30 @@ def test_the_defaults_are_brisk_decodes(tmp_path: Path) -> None:
     cuda = torch.cuda.is_available()
     assert flag(words, "--dtype") == ("bfloat16" if cuda else "float32")
     assert ("SGLANG_USE_CPU_ENGINE=1" in words) is not cuda
+    assert ("SGLANG_CUDA_COREDUMP_BEFORE_CRASH=0" in words) is not cuda
     assert ("--device" in words and flag(words, "--device") == "cpu") is not cuda
+
+
+def test_a_cpu_server_takes_no_crash_diagnostics_it_cannot_take(tmp_path: Path) -> None:
+    """SGLang sleeps 5 s on every stop before a CUDA core dump and a py-spy dump: off on CPU
+    (no CUDA; py-spy only when it is on the server's PATH), as the environment sets them."""
+    from brisk.runtime.serving.launch import server_launch
+
+    model = checkpoint(tmp_path / "m")
+    coredump, pyspy = "SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "SGLANG_PYSPY_DUMP_BEFORE_CRASH"
+    env = server_launch(model, 30000, device="cpu", env={"PATH": ""}).env
+    assert (env[coredump], env[pyspy]) == ("0", "0")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "py-spy").write_text("#!/bin/sh\n")
+    (tools / "py-spy").chmod(0o755)
+    env = server_launch(model, 30000, device="cpu", env={"PATH": str(tools)}).env
+    assert (env[coredump], pyspy in env) == ("0", False)
+    given = {"PATH": "", coredump: "1", pyspy: "1"}
+    env = server_launch(model, 30000, device="cpu", env=given).env
+    assert (env[coredump], env[pyspy]) == ("1", "1")
+    env = server_launch(model, 30000, device="cuda", env={"PATH": ""}).env
+    assert {coredump, pyspy}.isdisjoint(env)  # SGLang's own defaults on a GPU
 
 
 @pytest.mark.parametrize(
@@ -133,15 +159,10 @@ def test_an_architecture_that_cannot_be_served_causally_is_one_line(
     )
 
 
-def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``brisk serve … --dry-run`` in this process (it starts nothing): status, stdout,
-    stderr."""
-    from brisk.cli import main
-
-    capsys.readouterr()
-    status = main(["serve", *args, "--dry-run"])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+def dry_run(*args: str) -> tuple[int, str, str]:
+    """``brisk serve … --dry-run``: status, stdout, stderr."""
+    done = serve(*args, "--dry-run")
+    return done.returncode, done.stdout, done.stderr
 
 
 def isd_config(stdout: str) -> dict[str, object]:
@@ -154,13 +175,13 @@ def isd_config(stdout: str) -> dict[str, object]:
 
 
 def test_the_isd_flags_are_the_algorithms_options(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     """Each ISD flag given, and only those, reaches the plugin config (paths absolute); the
     server reads the rest from the options' defaults."""
     model = ["--model", str(checkpoint(tmp_path / "m")), "--device", "cpu", "--stride", "4"]
     given = ["--temperature", "1", "--top-k", "8", "--seed", "3", "--impl", "naive"]
-    status, out, err = dry_run(capsys, *model, *given, "--log-blocks", "logs")
+    status, out, err = dry_run(*model, *given, "--log-blocks", "logs")
     assert status == 0, err
     assert isd_config(out) == {
         "stride": 4,
@@ -170,7 +191,7 @@ def test_the_isd_flags_are_the_algorithms_options(
         "impl": "naive",
         "log_blocks": str(Path("logs").resolve()),
     }
-    status, out, err = dry_run(capsys, *model)
+    status, out, err = dry_run(*model)
     assert (status, isd_config(out)) == (0, {"stride": 4})
 
 
@@ -187,11 +208,9 @@ def test_the_isd_flags_are_the_algorithms_options(
         (["--stride", "4", "--impl", "cuda"], "--impl: invalid choice: 'cuda'"),
     ],
 )
-def test_a_bad_isd_flag_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
+def test_a_bad_isd_flag_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     model = ["--model", str(checkpoint(tmp_path / "m")), "--device", "cpu"]
-    status, out, err = dry_run(capsys, *model, *args)
+    status, out, err = dry_run(*model, *args)
     assert (status, out) == (2, "")
     lines = err.strip().splitlines()
     assert len(lines) == 1, err

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from brisk.runtime.serving.options import PLUGIN_KEY, BriskISDOptions
 
 __all__ = [
     "CPU_FLAGS",
+    "CRASH_DIAGNOSTICS",
     "OVERRIDE_FLAG",
     "SERVER_DTYPES",
     "ServerLaunch",
@@ -103,6 +105,33 @@ def isd_flags(stride: int) -> tuple[str, ...]:
     )
 
 
+CRASH_DIAGNOSTICS = ("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "SGLANG_PYSPY_DUMP_BEFORE_CRASH")
+"""SGLang's switches for what it does when a server's child process ends: a CUDA core dump and a
+``py-spy`` dump of the schedulers, after a 5 s sleep (both off on a CPU server, see
+:func:`server_arguments`)."""
+
+
+def _no_crash_diagnostics(env: Mapping[str, str]) -> dict[str, str]:
+    """The crash diagnostics (:data:`CRASH_DIAGNOSTICS`) a CPU server cannot take, switched off.
+
+    When a child process ends (a scheduler stopped by the SIGTERM that stops the server, or one
+    that crashed) SGLang's tokenizer manager sleeps 5 s "to let GPU activity settle", then
+    dumps the schedulers' stacks with ``py-spy`` and asks CUDA for a core dump. A CPU server has
+    no CUDA, and no ``py-spy`` unless one is on its ``PATH``, so the 5 s are slept for nothing on
+    every stop: a micro model's CPU server took 7.5 s from SIGTERM until its process group was
+    gone with them on, 2.5 s with them off. A variable the environment sets already wins (the
+    caller uses ``setdefault``).
+
+    >>> _no_crash_diagnostics({"PATH": ""})
+    {'SGLANG_CUDA_COREDUMP_BEFORE_CRASH': '0', 'SGLANG_PYSPY_DUMP_BEFORE_CRASH': '0'}
+    """
+    coredump, pyspy = CRASH_DIAGNOSTICS
+    off = {coredump: "0"}
+    if shutil.which("py-spy", path=env.get("PATH", "")) is None:
+        off[pyspy] = "0"
+    return off
+
+
 @dataclass(frozen=True)
 class ServerLaunch:
     """A server's command line and full environment (``env`` replaces the caller's)."""
@@ -113,7 +142,7 @@ class ServerLaunch:
 
     def shell(self) -> str:
         """The command as one shell line, with the variables it sets (for logs and READMEs)."""
-        set_here = ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")
+        set_here = ("SGLANG_USE_CPU_ENGINE", *CRASH_DIAGNOSTICS, "PYTHONPATH")
         extra = [
             f"{k}={_quoted(self.env[k])}"
             for k in set_here
@@ -169,6 +198,8 @@ def server_arguments(
         flags += CPU_FLAGS
         run_env = activate(run_env)
         run_env["SGLANG_USE_CPU_ENGINE"] = "1"
+        for name, value in _no_crash_diagnostics(run_env).items():
+            run_env.setdefault(name, value)
     if isd is not None and drafter is not None:
         raise ValueError("drafter: a server decodes with ISD or with a drafter, not both")
     plugin: dict[str, object] | None = None

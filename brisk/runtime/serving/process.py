@@ -121,7 +121,7 @@ class ServerProcess:
                         return time.monotonic() - t0
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise RuntimeError(f"the server did not answer within {timeout:.0f} s:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
