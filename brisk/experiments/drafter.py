@@ -144,7 +144,12 @@ class _Pair:
 
         t0 = time.perf_counter()
         result = speculative_decode(
-            self.target, self.drafter, self.prompts, self.options, seeds=self.seeds(seed), head=head
+            self.target,
+            self.drafter,
+            self.prompts,
+            self.options,
+            seeds=self.seeds(seed),
+            corrector=head,
         )
         return result, time.perf_counter() - t0
 

@@ -341,7 +341,7 @@ def decode_requests(
                     SDOptions.deployed(job.options),
                     seeds=seeds,
                     logger=job.logger,
-                    head=job.corrector,
+                    corrector=job.corrector,
                     on_finish=on_finish,
                     budgets=job.budgets,
                 )

@@ -111,7 +111,7 @@ def test_a_head_trained_on_the_loops_events_beats_the_untrained_head(tmp_path: P
     assert (head.config.M, head.config.K) == (3, 4)
     # the head drafts in the loop, exactly: greedy output is the target's greedy decoding
     out = speculative_decode(
-        target, drafter, PROMPTS[:2], SDOptions(max_new_tokens=30), head=head
+        target, drafter, PROMPTS[:2], SDOptions(max_new_tokens=30), corrector=head
     ).outputs
     for prompt, o in zip(PROMPTS[:2], out, strict=True):
         assert o.tokens == greedy_reference(target, prompt, 30)
@@ -124,7 +124,7 @@ def test_greedy_head_drafts_keep_the_targets_greedy_decoding(tmp_path: Path) -> 
     options = SDOptions(max_new_tokens=40)
     path = tmp_path / "blocks"
     with BlockLogger(path, M=3, K=4, decoder="speculative") as logger:
-        on = speculative_decode(target, drafter, PROMPTS, options, head=head, logger=logger)
+        on = speculative_decode(target, drafter, PROMPTS, options, corrector=head, logger=logger)
     for prompt, o in zip(PROMPTS, on.outputs, strict=True):
         assert o.tokens == greedy_reference(target, prompt, 40)
     report = tmp_path / "report"
@@ -157,7 +157,7 @@ def head_samples(world: tuple[object, object, Corrector, object]) -> list[tuple[
         [PROMPT] * N,
         options,
         seeds=list(range(N)),
-        head=head,  # type: ignore[arg-type]
+        corrector=head,  # type: ignore[arg-type]
     )
     assert result.mean_accept > 0.3  # drafts were accepted: verification did the work
     return [tuple(o.tokens) for o in result.outputs]
@@ -190,8 +190,8 @@ def test_a_head_that_does_not_fit_the_pair_is_refused_in_one_line() -> None:
     target = tiny_target(6, scale=3.0)
     drafter = tiny_drafter(target, 4)
     for head, options, message in (
-        (random_head(2, 4, 6), SDOptions(), r"head: a corrector for M = 2 positions; the drafter"),
-        (random_head(3, 4, 7), SDOptions(), r"head: a corrector for hidden 32 / vocab 7"),
+        (random_head(2, 4, 6), SDOptions(), r"corrector: a head for M = 2 positions; the drafter"),
+        (random_head(3, 4, 7), SDOptions(), r"corrector: a head for hidden 32 / vocab 7"),
         (
             random_head(3, 4, 6),
             SDOptions(temperature=1.0, draft="sample"),
@@ -199,7 +199,7 @@ def test_a_head_that_does_not_fit_the_pair_is_refused_in_one_line() -> None:
         ),
     ):
         with pytest.raises(ValueError, match=message):
-            speculative_decode(target, drafter, [[0]], options, head=head)
+            speculative_decode(target, drafter, [[0]], options, corrector=head)
 
 
 def test_brisk_train_corrector_collects_a_drafters_events_and_trains_on_them(

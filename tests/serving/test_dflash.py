@@ -141,7 +141,7 @@ def _loop_and_hook(
     with monkeypatch.context() as patch:
         patch.setattr(sd, "propose", recorded)
         head = Corrector.from_pretrained(head_dir)
-        speculative_decode(target, drafter, prompts, SDOptions(max_new_tokens=30), head=head)
+        speculative_decode(target, drafter, prompts, SDOptions(max_new_tokens=30), corrector=head)
     M = drafter.spec.M  # type: ignore[union-attr]
     hidden = torch.cat([h for h, _, _ in rounds])  # [rounds, M, H]: one batch of the hook
     buf = torch.full((len(rounds), M + 1), drafter.spec.mask_token_id)  # type: ignore[union-attr]

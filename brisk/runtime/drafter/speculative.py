@@ -19,7 +19,7 @@ slot) in ISD's slot layout (:class:`~brisk.runtime.sampling.Slots`: the proposal
 the ``draft`` slots, acceptance at ``accept``, the correction at ``next``), so a request's output
 depends on its prompt, seed and id only. The prefill draws the first token like ISD's.
 
-**The corrector on drafts.** With ``head`` (a :class:`~brisk.runtime.corrector.Corrector` of
+**The corrector on drafts.** With ``corrector`` (a :class:`~brisk.runtime.corrector.Corrector` of
 M = B − 1 positions) the draft is the head's: C_i = the Top-K of the drafter's logits, and the
 head picks over C_i left to right, each pick conditioned on the previous ones
 (:meth:`~brisk.runtime.corrector.Corrector.select`: the argmax at T = 0, a draw from its π_i at
@@ -107,16 +107,18 @@ def check_head(target: Any, drafter: DFlashDrafter, head: Corrector, options: SD
     c, heads = head.config, target_heads(target)
     if c.M != drafter.spec.M:
         raise ValueError(
-            f"head: a corrector for M = {c.M} positions; the drafter's block of "
+            f"corrector: a head for M = {c.M} positions; the drafter's block of "
             f"{drafter.spec.block_size} drafts M = {drafter.spec.M}"
         )
     if (c.hidden_size, c.vocab_size) != (heads.hidden_size, heads.vocab_size):
         raise ValueError(
-            f"head: a corrector for hidden {c.hidden_size} / vocab {c.vocab_size}; the target "
+            f"corrector: a head for hidden {c.hidden_size} / vocab {c.vocab_size}; the target "
             f"has {heads.hidden_size} / {heads.vocab_size}"
         )
     if heads.vocab_size < c.K:
-        raise ValueError(f"head: K = {c.K} candidates exceed the vocabulary ({heads.vocab_size})")
+        raise ValueError(
+            f"corrector: K = {c.K} candidates exceed the vocabulary ({heads.vocab_size})"
+        )
     if options.temperature > 0 and options.draft != "top-k":
         raise ValueError(
             f"draft: with a head at T > 0 the drafts are the head's draws over the drafter's "
@@ -322,7 +324,7 @@ def speculative_decode(
     seeds: Sequence[int] | None = None,
     request_ids: Sequence[int] | None = None,
     logger: BlockLogger | None = None,
-    head: Corrector | None = None,
+    corrector: Corrector | None = None,
     on_finish: Callable[[int, SDOutput], None] | None = None,
     budgets: Sequence[int] | None = None,
 ) -> SDResult:
@@ -332,18 +334,20 @@ def speculative_decode(
     caller's. ``logger`` receives one block-log row per round (the drafter's Top-K as the
     candidates; greedy or Top-K drafts) and each finished request's row, so
     ``brisk mechanism report`` runs on the log; a logger that collects gets the corrector's
-    training events. ``head`` drafts over the drafter's Top-K (module docstring; the head's own
-    device and dtype, the caller's): its K replaces ``options.top_k``. ``on_finish(r, output)``
-    hears request r (its index in ``prompts``) as it finishes. ``budgets[r]`` (default
-    ``options.max_new_tokens``, at most that) is request r's token budget: ``brisk decode``
-    lowers it for a prompt too long for the target's positions. The requests are checked as
-    every loop checks them (:class:`~brisk.runtime.decode_options.Requests`), and the step runs
-    at the drafter's block (:meth:`~brisk.runtime.decode_options.SamplingOptions.at_stride`)."""
+    training events. ``corrector``, the prefix-conditioned head, drafts over the drafter's
+    Top-K (module docstring; the head's own device and dtype, the caller's; the keyword
+    :func:`brisk.runtime.isd.decode` takes): its K replaces ``options.top_k``.
+    ``on_finish(r, output)`` hears request r (its index in ``prompts``) as it finishes.
+    ``budgets[r]`` (default ``options.max_new_tokens``, at most that) is request r's token
+    budget: ``brisk decode`` lowers it for a prompt too long for the target's positions. The
+    requests are checked as every loop checks them
+    (:class:`~brisk.runtime.decode_options.Requests`), and the step runs at the drafter's block
+    (:meth:`~brisk.runtime.decode_options.SamplingOptions.at_stride`)."""
     options = options or SDOptions()
     check_pair(target, drafter)
-    if head is not None:
-        check_head(target, drafter, head, options)
-    K = _candidates(target, options, head)
+    if corrector is not None:
+        check_head(target, drafter, corrector, options)
+    K = _candidates(target, options, corrector)
     if logger is not None:
         if options.temperature > 0 and options.draft == "sample":
             raise ValueError(
@@ -358,9 +362,9 @@ def speculative_decode(
         if (logger.M, logger.K) != (drafter.spec.M, K):
             raise ValueError(
                 f"logger: holds M = {logger.M}, K = {logger.K}; the drafter's block gives "
-                f"M = {drafter.spec.M} and {'the head' if head else 'top_k'} K = {K}"
+                f"M = {drafter.spec.M} and {'the corrector' if corrector else 'top_k'} K = {K}"
             )
-        logger.declare(verification_of(options, head))
+        logger.declare(verification_of(options, corrector))
     M = drafter.spec.M
     requests = Requests.check(
         prompts, options, seeds=seeds, request_ids=request_ids, budgets=budgets
@@ -374,8 +378,8 @@ def speculative_decode(
     ctx = StepContext(
         options.at_stride(M + 1, K),
         K,
-        backbone=target_heads(target) if head is not None else None,  # type: ignore[arg-type]
-        corrector=head,
+        backbone=target_heads(target) if corrector is not None else None,  # type: ignore[arg-type]
+        corrector=corrector,
         log=logger is not None,
         collect=logger is not None and logger.collects,
     )
