@@ -21,10 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from brisk.runtime.sampling import counter_uniforms
 from brisk.runtime.train.evaluate import encode_example
 from brisk.runtime.train.idlm import IGNORE, build_batch, idlm_forward, idlm_loss
-from brisk.runtime.train.proposal.acceptance import block_acceptance, slot_table
+from brisk.runtime.train.proposal.acceptance import acceptance_from_beta, slot_table
 from brisk.runtime.train.proposal.config import ProposalTrainConfig
 from brisk.runtime.train.proposal.data import load_examples
 from brisk.runtime.train.proposal.recipe import train_proposal, weighted_loss
+from brisk.runtime.train.vocab import stream_losses
 from brisk.theory import AcceptanceProfile, CostModel, progress_weights
 from tests.runtime.conftest import brisk_here, proposal_args, torchrun
 
@@ -117,12 +118,20 @@ def micro_batch(base: Path, offset: int = 1) -> tuple[object, torch.Tensor, torc
     return batch, noisy, clean
 
 
-def test_block_acceptance_is_the_isd_rule_written_out(micro_base: Path) -> None:
-    """An independent per-block loop: β_i = Σ min(p, q restricted to top-K), a verdict per
+def test_the_training_forwards_acceptance_is_the_isd_rule_written_out(micro_base: Path) -> None:
+    """The verdicts training draws (β from :func:`stream_losses` on the last hidden states, as
+    the proposal recipe computes it, then :func:`acceptance_from_beta`) against an independent
+    per-block loop on the model's logits: β_i = Σ min(p, q restricted to top-K), a verdict per
     position from the block's uniforms, L = leading accepts; only complete blocks count."""
     batch, noisy, clean = micro_batch(micro_base)
+    model = AutoModelForCausalLM.from_pretrained(micro_base)
+    with torch.no_grad():
+        h_noisy, h_clean = idlm_forward(model, batch, hidden=True)
+        losses = stream_losses(
+            h_noisy, h_clean, model.lm_head.weight, batch, temperature=1.0, top_k=4
+        )
     ids = torch.tensor([10, 11, 12])
-    acc = block_acceptance(noisy, clean, slot_table(batch), ids, seed=5, temperature=1.0, top_k=4)
+    acc = acceptance_from_beta(losses.beta, slot_table(batch), ids, seed=5)
     M, L = batch.M, batch.L
     expected = []
     for b in range(3):

@@ -9,9 +9,11 @@ i is the overlap
 
     β_i = Σ_v min(p_i(v), q_i^K(v))          (greedy: β_i = 1[argmax q_i = argmax p_i]).
 
-:func:`block_acceptance` draws each position's verdict 1[u_i < β_i] with counter-based uniforms
-keyed by (seed, example, block), so a draw does not depend on how a batch is split across
-processes, and applies the ISD verification rule: the accepted prefix length L is the number of
+:func:`acceptance_from_beta` draws each position's verdict 1[u_i < β_i] from the β the training
+forward computes with its losses (:func:`brisk.runtime.train.vocab.stream_losses`, a few rows
+at a time, never an ``[n, M, V]`` tensor) with counter-based uniforms keyed by (seed, example,
+block), so a draw does not depend on how a batch is split across processes, and applies the
+ISD verification rule: the accepted prefix length L is the number of
 leading acceptances and positions after the first rejection are not reached. Only *complete*
 blocks (all M positions inside the response) are counted. The counts feed
 :class:`brisk.theory.ProfileTracker`, whose rates give the BRISK weights (eq:brisk_weighting).
@@ -48,7 +50,6 @@ __all__ = [
     "Weighting",
     "acceptance_from_beta",
     "acceptance_histogram",
-    "block_acceptance",
     "position_weights",
     "profile_counts",
     "slot_table",
@@ -104,46 +105,14 @@ class BlockAcceptance:
 
 
 @torch.no_grad()
-def block_acceptance(
-    noisy_logits: Tensor,
-    clean_logits: Tensor,
-    table: SlotTable,
-    example_ids: Tensor,
-    seed: int,
-    temperature: float = 1.0,
-    top_k: int = 16,
-) -> BlockAcceptance:
-    """Draw the ISD verdict of every complete block (module docstring) from the two streams'
-    logits ``[B, L, V]``. β is computed a few blocks at a time in float32
-    (:func:`~brisk.runtime.train.vocab.acceptance_probability`: p's logsumexp and a K-wide
-    gather), never as an ``[n, M, V]`` float64 tensor; training loops pass the β their chunked
-    losses computed to :func:`acceptance_from_beta` instead.
-
-    ``example_ids [B]`` identify the rows globally (the uniforms of block k of example e are
-    ``counter_uniforms(seed, e, k)``), so the same example gets the same draws whichever process
-    or batch position holds it.
-    """
-    from brisk.runtime.train.vocab import CHUNK_ELEMENTS, acceptance_probability
-
-    beta = torch.zeros(noisy_logits.shape[:2], device=noisy_logits.device)
-    rows, blocks = table.complete.nonzero(as_tuple=True)
-    pos = table.index[rows, blocks]  # [n, M]
-    step = max(1, CHUNK_ELEMENTS // (pos.shape[1] * noisy_logits.shape[-1]))
-    for s in range(0, len(rows), step):
-        r, j = rows[s : s + step, None].expand_as(pos[s : s + step]), pos[s : s + step]
-        beta[r, j] = acceptance_probability(
-            noisy_logits[r, j], clean_logits[r, j], temperature, top_k
-        ).float()
-    return acceptance_from_beta(beta, table, example_ids, seed)
-
-
-@torch.no_grad()
 def acceptance_from_beta(
     beta: Tensor, table: SlotTable, example_ids: Tensor, seed: int
 ) -> BlockAcceptance:
-    """The verdicts of :func:`block_acceptance` from each MASK slot's acceptance probability
-    ``beta [B, L]`` (:func:`brisk.runtime.train.vocab.stream_losses` computes it with the
-    losses)."""
+    """The ISD verdict of every complete block (module docstring) from each MASK slot's
+    acceptance probability ``beta [B, L]`` (:func:`brisk.runtime.train.vocab.stream_losses`
+    computes it with the losses). ``example_ids [B]`` identify the rows globally (the uniforms
+    of block k of example e are ``counter_uniforms(seed, e, k)``), so the same example gets the
+    same draws whichever process or batch position holds it."""
     rows, blocks = table.complete.nonzero(as_tuple=True)
     M = table.index.shape[-1]
     if not len(rows):
