@@ -118,9 +118,10 @@ def _no_crash_diagnostics(env: Mapping[str, str]) -> dict[str, str]:
     that crashed) SGLang's tokenizer manager sleeps 5 s "to let GPU activity settle", then
     dumps the schedulers' stacks with ``py-spy`` and asks CUDA for a core dump. A CPU server has
     no CUDA, and no ``py-spy`` unless one is on its ``PATH``, so the 5 s are slept for nothing on
-    every stop: a micro model's CPU server took 7.5 s from SIGTERM until its process group was
-    gone with them on, 2.5 s with them off. A variable the environment sets already wins (the
-    caller uses ``setdefault``).
+    every stop: a micro model's CPU server (``tests.serving.real_server.start_real_server``)
+    took 7.5 s from SIGTERM to its process group until the group was gone with them on, 2.5 s
+    with them off (measured by hand, once each, on a 2-core AMD EPYC; no committed benchmark).
+    A variable the environment sets already wins (the caller uses ``setdefault``).
 
     >>> _no_crash_diagnostics({"PATH": ""})
     {'SGLANG_CUDA_COREDUMP_BEFORE_CRASH': '0', 'SGLANG_PYSPY_DUMP_BEFORE_CRASH': '0'}
